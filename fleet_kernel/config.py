@@ -1,0 +1,203 @@
+"""Configuration: non-secret policy from ``fleet.toml``, secrets and deployment values from the environment.
+
+Precedence: environment > ``fleet.toml`` (``$FLEET_CONFIG``, else ``./fleet.toml``) > built-in defaults.
+Every policy key is declared once below, with its default and bounds; an invalid file or value raises
+``ConfigError`` naming the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import ValidationError as PydanticValidationError
+
+from fleet_kernel.errors import ConfigError
+
+SandboxName = Literal["local", "pyodide", "daytona", "unsafe-local"]
+SANDBOX_NAMES: tuple[str, ...] = ("local", "pyodide", "daytona", "unsafe-local")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Limits(_Section):
+    """Bounds on one turn."""
+
+    max_iters: int = Field(20, ge=1, le=500, description="RLM iterations per turn")
+    max_llm_calls: int = Field(50, ge=0, le=10_000, description="sub-LM calls (llm_query*) per turn")
+    turn_timeout_s: float = Field(900, gt=0, le=86_400, description="deadline for a whole turn")
+    exec_timeout_s: float = Field(60, gt=0, le=3_600, description="deadline for one code execution")
+    max_output_chars: int = Field(10_000, ge=100, le=1_000_000, description="REPL output shown to the model")
+    max_depth: int = Field(2, ge=0, le=8, description="nesting depth of child RLMs")
+    max_children: int = Field(8, ge=0, le=100, description="child RLMs per turn")
+
+
+class SandboxLimits(_Section):
+    """What model-written code may consume."""
+
+    backend: SandboxName | None = Field(None, description="sandbox; default local, else pyodide")
+    memory_mb: int = Field(1024, ge=64, le=65_536)
+    cpu_seconds: int = Field(300, ge=1, le=86_400, description="CPU time per sandbox process")
+    max_processes: int = Field(64, ge=1, le=4096)
+    max_file_mb: int = Field(256, ge=1, le=65_536, description="largest file code may write")
+    max_output_bytes: int = Field(1_000_000, ge=1_000, le=100_000_000, description="captured output per execution")
+
+
+class History(_Section):
+    """How much of a session's past turns feeds the next one."""
+
+    window_turns: int = Field(8, ge=0, le=200)
+    max_chars: int = Field(16_000, ge=0, le=1_000_000)
+
+
+class Storage(_Section):
+    max_upload_mb: float = Field(25, gt=0, le=10_240)
+    max_artifacts_per_turn: int = Field(50, ge=0, le=10_000)
+    max_artifact_mb: float = Field(25, gt=0, le=10_240)
+
+
+class Kernel(_Section):
+    output: Literal["rich", "text"] = "rich"
+    serve_api: bool = Field(False, description="start the API sidecar with the kernel")
+    api_port: int = Field(8000, ge=1, le=65_535)
+
+
+class Policy(_Section):
+    """The whole of ``fleet.toml``."""
+
+    limits: Limits = Limits()
+    sandbox: SandboxLimits = SandboxLimits()
+    history: History = History()
+    storage: Storage = Storage()
+    kernel: Kernel = Kernel()
+
+
+# Environment variables (DESIGN.md Part 2) and the Settings attribute each one sets.
+ENV_VARS: dict[str, str] = {
+    "FLEET_HOME": "home",
+    "FLEET_DATABASE_URL": "database_url",
+    "FLEET_LM_MODEL": "lm_model",
+    "FLEET_LM_BASE_URL": "lm_base_url",
+    "FLEET_LM_API_KEY": "lm_api_key",
+    "FLEET_SUB_LM_MODEL": "sub_lm_model",
+    "FLEET_SANDBOX": "sandbox",
+    "FLEET_DAYTONA_API_KEY": "daytona_api_key",
+    "FLEET_DAYTONA_API_URL": "daytona_api_url",
+    "FLEET_API_TOKEN": "api_token",
+    "FLEET_LM_RECORD": "lm_record",
+}
+SECRET_VARS = ("FLEET_LM_API_KEY", "FLEET_DAYTONA_API_KEY", "FLEET_API_TOKEN")
+
+
+class Settings(BaseModel):
+    """Everything a Fleet process needs to know, resolved once at start-up."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    home: Path
+    database_url: str
+    lm_model: str | None = None
+    lm_base_url: str | None = None
+    lm_api_key: SecretStr | None = None
+    sub_lm_model: str | None = None
+    sandbox: SandboxName | None = None
+    daytona_api_key: SecretStr | None = None
+    daytona_api_url: str | None = None
+    api_token: SecretStr | None = None
+    lm_record: Path | None = None
+    policy: Policy = Policy()
+    config_path: Path | None = None
+
+    @property
+    def limits(self) -> Limits:
+        return self.policy.limits
+
+    @cached_property
+    def workspaces_dir(self) -> Path:
+        return self.home / "workspaces"
+
+    @cached_property
+    def blobs_dir(self) -> Path:
+        return self.home / "blobs"
+
+    @cached_property
+    def logs_dir(self) -> Path:
+        return self.home / "logs"
+
+    def secrets(self) -> list[str]:
+        """Every secret value in force, so outputs can be scrubbed of them."""
+        values = [s.get_secret_value() for s in (self.lm_api_key, self.daytona_api_key, self.api_token) if s]
+        return [v for v in values if len(v) >= 4]
+
+
+def _format_validation_error(source: str, exc: PydanticValidationError) -> str:
+    lines = [f"{source} is invalid:"]
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"])
+        allowed = ""
+        ctx = err.get("ctx") or {}
+        if "expected" in ctx:
+            allowed = f" (allowed: {ctx['expected']})"
+        elif err["type"] == "extra_forbidden":
+            allowed = " (unknown key; see docs/configuration.md for the keys)"
+        elif ctx:
+            allowed = " (" + ", ".join(f"{k} {v}" for k, v in ctx.items() if k != "error") + ")"
+        lines.append(f"  {key}: {err['msg']}{allowed}; got {err.get('input')!r}")
+    return "\n".join(lines)
+
+
+def _read_policy(path: Path | None) -> Policy:
+    if path is None:
+        return Policy()
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}. Fix FLEET_CONFIG or create the file.") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    try:
+        return Policy.model_validate(raw)
+    except PydanticValidationError as exc:
+        raise ConfigError(_format_validation_error(str(path), exc)) from exc
+
+
+def _config_path(env: dict[str, str]) -> Path | None:
+    if env.get("FLEET_CONFIG"):
+        return Path(env["FLEET_CONFIG"]).expanduser()
+    local = Path("fleet.toml")
+    return local if local.is_file() else None
+
+
+def load_settings(env: dict[str, str] | None = None) -> Settings:
+    """Resolve settings from the environment and ``fleet.toml``.
+
+    Raises:
+        ConfigError: a value is invalid; the message names the key and the allowed values.
+    """
+    env = dict(os.environ if env is None else env)
+    path = _config_path(env)
+    policy = _read_policy(path)
+    home = Path(env.get("FLEET_HOME") or "~/.fleet").expanduser().absolute()
+    values: dict[str, Any] = {"home": home, "policy": policy, "config_path": path}
+    for var, attr in ENV_VARS.items():
+        if env.get(var):
+            values[attr] = env[var]
+    values["home"] = Path(values["home"]).expanduser().absolute()
+    values.setdefault("database_url", f"sqlite+aiosqlite:///{values['home'] / 'fleet.db'}")
+    values.setdefault("sandbox", policy.sandbox.backend)
+    if not values.get("lm_api_key"):
+        # dspy/LiteLLM read the provider's own variable (OPENAI_API_KEY, ...) themselves.
+        values.pop("lm_api_key", None)
+    try:
+        return Settings.model_validate(values)
+    except PydanticValidationError as exc:
+        message = _format_validation_error("environment", exc)
+        for var, attr in ENV_VARS.items():
+            message = message.replace(f"  {attr}:", f"  {var}:")
+        raise ConfigError(message) from exc

@@ -1,0 +1,257 @@
+"""Turning what dspy.RLM does into Fleet events, as it happens.
+
+``TurnObserver`` is both a dspy callback (modules, LMs, interpreter calls) and the sandbox's observer
+(output chunks, host tool calls). Which agent (root or a child RLM built by model code) an event
+belongs to is carried by a context variable that flows into dspy's tool threads.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+import dspy
+from dspy.primitives.code_interpreter import CodeExecutionError
+from dspy.utils.callback import BaseCallback
+
+from fleet_kernel.engine.lm import scrub, take_last_usage
+from fleet_kernel.engine.sink import TurnEmitter
+from fleet_kernel.errors import TurnCancelled
+from fleet_kernel.events import ROOT_AGENT
+
+PREVIEW_CHARS = 300
+
+
+@dataclass
+class AgentFrame:
+    """One RLM (the root or a child) and where it is in its loop."""
+
+    agent_id: str
+    parent_agent_id: str | None
+    depth: int
+    max_iters: int
+    iteration: int = 0
+    pending_execution: bool = False
+    execution_started: dict[str, float] = field(default_factory=dict)
+
+
+_current_agent: ContextVar[AgentFrame | None] = ContextVar("fleet_current_agent", default=None)
+
+
+def preview(value: Any, limit: int = PREVIEW_CHARS) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def strip_code(code: str) -> str:
+    """The code as dspy.RLM will run it (fences removed)."""
+    from dspy.predict.rlm import _strip_code_fences
+
+    try:
+        return _strip_code_fences(code)
+    except SyntaxError:
+        return code
+
+
+class ChildLimitExceeded(CodeExecutionError):
+    """Raised where model code starts one child RLM too many (or too deep); the model sees it as an error."""
+
+
+class TurnObserver(BaseCallback):
+    """Emits the events of one turn. Thread-safe: dspy calls it from the turn thread and tool threads."""
+
+    def __init__(
+        self,
+        emitter: TurnEmitter,
+        *,
+        root_rlm: dspy.RLM,
+        root_lm: Any,
+        cancel: threading.Event,
+        settings: Any,
+        max_depth: int,
+        max_children: int,
+    ) -> None:
+        self.emitter = emitter
+        self.root_rlm = root_rlm
+        self.root_lm = root_lm
+        self.cancel = cancel
+        self.cancel_reason = "cancelled"
+        self.settings = settings
+        self.max_depth = max_depth
+        self.max_children = max_children
+        self.children = 0
+        self.extracted = False
+        self.usage = {"lm_calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}
+        self._lock = threading.Lock()
+        self._frames_by_predict: dict[int, AgentFrame] = {}
+        self._actions: dict[str, AgentFrame] = {}
+        self._children: dict[str, tuple[AgentFrame, Any]] = {}
+        self._lm_calls: dict[str, tuple[float, Any, AgentFrame]] = {}
+        self._executions: dict[str, tuple[AgentFrame, float]] = {}
+        self._tool_calls: dict[str, float] = {}
+        self._ids = itertools.count(1)
+        self.root = AgentFrame(ROOT_AGENT, None, 0, root_rlm.max_iters)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _frame(self) -> AgentFrame:
+        return _current_agent.get() or self.root
+
+    def _emit(self, type_: str, data: dict[str, Any], frame: AgentFrame | None = None) -> None:
+        frame = frame or self._frame()
+        self.emitter.emit(type_, data, agent_id=frame.agent_id, parent_agent_id=frame.parent_agent_id)
+
+    def check_cancelled(self) -> None:
+        if self.cancel.is_set():
+            raise TurnCancelled(self.cancel_reason)
+
+    def enter_root(self) -> None:
+        """Called on the turn thread before ``forward``: the root agent is current there."""
+        _current_agent.set(self.root)
+        self._frames_by_predict[id(self.root_rlm.generate_action)] = self.root
+
+    # ------------------------------------------------------------------ modules
+
+    def on_module_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        self.check_cancelled()
+        if isinstance(instance, dspy.RLM) and instance is not self.root_rlm:
+            self._start_child(call_id, instance, inputs)
+            return
+        if instance is self.root_rlm.extract:
+            self.extracted = True
+        frame = self._frames_by_predict.get(id(instance))
+        if frame is not None:
+            with self._lock:
+                frame.iteration += 1
+                self._actions[call_id] = frame
+            self._emit("iteration.started", {"iteration": frame.iteration, "max_iters": frame.max_iters}, frame)
+
+    def _start_child(self, call_id: str, instance: dspy.RLM, inputs: dict[str, Any]) -> None:
+        parent = self._frame()
+        with self._lock:
+            self.children += 1
+            frame = AgentFrame(f"agent-{next(self._ids)}", parent.agent_id, parent.depth + 1, instance.max_iters)
+            self._frames_by_predict[id(instance.generate_action)] = frame
+        task = preview({k: v for k, v in (inputs.get("kwargs") or inputs).items() if k != "interpreter_factory"})
+        self._emit(
+            "agent.started",
+            {"agent_id": frame.agent_id, "parent_agent_id": parent.agent_id, "depth": frame.depth, "task": task},
+            parent,
+        )
+        self._children[call_id] = (frame, _current_agent.set(frame))
+
+    def on_module_end(self, call_id: str, outputs: Any, exception: BaseException | None = None) -> None:
+        frame = self._actions.pop(call_id, None)
+        if frame is not None and exception is None and outputs is not None:
+            reasoning = str(getattr(outputs, "reasoning", "") or "")
+            code = strip_code(str(getattr(outputs, "code", "") or ""))
+            self._emit("reasoning", {"iteration": frame.iteration, "text": reasoning}, frame)
+            self._emit("code", {"iteration": frame.iteration, "code": code}, frame)
+            frame.pending_execution = True
+            return
+        child = self._children.pop(call_id, None)
+        if child is not None:
+            frame, token = child
+            parent = AgentFrame(frame.parent_agent_id or ROOT_AGENT, None, frame.depth - 1, 0)
+            self._emit("agent.finished", {"agent_id": frame.agent_id, "ok": exception is None}, parent)
+            try:
+                _current_agent.reset(token)
+            except ValueError:  # reset from another context: leave it, the thread ends anyway
+                pass
+
+    def check_child_limits(self) -> None:
+        """Called where a child RLM asks for its interpreter: refuse one too many or too deep.
+
+        Raised there (not in a callback, whose exceptions dspy swallows) it reaches the model code
+        that built the child as an ordinary, recoverable error.
+        """
+        frame = self._frame()
+        if frame.depth > self.max_depth:
+            raise ChildLimitExceeded(
+                f"child RLMs may nest {self.max_depth} deep (limits.max_depth); solve this level in code"
+            )
+        if self.children > self.max_children:
+            raise ChildLimitExceeded(
+                f"this turn already started {self.max_children} child RLMs (limits.max_children); "
+                "reuse their results instead of starting more"
+            )
+
+    # ------------------------------------------------------------------ LMs
+
+    def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        self.check_cancelled()
+        self._lm_calls[call_id] = (time.perf_counter(), instance, self._frame())
+
+    def on_lm_end(self, call_id: str, outputs: Any, exception: BaseException | None = None) -> None:
+        started, instance, frame = self._lm_calls.pop(call_id, (time.perf_counter(), None, self._frame()))
+        usage, cost = take_last_usage()
+        prompt_tokens = int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0)
+        completion_tokens = int(usage.get("completion_tokens") or usage.get("output_tokens") or 0)
+        with self._lock:
+            self.usage["lm_calls"] += 1
+            self.usage["prompt_tokens"] += prompt_tokens
+            self.usage["completion_tokens"] += completion_tokens
+            self.usage["cost_usd"] += float(cost or 0.0)
+        self._emit(
+            "lm.finished",
+            {
+                "role": "root" if instance is self.root_lm else "sub",
+                "model": getattr(instance, "model", None),
+                "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
+                "cost_usd": cost,
+            },
+            frame,
+        )
+
+    # ------------------------------------------------------------------ interpreter
+
+    def on_interpreter_execute_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        frame = self._frame()
+        if frame.pending_execution:
+            frame.pending_execution = False
+            self._executions[call_id] = (frame, time.perf_counter())
+
+    def on_interpreter_execute_end(self, call_id: str, outputs: Any, exception: BaseException | None = None) -> None:
+        entry = self._executions.pop(call_id, None)
+        if entry is None:
+            return
+        frame, started = entry
+        error = None
+        if exception is not None and not isinstance(exception, TurnCancelled):
+            error = {"type": type(exception).__name__, "message": scrub(preview(str(exception), 2000), self.settings)}
+        self._emit(
+            "execution.finished",
+            {"iteration": frame.iteration, "duration_ms": round((time.perf_counter() - started) * 1000, 3), "error": error},
+            frame,
+        )
+
+    # ------------------------------------------------------------------ sandbox observer
+
+    def on_output(self, stream: str, text: str) -> None:
+        frame = self._frame()
+        self._emit("output", {"iteration": frame.iteration, "stream": stream, "text": scrub(text, self.settings)}, frame)
+
+    def on_tool_start(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        self.check_cancelled()
+        call_id = f"call-{next(self._ids)}"
+        self._tool_calls[call_id] = time.perf_counter()
+        shown = ", ".join([preview(a, 120) for a in args] + [f"{k}={preview(v, 120)}" for k, v in kwargs.items()])
+        self._emit("tool.started", {"call_id": call_id, "name": name, "args_preview": preview(shown)})
+        return call_id
+
+    def on_tool_end(self, call_id: str, ok: bool, result: Any) -> None:
+        started = self._tool_calls.pop(call_id, time.perf_counter())
+        self._emit(
+            "tool.finished",
+            {
+                "call_id": call_id,
+                "ok": ok,
+                "result_preview": scrub(preview(result), self.settings),
+                "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+            },
+        )

@@ -1,0 +1,337 @@
+"""``TurnRunner``: start, watch, cancel and finish turns; the one engine both front doors call.
+
+A turn is claimed in the store (idempotency key, one running turn per session), announced with
+``turn.started`` at once, then run by ``engine.turn.run_turn`` on its own thread while this side
+waits for the outcome, a cancellation (in-process, or durable from the store) or the deadline.
+This module imports no dspy, so a kernel can start before dspy is loaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fleet_kernel.config import Settings
+from fleet_kernel.engine.sink import EventHub, EventWriter, TurnEmitter, follow
+from fleet_kernel.errors import ValidationError
+from fleet_kernel.events import Event
+from fleet_kernel.store import Store, TurnRow
+from fleet_kernel.workspace import Workspace
+
+if TYPE_CHECKING:
+    from fleet_kernel.engine.turn import LMFactory, Outcome, TurnJob
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 0.5
+CANCEL_GRACE_S = 1.0
+MAX_TASK_CHARS = 100_000
+
+
+@dataclass
+class _Running:
+    turn: TurnRow
+    emitter: TurnEmitter
+    job: TurnJob | None = None
+    cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
+    reason: str = "cancelled"
+    task: asyncio.Task[None] | None = None
+
+
+class TurnHandle:
+    """A claimed turn: its row, whether this call created it, and its events."""
+
+    def __init__(self, runner: TurnRunner, turn: TurnRow, created: bool) -> None:
+        self.runner = runner
+        self.turn = turn
+        self.created = created
+
+    @property
+    def turn_id(self) -> str:
+        return self.turn.turn_id
+
+    @property
+    def run_id(self) -> str:
+        return self.turn.run_id
+
+    def events(self, after_seq: int = 0) -> AsyncIterator[Event]:
+        """Replay and tail this turn's events until its terminal event."""
+        return self.runner.follow(self.turn_id, after_seq)
+
+    async def wait(self) -> TurnRow:
+        """Wait for the turn to end (wherever it runs); returns its final row."""
+        running = self.runner._running.get(self.turn_id)
+        if running is not None and running.task is not None:
+            await asyncio.shield(running.task)
+        else:
+            async for _ in self.events():
+                pass
+        return await self.runner.store.get_turn(self.turn_id)
+
+    def cancel(self, reason: str = "cancelled") -> bool:
+        return self.runner.cancel(self.turn_id, reason)
+
+
+class TurnRunner:
+    """Runs turns in this process over a shared store. Create it inside the event loop it will use."""
+
+    def __init__(self, store: Store, settings: Settings, *, lm_factory: LMFactory | None = None) -> None:
+        self.store = store
+        self.settings = settings
+        self.lm_factory = lm_factory
+        self.hub = EventHub()
+        self._writer: EventWriter | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._running: dict[str, _Running] = {}
+        self._started = asyncio.Lock()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def open(self) -> TurnRunner:
+        """Start the event writer and the heartbeat, and mark turns left by dead processes interrupted."""
+        async with self._started:
+            if self._writer is None:
+                self._writer = EventWriter(self.store, self.hub)
+                await self.store.reap_stale_turns()
+                self._supervisor = asyncio.get_running_loop().create_task(self._supervise(), name="fleet-heartbeat")
+        return self
+
+    async def close(self) -> None:
+        """Cancel running turns, wait for their outcome, stop the writer."""
+        for turn_id in list(self._running):
+            self.cancel(turn_id, "the process running this turn is shutting down")
+        tasks = [r.task for r in self._running.values() if r.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=CANCEL_GRACE_S + 2)
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+        if self._writer is not None:
+            await self._writer.close()
+            self._writer = None
+
+    async def _supervise(self) -> None:
+        """Heartbeat for our running turns, and pick up durable cancellations (seen within a second)."""
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            if not self._running:
+                continue
+            try:
+                requests = await self.store.beat(self._running)
+            except Exception:  # noqa: BLE001 - a store hiccup must not kill the heartbeat
+                log.exception("heartbeat failed")
+                continue
+            for turn_id, reason in requests.items():
+                self.cancel(turn_id, reason)
+
+    # ------------------------------------------------------------------ public interface
+
+    async def start(self, session_id: str, task: str, *, idempotency_key: str | None = None) -> TurnHandle:
+        """Claim and start a turn (or return the one that owns ``idempotency_key``).
+
+        Raises:
+            ValidationError: empty or oversized task, or the key belongs to another task.
+            NotFoundError: unknown session.
+            ConflictError: a turn is already running in the session.
+        """
+        if not task or not task.strip():
+            raise ValidationError("the task is empty: write what the model should do")
+        if len(task) > MAX_TASK_CHARS:
+            raise ValidationError(f"the task is {len(task)} characters; the limit is {MAX_TASK_CHARS}. Attach long text as a file")
+        await self.open()
+        assert self._writer is not None
+        sandbox = self.sandbox_name()
+        turn, created = await self.store.claim_turn(
+            session_id, task, idempotency_key=idempotency_key, model=self.settings.lm_model, sandbox=sandbox
+        )
+        handle = TurnHandle(self, turn, created)
+        if not created:
+            return handle
+        emitter = TurnEmitter(self._writer, session_id=session_id, turn_id=turn.turn_id)
+        limits = self.settings.limits
+        emitter.emit(
+            "turn.started",
+            {
+                "task": task,
+                "run_id": turn.run_id,
+                "model": self.settings.lm_model,
+                "sandbox": sandbox,
+                "limits": {
+                    "max_iters": limits.max_iters,
+                    "max_llm_calls": limits.max_llm_calls,
+                    "timeout_s": limits.turn_timeout_s,
+                    "exec_timeout_s": limits.exec_timeout_s,
+                },
+            },
+        )
+        running = _Running(turn, emitter)
+        self._running[turn.turn_id] = running
+        running.task = asyncio.get_running_loop().create_task(self._drive(running), name=f"fleet-{turn.turn_id}")
+        return handle
+
+    async def run(self, session_id: str, task: str, *, idempotency_key: str | None = None) -> TurnRow:
+        """Start a turn and wait for it: the one-call way to run a turn."""
+        handle = await self.start(session_id, task, idempotency_key=idempotency_key)
+        return await handle.wait()
+
+    def follow(self, turn_id: str, after_seq: int = 0) -> AsyncIterator[Event]:
+        return follow(self.store, self.hub, turn_id, after_seq)
+
+    def cancel(self, turn_id: str, reason: str = "cancelled") -> bool:
+        """Cancel a turn running in this process; thread-safe. Returns false if it does not run here."""
+        running = self._running.get(turn_id)
+        if running is None:
+            return False
+        running.reason = reason
+        if running.job is not None:
+            running.job.interrupt(reason)
+        loop = running.task.get_loop() if running.task is not None else None
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(running.cancel_requested.set)
+        return True
+
+    def is_running_here(self, turn_id: str) -> bool:
+        return turn_id in self._running
+
+    def sandbox_name(self) -> str:
+        from fleet_kernel.sandbox import resolve_backend
+
+        return resolve_backend(self.settings)
+
+    # ------------------------------------------------------------------ the turn
+
+    async def _drive(self, running: _Running) -> None:
+        turn = running.turn
+        started = time.perf_counter()
+        try:
+            job = await self._prepare(running)
+            running.job = job
+            if running.cancel_requested.is_set():
+                job.interrupt(running.reason)
+            outcome = await self._execute(running, job)
+            await self._collect_artifacts(running, job)
+        except Exception as exc:  # noqa: BLE001 - report any engine failure as turn.failed
+            log.exception("turn %s failed in the engine", turn.turn_id)
+            from fleet_kernel.engine.turn import Outcome
+
+            outcome = Outcome("failed", error={"type": type(exc).__name__, "message": str(exc)[:2000]})
+        await self._finish(running, outcome, (time.perf_counter() - started) * 1000)
+
+    async def _prepare(self, running: _Running) -> TurnJob:
+        from fleet_kernel.engine.turn import TurnJob
+
+        turn = running.turn
+        window = self.settings.policy.history
+        past = await self.store.history(turn.session_id, window=window.window_turns, before_position=turn.position)
+        workspace = await asyncio.to_thread(Workspace.for_session, self.settings.workspaces_dir, turn.session_id)
+        manifest = await asyncio.to_thread(workspace.manifest)
+        return TurnJob(
+            settings=self.settings,
+            emitter=running.emitter,
+            task=turn.task,
+            history=format_history(past, window.max_chars),
+            workspace=workspace.root,
+            workspace_manifest=manifest,
+            cancel=threading.Event(),
+            lm_factory=self.lm_factory,
+        )
+
+    async def _execute(self, running: _Running, job: TurnJob) -> Outcome:
+        from fleet_kernel.engine.turn import Outcome, run_turn
+
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Outcome] = loop.create_future()
+
+        def work() -> None:
+            outcome = run_turn(job)
+            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(outcome))
+
+        context = contextvars.Context()  # a clean context: nothing of the caller's leaks into the turn
+        threading.Thread(target=context.run, args=(work,), name=f"fleet-{running.turn.turn_id}", daemon=True).start()
+        waiter = asyncio.ensure_future(running.cancel_requested.wait())
+        try:
+            await asyncio.wait({done, waiter}, timeout=self.settings.limits.turn_timeout_s, return_when="FIRST_COMPLETED")
+        finally:
+            waiter.cancel()
+        if done.done():
+            return done.result()
+        deadline = not running.cancel_requested.is_set()
+        reason = (
+            f"the turn ran past its {self.settings.limits.turn_timeout_s:g} s deadline (limits.turn_timeout_s)"
+            if deadline
+            else running.reason
+        )
+        job.interrupt(reason)
+        try:
+            outcome = await asyncio.wait_for(asyncio.shield(done), CANCEL_GRACE_S)
+        except TimeoutError:
+            # The worker is stuck in a call it cannot leave (a slow provider); it will unwind on its own
+            # and its late events are dropped because the turn is closed below.
+            outcome = Outcome("cancelled", reason=reason)
+        if deadline and outcome.status == "cancelled":
+            return Outcome("failed", error={"type": "deadline_exceeded", "message": reason}, usage=outcome.usage)
+        return outcome
+
+    async def _collect_artifacts(self, running: _Running, job: TurnJob) -> None:
+        """Files new or changed under ``artifacts/`` become artifact records and events."""
+        turn = running.turn
+        storage = self.settings.policy.storage
+        known = await self.store.latest_artifact_digests(turn.session_id)
+        found = await asyncio.to_thread(Workspace(job.workspace).scan, "artifacts")
+        changed = [info for path, info in found.items() if known.get(path) != info.sha256]
+        for info in changed[: storage.max_artifacts_per_turn]:
+            if info.size > storage.max_artifact_mb * 1024 * 1024:
+                continue
+            data = await asyncio.to_thread((job.workspace / info.path).read_bytes)
+            row = await self.store.add_artifact(
+                session_id=turn.session_id, turn_id=turn.turn_id, path=info.path, mime=info.mime, data=data
+            )
+            running.emitter.emit(
+                "artifact",
+                {"artifact_id": row.artifact_id, "path": row.path, "mime": row.mime, "size": row.size, "sha256": row.sha256},
+            )
+
+    async def _finish(self, running: _Running, outcome: Outcome, duration_ms: float) -> None:
+        turn = running.turn
+        assert self._writer is not None
+        usage = {"lm_calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, **outcome.usage}
+        committed = self._writer.terminal_committed(turn.turn_id)
+        try:
+            await self.store.finish_turn(
+                turn.turn_id, outcome.status, answer=outcome.answer, error=outcome.error, usage=usage
+            )
+        except Exception:  # noqa: BLE001 - still end the stream; the row is reaped later if it stays running
+            log.exception("recording the outcome of %s failed", turn.turn_id)
+        if outcome.status == "completed":
+            data: dict[str, Any] = {
+                "answer": outcome.answer or "",
+                "usage": usage,
+                "duration_ms": round(duration_ms, 3),
+                "extracted": outcome.extracted,
+            }
+            running.emitter.emit("turn.completed", data)
+        elif outcome.status == "cancelled":
+            running.emitter.emit("turn.cancelled", {"reason": outcome.reason or running.reason})
+        else:
+            running.emitter.emit("turn.failed", {"error": outcome.error or {"type": "error", "message": "failed"}})
+        await committed.wait()
+        self._running.pop(turn.turn_id, None)
+
+
+def format_history(turns: list[TurnRow], max_chars: int) -> str:
+    """Earlier turns as the model sees them, newest kept when over ``max_chars``."""
+    if not turns:
+        return "(this is the first turn of the session)"
+    blocks = []
+    for turn in turns:
+        answer = turn.answer if turn.status == "completed" else f"({turn.status}: {(turn.error or {}).get('message', '')})"
+        blocks.append(f"--- turn {turn.position} ---\nUser: {turn.task}\nAssistant: {answer}")
+    text = "\n\n".join(blocks)
+    if len(text) > max_chars:
+        text = "... (older turns omitted)\n" + text[-max_chars:]
+    return text

@@ -1,0 +1,207 @@
+"""From ``emit`` to durable, fanned-out events.
+
+``TurnEmitter.emit`` may be called from any thread: it assigns the turn's gapless ``seq``, validates the
+event and hands it to the process's ``EventWriter``. The writer commits in small batches (within a few
+milliseconds, always under 100 ms) and only then delivers each batch to in-process subscribers, so an
+event anyone sees is already in the store. ``follow`` serves a turn to a reader in any process: replay
+from the store, then live events from this process's hub, else by polling the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fleet_kernel.events import ROOT_AGENT, Event, make_event
+from fleet_kernel.store import Store
+
+log = logging.getLogger(__name__)
+
+BATCH_WINDOW_S = 0.005
+POLL_INTERVAL_S = 0.05
+
+
+class EventHub:
+    """In-process subscribers per turn. Lives on the event loop; only the writer publishes."""
+
+    def __init__(self) -> None:
+        self._subscribers: dict[str, set[asyncio.Queue[Event]]] = defaultdict(set)
+
+    def subscribe(self, turn_id: str) -> asyncio.Queue[Event]:
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._subscribers[turn_id].add(queue)
+        return queue
+
+    def unsubscribe(self, turn_id: str, queue: asyncio.Queue[Event]) -> None:
+        subscribers = self._subscribers.get(turn_id)
+        if subscribers is not None:
+            subscribers.discard(queue)
+            if not subscribers:
+                del self._subscribers[turn_id]
+
+    def publish(self, events: list[Event]) -> None:
+        for event in events:
+            for queue in self._subscribers.get(event.turn_id, ()):
+                queue.put_nowait(event)
+
+
+class EventWriter:
+    """Commits events in batches, then publishes them. One per process and store."""
+
+    def __init__(self, store: Store, hub: EventHub) -> None:
+        self.store = store
+        self.hub = hub
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        self._task = self._loop.create_task(self._run(), name="fleet-event-writer")
+        self._flushed: dict[str, asyncio.Event] = {}
+
+    def put(self, event: Event) -> None:
+        """Thread-safe: queue an event for commit."""
+        if threading.get_ident() == self._loop_thread_id():
+            self._queue.put_nowait(event)
+        else:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+
+    def _loop_thread_id(self) -> int | None:
+        return getattr(self._loop, "_thread_id", None)
+
+    async def _run(self) -> None:
+        while True:
+            first = await self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            await asyncio.sleep(BATCH_WINDOW_S)
+            stop = False
+            while not self._queue.empty():
+                item = self._queue.get_nowait()
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            await self._commit(batch)
+            if stop:
+                return
+
+    async def _commit(self, batch: list[Event]) -> None:
+        for attempt in range(5):
+            try:
+                await self.store.append_events(batch)
+                break
+            except Exception:  # noqa: BLE001 - keep the turn going; retry, then report loudly
+                log.exception("committing %d events failed (attempt %d)", len(batch), attempt + 1)
+                await asyncio.sleep(0.1 * (attempt + 1))
+        self.hub.publish(batch)
+        for event in batch:
+            if event.terminal and event.turn_id in self._flushed:
+                self._flushed.pop(event.turn_id).set()
+
+    def terminal_committed(self, turn_id: str) -> asyncio.Event:
+        """An asyncio event set once the turn's terminal event is committed and delivered."""
+        return self._flushed.setdefault(turn_id, asyncio.Event())
+
+    async def close(self) -> None:
+        self._queue.put_nowait(None)
+        await self._task
+
+
+class TurnEmitter:
+    """Assigns ``seq`` and builds envelopes for one turn; thread-safe."""
+
+    def __init__(self, writer: EventWriter, *, session_id: str, turn_id: str, first_seq: int = 1) -> None:
+        self._writer = writer
+        self.session_id = session_id
+        self.turn_id = turn_id
+        self._next_seq = first_seq
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def emit(
+        self,
+        type_: str,
+        data: dict[str, Any],
+        *,
+        agent_id: str = ROOT_AGENT,
+        parent_agent_id: str | None = None,
+    ) -> Event | None:
+        """Record one event; after the terminal event the turn is closed and later events are dropped."""
+        with self._lock:
+            if self.closed:
+                return None
+            event = make_event(
+                type_,
+                data,
+                seq=self._next_seq,
+                session_id=self.session_id,
+                turn_id=self.turn_id,
+                agent_id=agent_id,
+                parent_agent_id=parent_agent_id,
+            )
+            self._next_seq += 1
+            if event.terminal:
+                self.closed = True
+            self._writer.put(event)
+            return event
+
+
+async def follow(
+    store: Store, hub: EventHub | None, turn_id: str, after_seq: int = 0, *, idle_timeout_s: float = 5.0
+) -> AsyncIterator[Event]:
+    """Every event of a turn after ``after_seq``, in order, without gaps or duplicates, until the terminal one.
+
+    Works for a turn running in this process (live from the hub), in another process (polling the store)
+    or already finished (pure replay). A turn that is no longer running and has written nothing for
+    ``idle_timeout_s`` ends the stream, so a reader never waits for ever on a dead writer.
+    """
+    queue = hub.subscribe(turn_id) if hub is not None else None
+    last = after_seq
+    idle = 0.0
+    replay = True  # read the store: at first, after a gap, and whenever the hub stays quiet
+    try:
+        while True:
+            if replay:
+                batch = await store.events_after(turn_id, last)
+                for event in batch:
+                    yield event
+                    last = event.seq
+                    if event.terminal:
+                        return
+                if batch:
+                    idle = 0.0
+                    continue  # there may be more than one page
+                idle += POLL_INTERVAL_S
+                if idle >= idle_timeout_s:
+                    if (await store.get_turn(turn_id)).status != "running":
+                        return
+                    idle = 0.0
+            if queue is None:
+                await asyncio.sleep(POLL_INTERVAL_S)
+                continue
+            try:
+                event = await asyncio.wait_for(queue.get(), POLL_INTERVAL_S)
+            except TimeoutError:
+                replay = True
+                continue
+            pending = [event]
+            while not queue.empty():
+                pending.append(queue.get_nowait())
+            replay = False
+            for event in pending:
+                if event.seq <= last:
+                    continue
+                if event.seq != last + 1:
+                    replay = True  # a gap: the store has what we missed
+                    break
+                idle = 0.0
+                yield event
+                last = event.seq
+                if event.terminal:
+                    return
+    finally:
+        if queue is not None and hub is not None:
+            hub.unsubscribe(turn_id, queue)

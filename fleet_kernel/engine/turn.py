@@ -1,0 +1,188 @@
+"""One turn's dspy.RLM run, on its worker thread: build LMs and sandbox, run, map the outcome.
+
+Everything here is synchronous and may import dspy; the async side (``runner.py``) only waits for it,
+so the caller's event loop stays free and the kernel starts without importing dspy.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dspy
+from dspy.primitives.code_interpreter import CodeInterpreterError
+from dspy.utils.exceptions import AdapterParseError
+from dspy.utils.exceptions import LMError as DSPyLMError
+
+from fleet_kernel.config import Settings
+from fleet_kernel.engine.lm import build_lms, explain_lm_error, scrub
+from fleet_kernel.engine.observe import TurnObserver
+from fleet_kernel.engine.sink import TurnEmitter
+from fleet_kernel.errors import FleetError, LMError, TurnCancelled
+from fleet_kernel.sandbox import base as sandbox_base
+from fleet_kernel.sandbox import open_sandbox
+
+log = logging.getLogger(__name__)
+
+
+class FleetTask(dspy.Signature):
+    """Do the user's task for this turn of a notebook session, by writing and running Python.
+
+    Earlier turns of the session are in `history`; the session's durable folder is described in
+    `workspace` (attachments under files/, your outputs under artifacts/, your notes in
+    memory/MEMORIES.md). Answer in Markdown; keep the answer self-contained.
+    """
+
+    task: str = dspy.InputField(desc="what the user asks in this turn")
+    history: str = dspy.InputField(desc="earlier turns of this session (task and answer), oldest first")
+    workspace: str = dspy.InputField(desc="what /workspace holds right now")
+    answer: str = dspy.OutputField(desc="the final answer for the user, in Markdown")
+
+
+@dataclass
+class Outcome:
+    status: str  # completed | failed | cancelled
+    answer: str | None = None
+    error: dict[str, str] | None = None
+    reason: str | None = None
+    extracted: bool = False
+    usage: dict[str, Any] = field(default_factory=dict)
+
+
+LMFactory = Callable[[Settings], tuple[Any, Any]]
+
+
+@dataclass
+class TurnJob:
+    """What the worker thread needs; ``cancel`` and ``interrupt`` are shared with the async side."""
+
+    settings: Settings
+    emitter: TurnEmitter
+    task: str
+    history: str
+    workspace: Path
+    workspace_manifest: str
+    cancel: threading.Event
+    lm_factory: LMFactory | None = None
+    cancel_reason: str = "cancelled"
+    _sandbox: Any = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def interrupt(self, reason: str) -> None:
+        """Thread-safe: cancel the turn and stop whatever code runs now."""
+        with self._lock:
+            self.cancel_reason = reason
+            self.cancel.set()
+            sandbox = self._sandbox
+        if sandbox is not None:
+            sandbox.interrupt()
+
+    def _attach_sandbox(self, sandbox: Any) -> None:
+        with self._lock:
+            self._sandbox = sandbox
+            cancelled = self.cancel.is_set()
+        if cancelled:
+            sandbox.interrupt()
+
+
+class _GuardedFactory:
+    """The backend's factory, refusing interpreters for child RLMs past the turn's limits."""
+
+    def __init__(self, inner: Any, observer: TurnObserver) -> None:
+        self._inner = inner
+        self._observer = observer
+        self.execution_instructions = inner.execution_instructions
+
+    def __call__(self) -> Any:
+        self._observer.check_child_limits()
+        return self._inner()
+
+
+def _failure(exc: BaseException, settings: Settings) -> Outcome:
+    if isinstance(exc, FleetError):
+        return Outcome("failed", error={"type": exc.code, "message": scrub(exc.message, settings)})
+    if isinstance(exc, DSPyLMError) or type(exc).__module__.startswith(("litellm", "openai", "httpx")):
+        err = explain_lm_error(exc, settings)
+        return Outcome("failed", error={"type": err.code, "message": err.message})
+    if isinstance(exc, AdapterParseError):
+        message = (
+            "the model's reply could not be parsed into reasoning and code; "
+            "try a stronger model (FLEET_LM_MODEL) or ask again"
+        )
+        return Outcome("failed", error={"type": "lm_parse_error", "message": message})
+    if isinstance(exc, CodeInterpreterError):
+        message = f"the sandbox failed and the turn could not go on: {scrub(str(exc), settings)}"
+        return Outcome("failed", error={"type": "sandbox_error", "message": message})
+    log.exception("turn failed unexpectedly")
+    return Outcome("failed", error={"type": type(exc).__name__, "message": scrub(str(exc), settings)[:2000]})
+
+
+def run_turn(job: TurnJob) -> Outcome:
+    """Run one dspy.RLM turn to its outcome. Never raises."""
+    settings = job.settings
+    limits = settings.limits
+    try:
+        root_lm, sub_lm = (job.lm_factory or build_lms)(settings)
+    except LMError as exc:
+        # The contract: every turn reports its LM step, even one that could not start.
+        job.emitter.emit(
+            "lm.finished",
+            {"role": "root", "model": settings.lm_model, "duration_ms": 0.0, "usage": {}, "cost_usd": None},
+        )
+        return _failure(exc, settings)
+
+    sandbox = None
+    observer: TurnObserver | None = None
+    try:
+        sandbox = open_sandbox(settings, job.workspace, cancel=job.cancel)
+        rlm = dspy.RLM(
+            FleetTask,
+            max_iters=limits.max_iters,
+            max_llm_calls=limits.max_llm_calls,
+            max_output_chars=limits.max_output_chars,
+            sub_lm=sub_lm,
+        )
+        observer = TurnObserver(
+            job.emitter,
+            root_rlm=rlm,
+            root_lm=root_lm,
+            cancel=job.cancel,
+            settings=settings,
+            max_depth=limits.max_depth,
+            max_children=limits.max_children,
+        )
+        observer.cancel_reason = job.cancel_reason
+        job._attach_sandbox(sandbox)
+        sandbox_base.observer.set(observer)
+        with dspy.context(lm=root_lm, callbacks=[observer]):
+            observer.enter_root()
+            prediction = rlm(
+                task=job.task,
+                history=job.history,
+                workspace=job.workspace_manifest,
+                interpreter_factory=_GuardedFactory(sandbox, observer),
+            )
+        return Outcome(
+            "completed",
+            answer=scrub(str(prediction.answer), settings),
+            extracted=observer.extracted,
+            usage=observer.usage,
+        )
+    except TurnCancelled as exc:
+        return Outcome("cancelled", reason=job.cancel_reason or exc.reason, usage=observer.usage if observer else {})
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes turn.failed, with a readable message
+        if job.cancel.is_set():
+            return Outcome("cancelled", reason=job.cancel_reason, usage=observer.usage if observer else {})
+        outcome = _failure(exc, settings)
+        outcome.usage = observer.usage if observer else {}
+        return outcome
+    finally:
+        if sandbox is not None:
+            try:
+                sandbox.close()
+            except Exception:  # noqa: BLE001 - closing must not mask the outcome
+                log.exception("closing the sandbox failed")

@@ -1,0 +1,63 @@
+"""What every sandbox backend offers the engine, and how it reports back while code runs.
+
+A backend is an ``InterpreterFactory``: a zero-argument callable that ``dspy.RLM`` calls for each
+interpreter it needs (the root and every child RLM), carrying ``execution_instructions`` for the
+prompt, plus ``interrupt()`` (cancel whatever runs now) and ``close()`` (release per-session resources).
+
+While ``execute`` runs, the interpreter reports to the ``SandboxObserver`` found in the
+``observer`` context variable of the calling thread: output chunks as they are printed, and each
+host tool call. The engine sets that variable; backends copy the context into their tool threads.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import Any, Protocol
+
+from dspy.primitives.code_interpreter import CodeInterpreter, CodeInterpreterError
+
+
+class SandboxObserver(Protocol):
+    """Receives what happens inside ``execute``; called on the thread that runs the tool or execute."""
+
+    def on_output(self, stream: str, text: str) -> None:
+        """A chunk of ``stdout``/``stderr`` printed by the running code (already coalesced)."""
+
+    def on_tool_start(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """A host tool is about to run; returns a call id for ``on_tool_end``."""
+
+    def on_tool_end(self, call_id: str, ok: bool, result: Any) -> None:
+        """The host tool returned ``result`` (or raised it, when ``ok`` is false)."""
+
+
+observer: ContextVar[SandboxObserver | None] = ContextVar("fleet_sandbox_observer", default=None)
+
+
+def current_observer() -> SandboxObserver | None:
+    return observer.get()
+
+
+def run_with_context(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[], Any]:
+    """Bind ``func`` to a copy of the current context, for a tool thread."""
+    ctx = contextvars.copy_context()
+    return lambda: ctx.run(func, *args, **kwargs)
+
+
+class SandboxCrashed(CodeInterpreterError):
+    """The sandbox process died or broke protocol: terminal for this interpreter (ends the turn)."""
+
+
+class InterpreterFactory(Protocol):
+    """One per turn (or per session, reused warm): makes interpreters for ``dspy.RLM``."""
+
+    execution_instructions: str
+
+    def __call__(self) -> CodeInterpreter: ...
+
+    def interrupt(self) -> None:
+        """Stop every running execution now (turn cancelled); later ``execute`` calls raise ``TurnCancelled``."""
+
+    def close(self) -> None:
+        """Shut down every interpreter this factory made and release backend resources."""

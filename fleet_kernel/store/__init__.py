@@ -1,0 +1,588 @@
+"""The durable store: one class owning the engine, methods named for what they do.
+
+SQLite (aiosqlite, WAL, busy timeout, writes in ``BEGIN IMMEDIATE``) by default, PostgreSQL (asyncpg)
+for teams. Every process that runs or watches turns opens its own ``Store`` on the same URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, event, func, select, text, update
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+
+from fleet_kernel.errors import ConflictError, NotFoundError, StoreUnavailableError, ValidationError
+from fleet_kernel.events import ROOT_AGENT, Event, utc_timestamp
+from fleet_kernel.store import migrate
+from fleet_kernel.store.models import (
+    ArtifactRow,
+    AttachmentRow,
+    BlobRow,
+    EventRow,
+    SessionRow,
+    TurnRow,
+)
+
+__all__ = ["Store", "SessionRow", "TurnRow", "AttachmentRow", "ArtifactRow", "new_id", "utcnow", "PROCESS_OWNER"]
+
+# A turn whose owner has not beaten its heart for this long is considered dead (process killed).
+STALE_AFTER = timedelta(seconds=30)
+PROCESS_OWNER = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:20]}"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+def _is_sqlite(url: str) -> bool:
+    return url.startswith("sqlite")
+
+
+def _configure_sqlite(engine: AsyncEngine) -> None:
+    """WAL + busy timeout, and explicit transactions so writers queue instead of failing as locked."""
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # we emit BEGIN ourselves
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        immediate = conn.get_execution_options().get("fleet_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+class Store:
+    """Sessions, turns, events, attachments, artifacts and blobs over one async engine."""
+
+    def __init__(self, database_url: str) -> None:
+        self.url = database_url
+        self.sqlite = _is_sqlite(database_url)
+        kwargs: dict[str, Any] = {}
+        if self.sqlite:
+            kwargs["connect_args"] = {"timeout": 30}
+        else:
+            kwargs["pool_pre_ping"] = True
+        self.engine = create_async_engine(database_url, **kwargs)
+        if self.sqlite:
+            _configure_sqlite(self.engine)
+        self._sessions = async_sessionmaker(self.engine, expire_on_commit=False)
+        writer = self.engine.execution_options(fleet_write=True) if self.sqlite else self.engine
+        self._writers = async_sessionmaker(writer, expire_on_commit=False)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    async def open(cls, database_url: str) -> Store:
+        """Open and check the store; a SQLite file is created and upgraded on first use.
+
+        Raises:
+            StoreUnavailableError: the database cannot be reached, or (non-SQLite) is not migrated.
+        """
+        if _is_sqlite(database_url):
+            path = database_url.split(":///", 1)[-1]
+            if path and path != ":memory:":
+                os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        store = cls(database_url)
+        try:
+            current = await store.schema_revision()
+            head = migrate.head_revision()
+            if current != head:
+                if not store.sqlite:
+                    raise StoreUnavailableError(
+                        f"the database at {store.safe_url} is at schema {current or 'none'}, not {head}: "
+                        "run `fleet db upgrade` first"
+                    )
+                await asyncio.to_thread(migrate.upgrade, database_url)
+        except OSError as exc:
+            await store.close()
+            raise StoreUnavailableError(f"cannot reach the database at {store.safe_url}: {exc}") from exc
+        except OperationalError as exc:
+            await store.close()
+            raise StoreUnavailableError(f"cannot use the database at {store.safe_url}: {exc.orig}") from exc
+        except BaseException:
+            await store.close()
+            raise
+        return store
+
+    @property
+    def safe_url(self) -> str:
+        """The URL with any password hidden, fit for messages."""
+        return self.engine.url.render_as_string(hide_password=True)
+
+    async def schema_revision(self) -> str | None:
+        async with self.engine.connect() as conn:
+            exists = await conn.run_sync(lambda c: c.dialect.has_table(c, "alembic_version"))
+            if not exists:
+                return None
+            row = (await conn.execute(text("SELECT version_num FROM alembic_version"))).first()
+            return row[0] if row else None
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    async def ping(self) -> bool:
+        try:
+            async with self.engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+            return True
+        except Exception:  # noqa: BLE001 - health checks report, never raise
+            return False
+
+    @asynccontextmanager
+    async def _write(self) -> AsyncIterator[AsyncSession]:
+        """A write transaction (``BEGIN IMMEDIATE`` on SQLite), committed on exit."""
+        async with self._writers.begin() as session:
+            yield session
+
+    @asynccontextmanager
+    async def _read(self) -> AsyncIterator[AsyncSession]:
+        async with self._sessions() as session:
+            yield session
+
+    # ------------------------------------------------------------------ sessions
+
+    async def create_session(self, title: str = "") -> SessionRow:
+        now = utcnow()
+        row = SessionRow(session_id=new_id("ses"), title=title[:200], created_at=now, updated_at=now, turn_count=0)
+        async with self._write() as s:
+            s.add(row)
+        return row
+
+    async def get_session(self, session_id: str) -> SessionRow:
+        async with self._read() as s:
+            row = await s.get(SessionRow, session_id)
+        if row is None:
+            raise NotFoundError(f"no session {session_id!r}; list sessions with GET /api/sessions")
+        return row
+
+    async def list_sessions(self, limit: int = 200) -> list[SessionRow]:
+        async with self._read() as s:
+            rows = await s.scalars(select(SessionRow).order_by(SessionRow.updated_at.desc()).limit(limit))
+            return list(rows)
+
+    async def rename_session(self, session_id: str, title: str) -> SessionRow:
+        async with self._write() as s:
+            row = await s.get(SessionRow, session_id)
+            if row is None:
+                raise NotFoundError(f"no session {session_id!r}")
+            row.title = title[:200]
+            row.updated_at = utcnow()
+        return row
+
+    async def delete_session(self, session_id: str) -> None:
+        """Delete a session with its turns, events, attachments and artifacts.
+
+        Raises:
+            ConflictError: a turn is running in it.
+        """
+        async with self._write() as s:
+            row = await s.get(SessionRow, session_id)
+            if row is None:
+                raise NotFoundError(f"no session {session_id!r}")
+            running = await s.scalar(
+                select(TurnRow.turn_id).where(TurnRow.session_id == session_id, TurnRow.status == "running")
+            )
+            if running:
+                raise ConflictError(
+                    f"turn {running} is running in this session; cancel it or wait for it to finish",
+                    turn_id=running,
+                    code="session_busy",
+                )
+            turn_ids = select(TurnRow.turn_id).where(TurnRow.session_id == session_id)
+            await s.execute(delete(EventRow).where(EventRow.turn_id.in_(turn_ids)))
+            await s.execute(delete(ArtifactRow).where(ArtifactRow.session_id == session_id))
+            await s.execute(delete(AttachmentRow).where(AttachmentRow.session_id == session_id))
+            await s.execute(delete(TurnRow).where(TurnRow.session_id == session_id))
+            await s.delete(row)
+
+    # ------------------------------------------------------------------ turns
+
+    async def claim_turn(
+        self,
+        session_id: str,
+        task: str,
+        *,
+        idempotency_key: str | None = None,
+        model: str | None = None,
+        sandbox: str | None = None,
+    ) -> tuple[TurnRow, bool]:
+        """Record a new running turn, or return the turn that already owns ``idempotency_key``.
+
+        Returns:
+            ``(turn, created)``; ``created`` is false when the key named an existing turn.
+
+        Raises:
+            NotFoundError: unknown session.
+            ConflictError: another turn is running in the session (``turn_id`` names it).
+            ValidationError: the key already belongs to a turn with another task.
+        """
+        for _attempt in range(3):
+            existing = await self._turn_by_key(session_id, idempotency_key)
+            if existing is not None:
+                if existing.task != task:
+                    raise ValidationError(
+                        "this Idempotency-Key already belongs to a turn with a different task; use a new key"
+                    )
+                return existing, False
+            now = utcnow()
+            try:
+                async with self._write() as s:
+                    ses = await s.get(SessionRow, session_id)
+                    if ses is None:
+                        raise NotFoundError(f"no session {session_id!r}; create one with POST /api/sessions")
+                    running = await s.scalar(
+                        select(TurnRow.turn_id).where(TurnRow.session_id == session_id, TurnRow.status == "running")
+                    )
+                    if running:
+                        raise ConflictError(
+                            f"turn {running} is already running in this session; wait for it or cancel it",
+                            turn_id=running,
+                            code="session_busy",
+                        )
+                    ses.turn_count += 1
+                    ses.updated_at = now
+                    if not ses.title:
+                        ses.title = _title_from(task)
+                    row = TurnRow(
+                        turn_id=new_id("turn"),
+                        run_id=new_id("run"),
+                        session_id=session_id,
+                        position=ses.turn_count,
+                        idempotency_key=idempotency_key,
+                        task=task,
+                        status="running",
+                        model=model,
+                        sandbox=sandbox,
+                        owner=PROCESS_OWNER,
+                        started_at=now,
+                        heartbeat_at=now,
+                        last_seq=0,
+                    )
+                    s.add(row)
+                return row, True
+            except IntegrityError:
+                continue  # a concurrent claim won the race: look again
+        raise ConflictError("another request is starting a turn in this session; retry", code="session_busy")
+
+    async def _turn_by_key(self, session_id: str, key: str | None) -> TurnRow | None:
+        if key is None:
+            return None
+        async with self._read() as s:
+            return await s.scalar(
+                select(TurnRow).where(TurnRow.session_id == session_id, TurnRow.idempotency_key == key)
+            )
+
+    async def get_turn(self, turn_id: str, session_id: str | None = None) -> TurnRow:
+        async with self._read() as s:
+            row = await s.get(TurnRow, turn_id)
+        if row is None or (session_id is not None and row.session_id != session_id):
+            raise NotFoundError(f"no turn {turn_id!r} in this session")
+        return row
+
+    async def get_turn_by_run(self, run_id: str) -> TurnRow:
+        async with self._read() as s:
+            row = await s.scalar(select(TurnRow).where(TurnRow.run_id == run_id))
+        if row is None:
+            raise NotFoundError(f"no run {run_id!r}", code="run_not_found")
+        return row
+
+    async def list_turns(self, session_id: str) -> list[TurnRow]:
+        await self.get_session(session_id)
+        async with self._read() as s:
+            rows = await s.scalars(select(TurnRow).where(TurnRow.session_id == session_id).order_by(TurnRow.position))
+            return list(rows)
+
+    async def running_turn(self, session_id: str) -> TurnRow | None:
+        async with self._read() as s:
+            return await s.scalar(
+                select(TurnRow).where(TurnRow.session_id == session_id, TurnRow.status == "running")
+            )
+
+    async def history(self, session_id: str, *, window: int, before_position: int) -> list[TurnRow]:
+        """The last ``window`` finished turns before ``before_position``, oldest first."""
+        if window <= 0:
+            return []
+        async with self._read() as s:
+            rows = await s.scalars(
+                select(TurnRow)
+                .where(
+                    TurnRow.session_id == session_id,
+                    TurnRow.position < before_position,
+                    TurnRow.status != "running",
+                )
+                .order_by(TurnRow.position.desc())
+                .limit(window)
+            )
+            return list(reversed(list(rows)))
+
+    async def finish_turn(
+        self,
+        turn_id: str,
+        status: str,
+        *,
+        answer: str | None = None,
+        error: dict[str, Any] | None = None,
+        usage: dict[str, Any] | None = None,
+    ) -> None:
+        async with self._write() as s:
+            row = await s.get(TurnRow, turn_id)
+            if row is None or row.status != "running":
+                return
+            row.status = status
+            row.answer = answer
+            row.error = error
+            row.usage = usage
+            row.finished_at = utcnow()
+            ses = await s.get(SessionRow, row.session_id)
+            if ses is not None:
+                ses.updated_at = row.finished_at
+
+    async def beat(self, turn_ids: Iterable[str]) -> dict[str, str]:
+        """Refresh the heartbeat of running turns; returns ``{turn_id: cancel_reason}`` for cancelled ones."""
+        ids = list(turn_ids)
+        if not ids:
+            return {}
+        async with self._write() as s:
+            await s.execute(
+                update(TurnRow)
+                .where(TurnRow.turn_id.in_(ids), TurnRow.status == "running")
+                .values(heartbeat_at=utcnow())
+            )
+            rows = await s.execute(
+                select(TurnRow.turn_id, TurnRow.cancel_reason).where(
+                    TurnRow.turn_id.in_(ids), TurnRow.cancel_requested_at.is_not(None)
+                )
+            )
+            return {turn_id: reason or "cancelled" for turn_id, reason in rows}
+
+    async def cancel_requests(self, turn_ids: Iterable[str]) -> dict[str, str]:
+        """``{turn_id: reason}`` for those of ``turn_ids`` whose cancellation was requested."""
+        ids = list(turn_ids)
+        if not ids:
+            return {}
+        async with self._read() as s:
+            rows = await s.execute(
+                select(TurnRow.turn_id, TurnRow.cancel_reason).where(
+                    TurnRow.turn_id.in_(ids), TurnRow.cancel_requested_at.is_not(None)
+                )
+            )
+            return {turn_id: reason or "cancelled" for turn_id, reason in rows}
+
+    async def request_cancel(self, run_id: str, reason: str = "cancelled by request") -> tuple[TurnRow, str]:
+        """Record a durable cancellation; returns the turn and ``requested|already_requested|already_terminal``."""
+        async with self._write() as s:
+            row = await s.scalar(select(TurnRow).where(TurnRow.run_id == run_id))
+            if row is None:
+                raise NotFoundError(f"no run {run_id!r}", code="run_not_found")
+            if row.status != "running":
+                return row, "already_terminal"
+            if row.cancel_requested_at is not None:
+                return row, "already_requested"
+            row.cancel_requested_at = utcnow()
+            row.cancel_reason = reason
+            return row, "requested"
+
+    async def reap_stale_turns(self, stale_after: timedelta = STALE_AFTER) -> list[str]:
+        """Mark running turns whose process died (stale heartbeat) as ``interrupted``; returns their ids."""
+        cutoff = utcnow() - stale_after
+        async with self._write() as s:
+            rows = list(
+                await s.scalars(select(TurnRow).where(TurnRow.status == "running", TurnRow.heartbeat_at < cutoff))
+            )
+            for row in rows:
+                error = {
+                    "type": "interrupted",
+                    "message": f"the process running this turn ({row.owner}) stopped before it finished; run it again",
+                }
+                row.status = "interrupted"
+                row.finished_at = utcnow()
+                row.error = error
+                row.last_seq += 1
+                # Keep the stream contract: every turn ends with exactly one terminal event.
+                s.add(
+                    EventRow(
+                        turn_id=row.turn_id,
+                        seq=row.last_seq,
+                        session_id=row.session_id,
+                        type="turn.failed",
+                        agent_id=ROOT_AGENT,
+                        parent_agent_id=None,
+                        ts=utc_timestamp(),
+                        data={"error": error},
+                    )
+                )
+            return [row.turn_id for row in rows]
+
+    # ------------------------------------------------------------------ events
+
+    async def append_events(self, events: list[Event]) -> None:
+        """Commit a batch of events of one or more turns in one transaction."""
+        if not events:
+            return
+        last: dict[str, int] = {}
+        async with self._write() as s:
+            s.add_all(
+                EventRow(
+                    turn_id=e.turn_id,
+                    seq=e.seq,
+                    session_id=e.session_id,
+                    type=e.type,
+                    agent_id=e.agent_id,
+                    parent_agent_id=e.parent_agent_id,
+                    ts=e.ts,
+                    data=e.data,
+                )
+                for e in events
+            )
+            for e in events:
+                last[e.turn_id] = max(last.get(e.turn_id, 0), e.seq)
+            for turn_id, seq in last.items():
+                await s.execute(update(TurnRow).where(TurnRow.turn_id == turn_id).values(last_seq=seq))
+
+    async def events_after(self, turn_id: str, after_seq: int = 0, limit: int = 1000) -> list[Event]:
+        async with self._read() as s:
+            rows = await s.scalars(
+                select(EventRow)
+                .where(EventRow.turn_id == turn_id, EventRow.seq > after_seq)
+                .order_by(EventRow.seq)
+                .limit(limit)
+            )
+            return [_event(r) for r in rows]
+
+    async def session_events(self, session_id: str) -> list[Event]:
+        async with self._read() as s:
+            rows = await s.scalars(
+                select(EventRow)
+                .join(TurnRow, TurnRow.turn_id == EventRow.turn_id)
+                .where(EventRow.session_id == session_id)
+                .order_by(TurnRow.position, EventRow.seq)
+            )
+            return [_event(r) for r in rows]
+
+    async def count_events(self, turn_id: str) -> int:
+        async with self._read() as s:
+            return int(await s.scalar(select(func.count()).where(EventRow.turn_id == turn_id)) or 0)
+
+    # ------------------------------------------------------------------ blobs, attachments, artifacts
+
+    async def put_blob(self, data: bytes) -> str:
+        digest = hashlib.sha256(data).hexdigest()
+        async with self._write() as s:
+            if await s.get(BlobRow, digest) is None:
+                s.add(BlobRow(sha256=digest, size=len(data), data=data))
+        return digest
+
+    async def get_blob(self, sha256: str) -> bytes:
+        async with self._read() as s:
+            row = await s.get(BlobRow, sha256)
+        if row is None:
+            raise NotFoundError(f"no content {sha256}")
+        return row.data
+
+    async def add_attachment(
+        self, *, session_id: str | None, filename: str, path: str, mime: str, data: bytes
+    ) -> AttachmentRow:
+        digest = await self.put_blob(data)
+        row = AttachmentRow(
+            attachment_id=new_id("att"),
+            session_id=session_id,
+            filename=filename,
+            path=path,
+            mime=mime,
+            size=len(data),
+            sha256=digest,
+            created_at=utcnow(),
+        )
+        async with self._write() as s:
+            s.add(row)
+        return row
+
+    async def get_attachment(self, attachment_id: str) -> AttachmentRow:
+        async with self._read() as s:
+            row = await s.get(AttachmentRow, attachment_id)
+        if row is None:
+            raise NotFoundError(f"no attachment {attachment_id!r}")
+        return row
+
+    async def list_attachments(self, session_id: str) -> list[AttachmentRow]:
+        async with self._read() as s:
+            rows = await s.scalars(
+                select(AttachmentRow).where(AttachmentRow.session_id == session_id).order_by(AttachmentRow.created_at)
+            )
+            return list(rows)
+
+    async def add_artifact(
+        self, *, session_id: str, turn_id: str, path: str, mime: str, data: bytes
+    ) -> ArtifactRow:
+        digest = await self.put_blob(data)
+        row = ArtifactRow(
+            artifact_id=new_id("art"),
+            session_id=session_id,
+            turn_id=turn_id,
+            path=path,
+            mime=mime,
+            size=len(data),
+            sha256=digest,
+            created_at=utcnow(),
+        )
+        async with self._write() as s:
+            s.add(row)
+        return row
+
+    async def get_artifact(self, artifact_id: str) -> ArtifactRow:
+        async with self._read() as s:
+            row = await s.get(ArtifactRow, artifact_id)
+        if row is None:
+            raise NotFoundError(f"no artifact {artifact_id!r}")
+        return row
+
+    async def list_artifacts(self, session_id: str, turn_id: str | None = None) -> list[ArtifactRow]:
+        query = select(ArtifactRow).where(ArtifactRow.session_id == session_id)
+        if turn_id is not None:
+            query = query.where(ArtifactRow.turn_id == turn_id)
+        async with self._read() as s:
+            return list(await s.scalars(query.order_by(ArtifactRow.created_at)))
+
+    async def latest_artifact_digests(self, session_id: str) -> dict[str, str]:
+        """``{path: sha256}`` of the newest artifact recorded at each path in the session."""
+        digests: dict[str, str] = {}
+        for row in await self.list_artifacts(session_id):
+            digests[row.path] = row.sha256
+        return digests
+
+
+def _event(row: EventRow) -> Event:
+    return Event(
+        seq=row.seq,
+        type=row.type,  # type: ignore[arg-type]
+        session_id=row.session_id,
+        turn_id=row.turn_id,
+        agent_id=row.agent_id,
+        parent_agent_id=row.parent_agent_id,
+        ts=row.ts,
+        data=row.data,
+    )
+
+
+def _title_from(task: str) -> str:
+    line = " ".join(task.strip().split())
+    return line if len(line) <= 60 else line[:57] + "..."

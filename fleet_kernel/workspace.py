@@ -1,0 +1,125 @@
+"""A session's workspace: ``files/`` (attachments), ``artifacts/`` (what turns produce), ``memory/MEMORIES.md``.
+
+It lives under ``$FLEET_HOME/workspaces/<session_id>`` and is mounted at ``/workspace`` in every
+sandbox, so it survives sandbox restarts and replacement.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mimetypes
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+MEMORY_FILE = "memory/MEMORIES.md"
+MEMORY_HEADER = "# Memories\n\nNotes kept across turns of this session.\n"
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    path: str  # relative to the workspace root
+    size: int
+    sha256: str
+    mime: str
+
+
+class Workspace:
+    """The folder behind ``/workspace`` for one session."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @classmethod
+    def for_session(cls, workspaces_dir: Path, session_id: str) -> Workspace:
+        return cls(workspaces_dir / session_id).ensure()
+
+    def ensure(self) -> Workspace:
+        for sub in ("files", "artifacts", "memory"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        memory = self.root / MEMORY_FILE
+        if not memory.exists():
+            memory.write_text(MEMORY_HEADER, encoding="utf-8")
+        # The sandbox runs as another uid inside its user namespace; let it write here.
+        for path in (self.root, *(self.root / s for s in ("files", "artifacts", "memory")), memory):
+            try:
+                os.chmod(path, 0o777 if path.is_dir() else 0o666)
+            except OSError:
+                pass
+        return self
+
+    def resolve(self, relative: str) -> Path:
+        """A path inside the workspace; raises ``ValueError`` for anything that escapes it."""
+        candidate = (self.root / relative.lstrip("/")).resolve()
+        root = self.root.resolve()
+        if candidate != root and root not in candidate.parents:
+            raise ValueError(f"{relative!r} is outside the workspace")
+        return candidate
+
+    def add_file(self, filename: str, data: bytes) -> str:
+        """Store an attachment under ``files/`` without overwriting a different file of the same name.
+
+        Returns the path relative to the workspace (``files/report.csv``, or ``files/report-2.csv``).
+        """
+        name = _SAFE_NAME.sub("_", Path(filename).name).strip("._") or "attachment"
+        stem, suffix = os.path.splitext(name)
+        digest = hashlib.sha256(data).hexdigest()
+        for n in range(1, 10_000):
+            candidate = f"{stem}{suffix}" if n == 1 else f"{stem}-{n}{suffix}"
+            target = self.root / "files" / candidate
+            if target.exists():
+                if _sha256(target) == digest:
+                    return f"files/{candidate}"
+                continue
+            target.write_bytes(data)
+            os.chmod(target, 0o666)
+            return f"files/{candidate}"
+        raise ValueError(f"too many files named like {name!r}")
+
+    def scan(self, sub: str = "artifacts", *, limit: int = 10_000) -> dict[str, FileInfo]:
+        """Regular files under ``sub`` (symlinks ignored), keyed by workspace-relative path."""
+        found: dict[str, FileInfo] = {}
+        base = self.root / sub
+        for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
+            dirnames.sort()
+            for name in sorted(filenames):
+                path = Path(dirpath) / name
+                if path.is_symlink() or not path.is_file():
+                    continue
+                rel = path.relative_to(self.root).as_posix()
+                found[rel] = FileInfo(rel, path.stat().st_size, _sha256(path), guess_mime(rel))
+                if len(found) >= limit:
+                    return found
+        return found
+
+    def manifest(self, *, max_entries: int = 50) -> str:
+        """A bounded listing for the prompt: what the model can open with plain file calls."""
+        lines = ["/workspace (your durable session folder; read and write it with normal Python file calls):"]
+        entries = [info for sub in ("files", "artifacts") for info in self.scan(sub, limit=max_entries + 1).values()]
+        for info in entries[:max_entries]:
+            lines.append(f"  {info.path}  ({info.size} bytes, {info.mime})")
+        if len(entries) > max_entries:
+            lines.append(f"  ... more files not listed; use os.listdir('/workspace/files') to see all")
+        if not entries:
+            lines.append("  files/ and artifacts/ are empty")
+        memory = self.root / MEMORY_FILE
+        size = memory.stat().st_size if memory.exists() else 0
+        lines.append(
+            f"  {MEMORY_FILE}  ({size} bytes): your durable memory; read it first, append what a later turn needs"
+        )
+        lines.append("  Save plots, tables and other outputs under /workspace/artifacts/ to show them to the user.")
+        return "\n".join(lines)
+
+
+def guess_mime(path: str) -> str:
+    return mimetypes.guess_type(path)[0] or "application/octet-stream"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

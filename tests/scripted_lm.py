@@ -1,0 +1,189 @@
+"""A scripted OpenAI-compatible chat server on loopback: the LM every Fleet suite uses.
+
+Root-model requests (dspy's ChatAdapter prompts) are answered from scripts of RLM steps; sub-LM
+requests (plain prompts from ``llm_query``) from a function of the prompt. Scripts are chosen by a
+key that appears in the request (the turn's task, say), so concurrent turns each get their own.
+
+    with ScriptedLM({"*": [step("look", "print(1)"), step("done", "SUBMIT(answer='42')")]}) as lm:
+        env = {"FLEET_LM_MODEL": "openai/scripted", "FLEET_LM_BASE_URL": lm.base_url, "FLEET_LM_API_KEY": "sk-test"}
+
+Run standalone for processes that need it: ``python tests/scripted_lm.py script.json`` prints the URL.
+Stdlib only; ``TCP_NODELAY`` and one write per response, so no Nagle delay.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+Step = dict[str, Any]
+
+
+def step(reasoning: str, code: str) -> Step:
+    """One RLM iteration: the model's reasoning and the code it writes."""
+    return {"reasoning": reasoning, "code": code}
+
+
+def chat_adapter_text(fields: dict[str, Any]) -> str:
+    parts = [f"[[ ## {name} ## ]]\n{value}" for name, value in fields.items()]
+    return "\n\n".join(parts + ["[[ ## completed ## ]]"])
+
+
+def _echo(prompt: str) -> str:
+    return f"sub-answer: {prompt[:200]}"
+
+
+class ScriptedLM:
+    """The server. ``scripts`` maps a key found in the request text to a FIFO of steps ("*" matches all).
+
+    A step is ``{"reasoning", "code"}`` (RLM action), any other dict of output fields (rendered as
+    ChatAdapter text, e.g. ``{"answer": ...}`` for the extract fallback), or a control step:
+    ``{"status": 401, "error": "..."}`` answers an HTTP error; ``{"delay": s, ...}`` waits first.
+    When a script runs out, ``default`` (if set) is repeated, else the server answers HTTP 500.
+    """
+
+    def __init__(
+        self,
+        scripts: dict[str, list[Step]] | None = None,
+        *,
+        sub: Callable[[str], str] = _echo,
+        default: Step | None = None,
+        delay_s: float = 0.0,
+    ) -> None:
+        self.scripts = {key: list(steps) for key, steps in (scripts or {}).items()}
+        self.sub = sub
+        self.default = default
+        self.delay_s = delay_s
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """Environment that points Fleet at this server."""
+        return {
+            "FLEET_LM_MODEL": "openai/scripted",
+            "FLEET_LM_BASE_URL": self.base_url,
+            "FLEET_LM_API_KEY": "sk-scripted-test-key",
+            **extra,
+        }
+
+    def add(self, key: str, steps: list[Step]) -> None:
+        with self._lock:
+            self.scripts.setdefault(key, []).extend(steps)
+
+    def __enter__(self) -> ScriptedLM:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> ScriptedLM:
+        return self.__enter__()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    # ------------------------------------------------------------------ answering
+
+    def _next_step(self, text: str) -> Step | None:
+        with self._lock:
+            keys = sorted((k for k in self.scripts if k != "*" and k in text), key=len, reverse=True)
+            for key in [*keys, "*"]:
+                steps = self.scripts.get(key)
+                if steps:
+                    return steps.pop(0)
+            return self.default
+
+    def answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        messages = body.get("messages") or []
+        text = "\n".join(str(m.get("content", "")) for m in messages)
+        system = str(messages[0].get("content", "")) if messages and messages[0].get("role") == "system" else ""
+        with self._lock:
+            self.requests.append(body)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        if "[[ ## " in system:
+            found = self._next_step(text)
+            if found is None:
+                return 500, {"error": {"message": "scripted LM: no step left for this request", "type": "server_error"}}
+            found = dict(found)
+            if "delay" in found:
+                time.sleep(float(found.pop("delay")))
+            if "status" in found:
+                return int(found["status"]), {"error": {"message": found.get("error", "scripted error"), "type": "error"}}
+            content = found.pop("raw") if "raw" in found else chat_adapter_text(found)
+        else:
+            prompt = str(messages[-1].get("content", "")) if messages else ""
+            content = self.sub(prompt)
+        prompt_tokens = max(1, len(text) // 4)
+        completion_tokens = max(1, len(content) // 4)
+        return 200, {
+            "id": "chatcmpl-scripted",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", "scripted"),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            disable_nagle_algorithm = True
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _send(self, status: int, payload: dict[str, Any]) -> None:
+                body = json.dumps(payload).encode()
+                head = (
+                    f"HTTP/1.1 {status} {'OK' if status == 200 else 'Error'}\r\n"
+                    "Content-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n"
+                ).encode()
+                self.wfile.write(head + body)
+
+            def do_GET(self) -> None:  # noqa: N802
+                self._send(200, {"object": "list", "data": [{"id": "scripted", "object": "model"}]})
+
+            def do_POST(self) -> None:  # noqa: N802
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                with server._lock:
+                    server.headers.append(dict(self.headers))
+                status, payload = server.answer(body)
+                self._send(status, payload)
+
+        return Handler
+
+
+def main(argv: list[str]) -> None:
+    """Serve a script from a JSON file (``{"scripts": {...}, "default": ...}``) until killed."""
+    spec = json.loads(open(argv[0]).read()) if argv else {}
+    lm = ScriptedLM(spec.get("scripts"), default=spec.get("default")).start()
+    print(lm.base_url, flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
