@@ -1,0 +1,104 @@
+"""The ``fleet`` command: parse, build, call. Domain errors become one readable line, never a traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+import click
+
+from fleet_kernel import __version__
+from fleet_kernel.errors import FleetError
+
+
+def _friendly(func: Callable[..., Any]) -> Callable[..., Any]:
+    @wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except FleetError as exc:
+            raise click.ClickException(exc.message) from exc
+
+    return wrapper
+
+
+@click.group()
+@click.version_option(__version__, prog_name="fleet")
+def main() -> None:
+    """Fleet: recursive language models (dspy.RLM) from Jupyter, with a sandbox and a durable store."""
+
+
+@main.command()
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to bind. The default accepts only connections from this machine; "
+    "any other address requires FLEET_API_TOKEN.",
+)
+@click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on.")
+@_friendly
+def serve(host: str, port: int) -> None:
+    """Run the HTTP API (sessions, turns, SSE) on the shared store."""
+    from fleet_api.server import serve as run_server
+
+    run_server(host=host, port=port)
+
+
+@main.group()
+def kernel() -> None:
+    """The Jupyter kernel."""
+
+
+@kernel.command("install")
+@click.option("--user", "where", flag_value="user", help="Install for the current user.")
+@click.option("--sys-prefix", "where", flag_value="sys-prefix", help="Install into this Python environment.")
+@click.option("--prefix", type=click.Path(file_okay=False), help="Install under this prefix.")
+@_friendly
+def kernel_install(where: str | None, prefix: str | None) -> None:
+    """Install the "Fleet RLM" kernelspec so Jupyter can start it."""
+    from fleet_kernel.kernel.install import install
+
+    if where and prefix:
+        raise click.UsageError("--user, --sys-prefix and --prefix are exclusive")
+    path = install(user=where == "user", sys_prefix=where == "sys-prefix", prefix=prefix)
+    click.echo(f"Installed the fleet kernelspec in {path}")
+
+
+@main.group()
+def db() -> None:
+    """The store's schema."""
+
+
+@db.command("upgrade")
+@_friendly
+def db_upgrade() -> None:
+    """Apply Alembic migrations to FLEET_DATABASE_URL."""
+    from fleet_kernel.config import load_settings
+    from fleet_kernel.store import migrate
+
+    settings = load_settings()
+    if settings.database_url.startswith("sqlite"):
+        settings.home.mkdir(parents=True, exist_ok=True)
+    try:
+        migrate.upgrade(settings.database_url)
+    except Exception as exc:  # noqa: BLE001 - say what failed, in one line
+        raise click.ClickException(f"upgrading {settings.database_url.split('@')[-1]} failed: {exc}") from exc
+    click.echo(f"The store is at schema {migrate.head_revision()}.")
+
+
+@main.command()
+@click.argument("target", required=False, type=click.Choice(["all", "lm", "sandbox", "store", "daytona"]), default="all")
+def doctor(target: str) -> None:
+    """Check the LM, the sandbox and the store; say what is wrong and how to fix it."""
+    from fleet_kernel.doctor import run_checks
+
+    ok = asyncio.run(run_checks(target, echo=click.echo))
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Shared fixtures: an isolated FLEET_HOME, a migrated store on disk, the scripted LM, a runner."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from scripted_lm import ScriptedLM  # noqa: E402
+
+from fleet_kernel.config import Settings, load_settings  # noqa: E402
+
+# No test may reach a real provider or read the developer's own configuration.
+for _var in [v for v in os.environ if v.startswith(("FLEET_", "OPENAI_", "ANTHROPIC_", "DAYTONA_"))]:
+    os.environ.pop(_var)
+os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+
+
+@pytest.fixture
+def fleet_home(tmp_path: Path) -> Path:
+    home = tmp_path / "fleet-home"
+    home.mkdir()
+    return home
+
+
+@pytest.fixture
+def scripted_lm() -> Iterator[ScriptedLM]:
+    with ScriptedLM() as lm:
+        yield lm
+
+
+@pytest.fixture
+def fleet_env(fleet_home: Path, scripted_lm: ScriptedLM) -> dict[str, str]:
+    """Environment of a Fleet process wired to the scripted LM and a private home."""
+    env = {"FLEET_HOME": str(fleet_home), **scripted_lm.env()}
+    if os.environ.get("FLEET_TEST_DATABASE_URL"):
+        env["FLEET_DATABASE_URL"] = os.environ["FLEET_TEST_DATABASE_URL"]
+    return env
+
+
+@pytest.fixture
+def settings(fleet_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Settings:
+    monkeypatch.chdir(tmp_path)
+    return load_settings(fleet_env)
+
+
+@pytest.fixture
+async def store(settings: Settings) -> AsyncIterator:
+    from fleet_kernel.store import Store
+
+    if not settings.database_url.startswith("sqlite"):
+        from fleet_kernel.store import migrate
+
+        migrate.upgrade(settings.database_url)
+    st = await Store.open(settings.database_url)
+    yield st
+    await st.close()
+
+
+@pytest.fixture
+async def runner(store, settings: Settings) -> AsyncIterator:
+    from fleet_kernel.engine import TurnRunner
+
+    r = await TurnRunner(store, settings).open()
+    yield r
+    await r.close()
