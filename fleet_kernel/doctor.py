@@ -1,0 +1,115 @@
+"""``fleet doctor``: check configuration, store, sandbox and LM; print what is wrong and how to fix it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+from fleet_kernel.config import Settings, load_settings
+from fleet_kernel.errors import FleetError
+
+Echo = Callable[[str], None]
+
+
+def _line(echo: Echo, ok: bool, what: str, detail: str) -> bool:
+    echo(f"[{'ok' if ok else 'FAIL'}] {what}: {detail}")
+    return ok
+
+
+async def check_store(settings: Settings, echo: Echo) -> bool:
+    from fleet_kernel.store import Store
+
+    started = time.perf_counter()
+    try:
+        store = await Store.open(settings.database_url)
+    except FleetError as exc:
+        return _line(echo, False, "store", exc.message)
+    try:
+        revision = await store.schema_revision()
+        return _line(echo, True, "store", f"{store.safe_url} at schema {revision} ({(time.perf_counter() - started) * 1000:.0f} ms)")
+    finally:
+        await store.close()
+
+
+async def check_sandbox(settings: Settings, echo: Echo) -> bool:
+    """Start the configured sandbox and run one line of code in it."""
+    import asyncio
+    import tempfile
+    from pathlib import Path
+
+    from fleet_kernel.sandbox import open_sandbox, resolve_backend
+
+    try:
+        name = resolve_backend(settings)
+    except FleetError as exc:
+        return _line(echo, False, "sandbox", exc.message)
+
+    def probe() -> str:
+        with tempfile.TemporaryDirectory() as tmp:
+            factory = open_sandbox(settings, Path(tmp))
+            try:
+                interpreter = factory()
+                started = time.perf_counter()
+                result = interpreter.execute("import sys; print(sys.version.split()[0])")
+                elapsed = (time.perf_counter() - started) * 1000
+                interpreter.shutdown()
+                return f"{name} runs Python {str(result).strip()} (first execute {elapsed:.0f} ms)"
+            finally:
+                factory.close()
+
+    try:
+        return _line(echo, True, "sandbox", await asyncio.to_thread(probe))
+    except FleetError as exc:
+        return _line(echo, False, "sandbox", exc.message)
+    except Exception as exc:  # noqa: BLE001 - report, never crash the doctor
+        return _line(echo, False, "sandbox", f"{name} failed to run code: {exc}")
+
+
+async def check_lm(settings: Settings, echo: Echo) -> bool:
+    """Ask the configured model for one short completion."""
+    import asyncio
+
+    from fleet_kernel.engine.lm import build_lms, explain_lm_error
+
+    try:
+        root, _ = build_lms(settings)
+    except FleetError as exc:
+        return _line(echo, False, "lm", exc.message)
+
+    def ping() -> str:
+        started = time.perf_counter()
+        root("Reply with the single word: ready", max_tokens=5)
+        return f"{settings.lm_model} answered in {(time.perf_counter() - started) * 1000:.0f} ms"
+
+    try:
+        return _line(echo, True, "lm", await asyncio.to_thread(ping))
+    except Exception as exc:  # noqa: BLE001 - report, never crash the doctor
+        return _line(echo, False, "lm", explain_lm_error(exc, settings).message)
+
+
+async def check_daytona(settings: Settings, echo: Echo) -> bool:
+    try:
+        from fleet_kernel.sandbox.daytona import check_daytona as probe
+    except ImportError as exc:
+        return _line(echo, False, "daytona", f"the Daytona backend is unavailable: {exc}")
+    return bool(await probe(settings, echo))
+
+
+CHECKS: dict[str, Callable[[Settings, Echo], Awaitable[bool]]] = {
+    "store": check_store,
+    "sandbox": check_sandbox,
+    "lm": check_lm,
+    "daytona": check_daytona,
+}
+
+
+async def run_checks(target: str = "all", *, echo: Echo = print) -> bool:
+    """Run the named check (or store, sandbox and lm for ``all``); true when all pass."""
+    try:
+        settings = load_settings()
+    except FleetError as exc:
+        return _line(echo, False, "config", exc.message)
+    _line(echo, True, "config", f"FLEET_HOME={settings.home}, fleet.toml={settings.config_path or 'built-in defaults'}")
+    names = ["store", "sandbox", "lm"] if target == "all" else [target]
+    results = [await CHECKS[name](settings, echo) for name in names]
+    return all(results)
