@@ -1,0 +1,167 @@
+"""Tests for fleet_kernel.store.Store: the repository API on a real database (SQLite, or PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from fleet_kernel.errors import ConflictError, NotFoundError, StoreUnavailableError, ValidationError
+from fleet_kernel.events import make_event
+from fleet_kernel.store import Store
+
+
+def _events(session_id: str, turn_id: str, seqs: range) -> list:
+    return [
+        make_event("output", {"iteration": 1, "stream": "stdout", "text": f"line {i}\n"}, seq=i,
+                   session_id=session_id, turn_id=turn_id)
+        for i in seqs
+    ]  # fmt: skip
+
+
+async def test_sessions_crud(store: Store) -> None:
+    created = await store.create_session("first")
+    assert (await store.get_session(created.session_id)).title == "first"
+    renamed = await store.rename_session(created.session_id, "renamed")
+    assert renamed.title == "renamed"
+    assert created.session_id in [s.session_id for s in await store.list_sessions()]
+    await store.delete_session(created.session_id)
+    with pytest.raises(NotFoundError):
+        await store.get_session(created.session_id)
+
+
+async def test_claim_turn_idempotency_and_busy(store: Store) -> None:
+    ses = await store.create_session()
+    turn, created = await store.claim_turn(ses.session_id, "count rows", idempotency_key="k1")
+    assert created and turn.status == "running" and turn.position == 1
+    again, created_again = await store.claim_turn(ses.session_id, "count rows", idempotency_key="k1")
+    assert not created_again and again.turn_id == turn.turn_id
+    with pytest.raises(ValidationError):
+        await store.claim_turn(ses.session_id, "another task", idempotency_key="k1")
+    with pytest.raises(ConflictError) as busy:
+        await store.claim_turn(ses.session_id, "second turn")
+    assert busy.value.turn_id == turn.turn_id
+    with pytest.raises(ConflictError):
+        await store.delete_session(ses.session_id)
+    await store.finish_turn(turn.turn_id, "completed", answer="42")
+    second, _ = await store.claim_turn(ses.session_id, "second turn")
+    assert second.position == 2
+    assert (await store.get_session(ses.session_id)).title == "count rows"
+
+
+async def test_concurrent_claims_run_once(store: Store) -> None:
+    ses = await store.create_session()
+    results = await asyncio.gather(
+        *(store.claim_turn(ses.session_id, "same", idempotency_key="dup") for _ in range(8)), return_exceptions=True
+    )
+    claims = [r for r in results if not isinstance(r, BaseException)]
+    assert sum(1 for _, created in claims if created) == 1
+    assert len({turn.turn_id for turn, _ in claims}) == 1
+
+
+async def test_events_replay_from_any_seq(store: Store) -> None:
+    ses = await store.create_session()
+    turn, _ = await store.claim_turn(ses.session_id, "t")
+    await store.append_events(_events(ses.session_id, turn.turn_id, range(1, 11)))
+    assert [e.seq for e in await store.events_after(turn.turn_id, 4)] == list(range(5, 11))
+    assert (await store.get_turn(turn.turn_id)).last_seq == 10
+
+
+async def test_cancellation_states(store: Store) -> None:
+    ses = await store.create_session()
+    turn, _ = await store.claim_turn(ses.session_id, "t")
+    assert (await store.request_cancel(turn.run_id))[1] == "requested"
+    assert (await store.request_cancel(turn.run_id))[1] == "already_requested"
+    assert await store.cancel_requests([turn.turn_id]) == {turn.turn_id: "cancelled by request"}
+    await store.finish_turn(turn.turn_id, "cancelled")
+    assert (await store.request_cancel(turn.run_id))[1] == "already_terminal"
+    with pytest.raises(NotFoundError):
+        await store.request_cancel("run_unknown")
+
+
+async def test_stale_turn_is_interrupted_with_a_terminal_event(store: Store) -> None:
+    ses = await store.create_session()
+    turn, _ = await store.claim_turn(ses.session_id, "t")
+    await store.append_events(_events(ses.session_id, turn.turn_id, range(1, 4)))
+    assert await store.reap_stale_turns() == []  # fresh heartbeat
+    assert await store.reap_stale_turns(timedelta(seconds=-1)) == [turn.turn_id]
+    row = await store.get_turn(turn.turn_id)
+    assert row.status == "interrupted" and "stopped before it finished" in row.error["message"]
+    events = await store.events_after(turn.turn_id)
+    assert [e.type for e in events][-1] == "turn.failed" and events[-1].seq == 4
+
+
+async def test_blobs_attachments_artifacts(store: Store) -> None:
+    ses = await store.create_session()
+    turn, _ = await store.claim_turn(ses.session_id, "t")
+    att = await store.add_attachment(session_id=ses.session_id, filename="a.txt", path="files/a.txt",
+                                     mime="text/plain", data=b"hello")  # fmt: skip
+    assert (await store.get_attachment(att.attachment_id)).size == 5
+    art = await store.add_artifact(session_id=ses.session_id, turn_id=turn.turn_id, path="artifacts/p.png",
+                                   mime="image/png", data=b"\x89PNG")  # fmt: skip
+    assert await store.get_blob(art.sha256) == b"\x89PNG"
+    assert await store.latest_artifact_digests(ses.session_id) == {"artifacts/p.png": art.sha256}
+    await store.finish_turn(turn.turn_id, "completed")
+    await store.delete_session(ses.session_id)
+    with pytest.raises(NotFoundError):
+        await store.get_artifact(art.artifact_id)
+
+
+async def test_unmigrated_non_sqlite_store_says_run_upgrade() -> None:
+    url = os.environ.get("FLEET_TEST_DATABASE_URL")
+    if not url:
+        pytest.skip("needs FLEET_TEST_DATABASE_URL (PostgreSQL)")
+    empty = url.rsplit("/", 1)[0] + "/postgres"
+    with pytest.raises(StoreUnavailableError, match="fleet db upgrade"):
+        await Store.open(empty)
+
+
+async def test_unreachable_store_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(StoreUnavailableError, match="cannot"):
+        await Store.open("postgresql+asyncpg://nobody:x@127.0.0.1:1/none")
+
+
+WRITER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from fleet_kernel.events import make_event
+    from fleet_kernel.store import Store
+
+    async def main(url, session_id, turn_id, count):
+        store = await Store.open(url)
+        for seq in range(1, count + 1):
+            event = make_event("output", {"iteration": 1, "stream": "stdout", "text": "x" * 200}, seq=seq,
+                               session_id=session_id, turn_id=turn_id)
+            await store.append_events([event])
+        await store.close()
+
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])))
+    """
+)
+
+
+async def test_three_processes_write_at_once_without_locks_or_loss(store: Store, tmp_path: Path) -> None:
+    sessions = [await store.create_session() for _ in range(3)]
+    turns = [(await store.claim_turn(s.session_id, "t"))[0] for s in sessions]
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    count = 300
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), store.url, t.session_id, t.turn_id, str(count)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for t in turns
+    ]
+    for proc in procs:
+        _, err = await asyncio.to_thread(proc.communicate, timeout=120)
+        assert proc.returncode == 0, err[-2000:]
+        assert "locked" not in err
+    for turn in turns:
+        assert await store.count_events(turn.turn_id) == count
