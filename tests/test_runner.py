@@ -1,0 +1,271 @@
+"""Tests for fleet_kernel.engine.TurnRunner: real dspy.RLM turns in the real sandbox, scripted LM on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scripted_lm import ScriptedLM, step
+
+from fleet_kernel.config import load_settings
+from fleet_kernel.engine import TurnRunner
+from fleet_kernel.events import Event
+from fleet_kernel.store import Store
+
+SECRET = "sk-scripted-test-key"
+
+
+@pytest.fixture
+async def make_runner(
+    fleet_env: dict[str, str], tmp_path: Path, store: Store
+) -> AsyncIterator[Callable[..., Any]]:
+    """Build a runner with ``fleet.toml`` limits and environment overrides."""
+    runners: list[TurnRunner] = []
+
+    async def build(env: dict[str, str] | None = None, **limits: Any) -> TurnRunner:
+        config = tmp_path / f"fleet-{len(runners)}.toml"
+        config.write_text("[limits]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in limits.items()))
+        settings = load_settings({**fleet_env, "FLEET_CONFIG": str(config), **(env or {})})
+        runner = await TurnRunner(store, settings).open()
+        runners.append(runner)
+        return runner
+
+    yield build
+    for runner in runners:
+        await runner.close()
+
+
+async def collect(runner: TurnRunner, session_id: str, task: str, **kw: Any) -> list[Event]:
+    handle = await runner.start(session_id, task, **kw)
+    return [event async for event in handle.events()]
+
+
+def types(events: list[Event]) -> list[str]:
+    return [e.type for e in events]
+
+
+async def test_turn_streams_every_step_and_commits(make_runner, store: Store, scripted_lm: ScriptedLM) -> None:
+    scripted_lm.add("*", [
+        step("Look at the task first.", "print('task has', len(task), 'chars')\nanswer = llm_query('what is 6*7?')\nprint(answer)"),
+        step("Done.", "SUBMIT(answer='42')"),
+    ])  # fmt: skip
+    runner = await make_runner()
+    session = await store.create_session()
+    events = await collect(runner, session.session_id, "What is six times seven?")
+
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert events[0].type == "turn.started" and events[0].data["sandbox"] in ("local", "pyodide")
+    assert types(events)[-1] == "turn.completed" and events[-1].data["answer"] == "42"
+    seq = types(events)
+    for expected in ("iteration.started", "reasoning", "code", "output", "execution.finished", "lm.finished",
+                     "tool.started", "tool.finished"):  # fmt: skip
+        assert expected in seq, expected
+    outputs = "".join(e.data["text"] for e in events if e.type == "output")
+    assert "task has 24 chars" in outputs and "sub-answer: what is 6*7?" in outputs
+    assert {e.data["role"] for e in events if e.type == "lm.finished"} == {"root", "sub"}
+    tool = next(e for e in events if e.type == "tool.started")
+    assert tool.data["name"] == "llm_query"
+    usage = events[-1].data["usage"]
+    assert usage["lm_calls"] == 3 and usage["prompt_tokens"] > 0
+
+    turn = await store.get_turn(events[0].turn_id)
+    assert turn.status == "completed" and turn.answer == "42" and turn.usage["lm_calls"] == 3
+    stored = await store.events_after(turn.turn_id)
+    assert [e.model_dump() for e in stored] == [e.model_dump() for e in events]
+
+
+async def test_output_streams_while_code_runs(make_runner, store: Store, scripted_lm: ScriptedLM) -> None:
+    scripted_lm.add("*", [
+        step("Count slowly.", "import time\nfor i in range(3):\n    print('tick', i, flush=True)\n    time.sleep(0.4)"),
+        step("Done.", "SUBMIT(answer='ok')"),
+    ])  # fmt: skip
+    runner = await make_runner()
+    session = await store.create_session()
+    handle = await runner.start(session.session_id, "tick")
+    arrivals: list[tuple[float, Event]] = []
+    async for event in handle.events():
+        arrivals.append((time.perf_counter(), event))
+    first_output = next(t for t, e in arrivals if e.type == "output")
+    finished = next(t for t, e in arrivals if e.type == "execution.finished")
+    assert finished - first_output > 0.5  # the first tick arrived while the code still ran
+
+
+async def test_history_feeds_the_next_turn(make_runner, store: Store, scripted_lm: ScriptedLM) -> None:
+    scripted_lm.add("*", [step("a", "SUBMIT(answer='column A sums to 10')"), step("b", "SUBMIT(answer='B')")])
+    runner = await make_runner()
+    session = await store.create_session()
+    await collect(runner, session.session_id, "sum column A")
+    await collect(runner, session.session_id, "now do the same for column B")
+    last_request = json.dumps(scripted_lm.requests[-1])
+    assert "sum column A" in last_request and "column A sums to 10" in last_request
+
+
+async def test_no_model_configured(make_runner, store: Store) -> None:
+    runner = await make_runner(env={"FLEET_LM_MODEL": ""})
+    session = await store.create_session()
+    events = await collect(runner, session.session_id, "hello")
+    assert types(events) == ["turn.started", "lm.finished", "turn.failed"]
+    assert "FLEET_LM_MODEL" in events[-1].data["error"]["message"]
+    assert (await store.get_turn(events[0].turn_id)).status == "failed"
+
+
+@pytest.mark.parametrize(
+    ("script", "env", "expect"),
+    [
+        ([{"status": 401, "error": f"invalid api key {SECRET}"}], {}, "FLEET_LM_API_KEY"),
+        ([{"status": 500, "error": "upstream exploded"}] * 4, {}, "failed"),
+        ([], {"FLEET_LM_BASE_URL": "http://127.0.0.1:9/v1"}, "FLEET_LM_BASE_URL"),
+    ],
+    ids=["bad-key", "provider-error", "connection-refused"],
+)
+async def test_lm_failures_say_what_to_check(make_runner, store, scripted_lm, script, env, expect) -> None:
+    scripted_lm.add("*", script)
+    runner = await make_runner(env=env)
+    session = await store.create_session()
+    events = await collect(runner, session.session_id, "hello")
+    assert events[-1].type == "turn.failed"
+    message = events[-1].data["error"]["message"]
+    assert expect in message
+    assert SECRET not in json.dumps([e.model_dump() for e in events])
+    assert "lm.finished" in types(events)
+
+
+async def test_execution_timeout_is_recoverable(make_runner, store, scripted_lm) -> None:
+    scripted_lm.add("*", [
+        step("Set state, then loop.", "x = 41\nwhile True:\n    pass"),
+        step("Recover.", "SUBMIT(answer=str(x + 1))"),
+    ])  # fmt: skip
+    runner = await make_runner(exec_timeout_s=1)
+    session = await store.create_session()
+    events = await collect(runner, session.session_id, "loop")
+    finished = [e for e in events if e.type == "execution.finished"]
+    assert finished[0].data["error"] and "timed out" in finished[0].data["error"]["message"]
+    assert events[-1].type == "turn.completed" and events[-1].data["answer"] == "42"
+
+
+async def test_cancel_stops_running_code_within_two_seconds(make_runner, store, scripted_lm) -> None:
+    scripted_lm.add("*", [step("Sleep.", "import time\nprint('sleeping', flush=True)\ntime.sleep(60)")])
+    runner = await make_runner()
+    session = await store.create_session()
+    handle = await runner.start(session.session_id, "sleep")
+    cancelled_at = None
+    events = []
+    async for event in handle.events():
+        events.append(event)
+        if event.type == "output" and cancelled_at is None:
+            cancelled_at = time.perf_counter()
+            handle.cancel("stopped by the user")
+    assert events[-1].type == "turn.cancelled" and events[-1].data["reason"] == "stopped by the user"
+    assert time.perf_counter() - cancelled_at < 2.0
+    assert (await store.get_turn(handle.turn_id)).status == "cancelled"
+
+    scripted_lm.add("*", [step("Again.", "SUBMIT(answer='fine')")])
+    events = await collect(runner, session.session_id, "still alive?")
+    assert events[-1].type == "turn.completed" and events[-1].data["answer"] == "fine"
+
+
+async def test_durable_cancellation_from_the_store(make_runner, store, scripted_lm) -> None:
+    scripted_lm.add("*", [step("Sleep.", "import time\ntime.sleep(60)")])
+    runner = await make_runner()
+    session = await store.create_session()
+    handle = await runner.start(session.session_id, "sleep")
+    await asyncio.sleep(0.5)
+    _, state = await store.request_cancel(handle.run_id, "cancelled over HTTP")
+    assert state == "requested"
+    started = time.perf_counter()
+    row = await handle.wait()
+    assert row.status == "cancelled" and time.perf_counter() - started < 3.0
+
+
+async def test_turn_deadline(make_runner, store, scripted_lm) -> None:
+    scripted_lm.add("*", [step("Sleep.", "import time\ntime.sleep(60)")])
+    runner = await make_runner(turn_timeout_s=1)
+    session = await store.create_session()
+    events = await collect(runner, session.session_id, "sleep")
+    assert events[-1].type == "turn.failed"
+    assert events[-1].data["error"]["type"] == "deadline_exceeded"
+    assert "limits.turn_timeout_s" in events[-1].data["error"]["message"]
+
+
+async def test_idempotent_start_never_runs_twice(make_runner, store, scripted_lm) -> None:
+    scripted_lm.add("*", [step("Once.", "SUBMIT(answer='once')")])
+    runner = await make_runner()
+    session = await store.create_session()
+    first = await collect(runner, session.session_id, "once", idempotency_key="key-1")
+    again = await runner.start(session.session_id, "once", idempotency_key="key-1")
+    assert not again.created and again.turn_id == first[0].turn_id
+    assert [e.model_dump() for e in [e async for e in again.events()]] == [e.model_dump() for e in first]
+    assert sum(1 for r in scripted_lm.requests if "[[ ## " in json.dumps(r)) == 1
+
+
+async def test_max_iters_falls_back_to_extract(make_runner, store, scripted_lm) -> None:
+    scripted_lm.add("*", [step("Explore.", "print('hm')"), {"answer": "extracted guess"}])
+    runner = await make_runner(max_iters=1)
+    session = await store.create_session()
+    events = await collect(runner, session.session_id, "hard question")
+    assert events[-1].type == "turn.completed"
+    assert events[-1].data["answer"] == "extracted guess" and events[-1].data["extracted"] is True
+
+
+async def test_child_rlm_is_an_agent(make_runner, store, scripted_lm) -> None:
+    scripted_lm.add("*", [
+        step("Delegate.", "r = dspy.RLM('question -> answer', max_iters=2)(question='child-question')\nprint(r.answer)"),
+        step("Done.", "SUBMIT(answer='child said ' + r.answer)"),
+    ])  # fmt: skip
+    scripted_lm.add("child-question", [step("Inner.", "SUBMIT(answer='inner')")])
+    runner = await make_runner()
+    session = await store.create_session()
+    events = await collect(runner, session.session_id, "delegate")
+    assert events[-1].type == "turn.completed", events[-1].data
+    assert events[-1].data["answer"] == "child said inner"
+    started = next(e for e in events if e.type == "agent.started")
+    assert started.data["depth"] == 1 and started.data["parent_agent_id"] == "root"
+    child = started.data["agent_id"]
+    assert any(e.agent_id == child and e.type == "code" for e in events)
+    assert any(e.type == "agent.finished" and e.data == {"agent_id": child, "ok": True} for e in events)
+
+
+async def test_child_limit_is_an_error_the_model_sees(make_runner, store, scripted_lm) -> None:
+    scripted_lm.add("*", [
+        step("Delegate.", "try:\n    dspy.RLM('question -> answer')(question='child-question')\nexcept Exception as e:\n    print('refused:', e)"),
+        step("Done.", "SUBMIT(answer='handled')"),
+    ])  # fmt: skip
+    runner = await make_runner(max_children=0)
+    session = await store.create_session()
+    events = await collect(runner, session.session_id, "delegate")
+    outputs = "".join(e.data["text"] for e in events if e.type == "output")
+    assert "limits.max_children" in outputs
+    assert events[-1].type == "turn.completed"
+
+
+async def test_artifacts_are_committed(make_runner, store, scripted_lm) -> None:
+    scripted_lm.add("*", [
+        step("Write.", "open('/workspace/artifacts/table.csv', 'w').write('a,b\\n1,2\\n')"),
+        step("Done.", "SUBMIT(answer='saved')"),
+    ])  # fmt: skip
+    runner = await make_runner()
+    session = await store.create_session()
+    events = await collect(runner, session.session_id, "save a table")
+    artifact = next(e for e in events if e.type == "artifact")
+    assert artifact.data["path"] == "artifacts/table.csv" and artifact.data["mime"] == "text/csv"
+    assert await store.get_blob(artifact.data["sha256"]) == b"a,b\n1,2\n"
+    assert types(events).index("artifact") < types(events).index("turn.completed")
+
+
+async def test_key_never_reaches_sandbox_events_or_store(make_runner, store, scripted_lm) -> None:
+    scripted_lm.add("*", [
+        step("Snoop.", "import os\nprint(dict(os.environ))\nprint(open('/proc/self/environ','rb').read())"),
+        step("Leak?", f"SUBMIT(answer='{SECRET[:6]}' + '{SECRET[6:]}')"),
+    ])  # fmt: skip
+    runner = await make_runner()
+    session = await store.create_session()
+    events = await collect(runner, session.session_id, "snoop")
+    dumped = json.dumps([e.model_dump() for e in events])
+    assert SECRET not in dumped
+    turn = await store.get_turn(events[0].turn_id)
+    assert SECRET not in json.dumps(turn.to_dict())
