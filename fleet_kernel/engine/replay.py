@@ -1,0 +1,232 @@
+"""Record a model's exchanges to a cassette, and replay them offline.
+
+``FLEET_LM_RECORD=<file>`` wraps the configured model: each request and its answer are appended to the
+cassette (a JSON file). ``FLEET_LM_MODEL=replay/<file>`` answers from the cassette without any network:
+a request is matched exactly, else with every digit run ignored (file sizes and timings in the prompt
+change between machines); a request the cassette does not hold is a clear error naming the nearest
+recorded one. Both are dspy custom engines (``complete(Request) -> Response``), so dspy's adapters,
+callbacks and history work unchanged and nothing in dspy is patched.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+import re
+import tempfile
+import threading
+from collections import defaultdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import dspy
+from dspy.lm15 import Message, Request, Response, TextPart, Usage, response_to_events
+
+from fleet_kernel.engine.lm import MeteredLM
+from fleet_kernel.errors import LMError
+
+CASSETTE_VERSION = 1
+_DIGITS = re.compile(r"\d+")
+_last_cost = threading.local()
+
+
+def request_messages(request: Request) -> list[dict[str, str]]:
+    """The request as plain ``{role, content}`` messages: what a cassette keys on."""
+    messages = []
+    if request.system is not None:
+        system = request.system if isinstance(request.system, str) else "".join(p.text for p in request.system)
+        messages.append({"role": "system", "content": system})
+    messages += [{"role": m.role, "content": m.text or ""} for m in request.messages]
+    return messages
+
+
+def exact_key(messages: list[dict[str, str]]) -> str:
+    return hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()
+
+
+def loose_key(messages: list[dict[str, str]]) -> str:
+    """The key with digit runs masked: survives file sizes, durations and counts that drift."""
+    masked = [{"role": m["role"], "content": _DIGITS.sub("#", m["content"])} for m in messages]
+    return exact_key(masked)
+
+
+def _response(text: str, usage: dict[str, int], model: str) -> Response:
+    return Response(
+        id=None,
+        model=model,
+        message=Message.assistant([TextPart(text)]),
+        finish_reason="stop",
+        usage=Usage(
+            input_tokens=int(usage.get("input_tokens", 0)),
+            output_tokens=int(usage.get("output_tokens", 0)),
+            total_tokens=int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0)),
+        ),
+    )
+
+
+class Cassette:
+    """A cassette file: a header and a list of exchanges, rewritten atomically on every append."""
+
+    def __init__(self, path: Path, data: dict[str, Any]) -> None:
+        self.path = path
+        self.data = data
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, path: str | Path) -> Cassette:
+        """Raises ``LMError`` when the file is missing or not a cassette."""
+        path = Path(path).expanduser()
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise LMError(
+                f"the replay cassette {path} does not exist: record one with FLEET_LM_RECORD={path} and a real "
+                "FLEET_LM_MODEL, or fix the path in FLEET_LM_MODEL=replay/<file>",
+                code="lm_replay_missing",
+            ) from exc
+        except (OSError, ValueError) as exc:
+            raise LMError(f"cannot read the replay cassette {path}: {exc}", code="lm_replay_invalid") from exc
+        if not isinstance(data, dict) or data.get("version") != CASSETTE_VERSION:
+            raise LMError(f"{path} is not a Fleet cassette (version {CASSETTE_VERSION})", code="lm_replay_invalid")
+        return cls(path, data)
+
+    @classmethod
+    def open_for_recording(cls, path: str | Path, model: str) -> Cassette:
+        path = Path(path).expanduser()
+        if path.exists():
+            cassette = cls.load(path)
+        else:
+            header = {"version": CASSETTE_VERSION, "label": f"recorded from {model}", "exchanges": []}
+            cassette = cls(path, header)
+        cassette.data.setdefault("model", model)
+        cassette.data["recorded_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+        return cassette
+
+    @property
+    def exchanges(self) -> list[dict[str, Any]]:
+        return self.data["exchanges"]
+
+    def append(self, messages: list[dict[str, str]], text: str, usage: dict[str, int], cost: float | None) -> None:
+        entry = {
+            "key": exact_key(messages),
+            "loose": loose_key(messages),
+            "messages": messages,
+            "response": {"text": text, "usage": usage, "cost_usd": cost},
+        }
+        with self._lock:
+            self.exchanges.append(entry)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".cassette-")
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(self.data, handle, indent=1, ensure_ascii=False)
+                handle.write("\n")
+            os.replace(tmp, self.path)
+
+
+class ReplayEngine:
+    """Answers requests from a cassette; the same request asked again gets its next recorded answer."""
+
+    def __init__(self, cassette: Cassette) -> None:
+        self.cassette = cassette
+        self._lock = threading.Lock()
+        self._by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self._by_loose: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self._served: dict[int, int] = defaultdict(int)
+        for entry in cassette.exchanges:
+            self._by_key[entry["key"]].append(entry)
+            self._by_loose[entry["loose"]].append(entry)
+
+    def _pick(self, candidates: list[dict[str, Any]]) -> dict[str, Any]:
+        """The first entry not served yet, else the last one again (a cache answers twice alike)."""
+        for entry in candidates:
+            if not self._served[id(entry)]:
+                self._served[id(entry)] += 1
+                return entry
+        return candidates[-1]
+
+    def complete(self, request: Request) -> Response:
+        messages = request_messages(request)
+        with self._lock:
+            candidates = self._by_key.get(exact_key(messages)) or self._by_loose.get(loose_key(messages))
+            if not candidates:
+                raise LMError(self._miss_message(messages), code="lm_replay_miss")
+            entry = self._pick(candidates)
+        answer = entry["response"]
+        _last_cost.value = None  # replaying costs nothing
+        return _response(answer["text"], answer.get("usage") or {}, self.cassette.data.get("model") or "replay")
+
+    def _miss_message(self, messages: list[dict[str, str]]) -> str:
+        text = "\n".join(m["content"] for m in messages)
+        best, best_ratio = None, 0.0
+        for entry in self.cassette.exchanges:
+            other = "\n".join(m["content"] for m in entry["messages"])
+            ratio = difflib.SequenceMatcher(None, text[-4000:], other[-4000:], autojunk=False).quick_ratio()
+            if ratio > best_ratio:
+                best, best_ratio = other, ratio
+        hint = ""
+        if best is not None:
+            for ours, theirs in zip(text.splitlines(), best.splitlines(), strict=False):
+                if ours != theirs:
+                    hint = f"; the nearest recorded request differs at: {ours[:160]!r} (recorded: {theirs[:160]!r})"
+                    break
+        return (
+            f"the replay cassette {self.cassette.path} has no answer for this request{hint}. Replays only answer "
+            "what was recorded: run the same notebook, or record again with FLEET_LM_RECORD and a real FLEET_LM_MODEL"
+        )
+
+    def stream(self, request: Request) -> Any:
+        return response_to_events(self.complete(request))
+
+    def close(self) -> None:
+        pass
+
+
+class RecordingEngine:
+    """Sends each request through the real LM and appends the exchange to the cassette."""
+
+    def __init__(self, inner: dspy.LM, cassette: Cassette) -> None:
+        self.inner = inner
+        self.cassette = cassette
+
+    def complete(self, request: Request) -> Response:
+        with dspy.context(callbacks=[]):  # the outer LM reports this call; the inner one must not again
+            response = self.inner(request)
+        entry = self.inner.history[-1] if self.inner.history else {}
+        cost = entry.get("cost")
+        usage = {"input_tokens": response.usage.input_tokens or 0, "output_tokens": response.usage.output_tokens or 0}
+        self.cassette.append(request_messages(request), response.text or "", usage, cost)
+        _last_cost.value = cost
+        return response
+
+    def stream(self, request: Request) -> Any:
+        return response_to_events(self.complete(request))
+
+    def close(self) -> None:
+        pass
+
+
+class CassetteLM(MeteredLM):
+    """The LM a turn sees while recording or replaying; reports the real call's cost when there is one."""
+
+    def update_history(self, entry: dict[str, Any]) -> None:
+        entry["cost"] = getattr(_last_cost, "value", None)
+        super().update_history(entry)
+
+
+def replay_lm(path: str) -> dspy.LM:
+    """An LM answering from the cassette at ``path`` (``FLEET_LM_MODEL=replay/<path>``).
+
+    Raises:
+        LMError: the cassette is missing or invalid.
+    """
+    cassette = Cassette.load(path)
+    return CassetteLM(f"replay/{cassette.path.name}", engine=ReplayEngine(cassette), cache=False, num_retries=0)
+
+
+def recording(lm: dspy.LM, path: str | Path) -> dspy.LM:
+    """``lm``, recording every exchange into the cassette at ``path`` (``FLEET_LM_RECORD``)."""
+    cassette = Cassette.open_for_recording(path, lm.model)
+    return CassetteLM(lm.model, engine=RecordingEngine(lm, cassette), cache=False, num_retries=0)
