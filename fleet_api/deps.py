@@ -1,0 +1,55 @@
+"""What routes share: the settings, the store and the runner opened by the app's lifespan."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from fleet_kernel.config import Settings
+from fleet_kernel.engine import TurnRunner
+from fleet_kernel.errors import FleetError, NotFoundError
+from fleet_kernel.store import Store
+
+# Ids Fleet hands out (``ses_...``, ``turn_...``, ``run_...``); anything else cannot name a row.
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+SANDBOX_CHECK_TTL_S = 30.0
+
+
+@dataclass
+class FleetState:
+    settings: Settings
+    store: Store
+    runner: TurnRunner
+    heartbeat_s: float
+    _sandbox: tuple[float, bool, str] | None = field(default=None, repr=False)
+
+    def sandbox_status(self) -> tuple[bool, str]:
+        """Which sandbox turns would use, and whether it can start; cached because probing may spawn a process."""
+        now = time.monotonic()
+        if self._sandbox is None or now - self._sandbox[0] > SANDBOX_CHECK_TTL_S:
+            try:
+                ok, detail = True, self.runner.sandbox_name()
+            except FleetError as exc:
+                ok, detail = False, exc.message
+            except ImportError as exc:
+                ok, detail = False, f"the sandbox package cannot be imported: {exc}"
+            self._sandbox = (now, ok, detail)
+        return self._sandbox[1], self._sandbox[2]
+
+
+def get_state(request: Request) -> FleetState:
+    return request.app.state.fleet  # type: ignore[no-any-return]
+
+
+State = Annotated[FleetState, Depends(get_state)]
+
+
+def check_id(value: str, kind: str, *, code: str | None = None) -> str:
+    """A syntactically impossible id names nothing: 404, before the database sees it."""
+    if not _ID.match(value):
+        raise NotFoundError(f"no {kind} {value[:80]!r}", code=code)
+    return value

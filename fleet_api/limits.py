@@ -1,0 +1,57 @@
+"""Request body limits, enforced on the byte stream before anything is parsed or spooled to disk.
+
+Uploads may be as large as ``storage.max_upload_mb`` (plus multipart framing); every other body is
+small JSON. A declared ``Content-Length`` over the limit is refused at once; a body that grows past
+it while streaming is cut off with the same 413.
+"""
+
+from __future__ import annotations
+
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from fleet_api.errors import error_response
+
+JSON_BODY_LIMIT = 2 * 1024 * 1024
+MULTIPART_OVERHEAD = 64 * 1024
+
+
+class BodyLimit:
+    def __init__(self, app: ASGIApp, *, upload_limit: int, upload_paths: frozenset[str]) -> None:
+        self.app = app
+        self.upload_limit = upload_limit
+        self.upload_paths = upload_paths
+
+    def _limit(self, path: str) -> int:
+        return self.upload_limit + MULTIPART_OVERHEAD if path in self.upload_paths else JSON_BODY_LIMIT
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self._limit(scope["path"])
+        declared = Headers(scope=scope).get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            response = error_response(413, "payload_too_large", _message(limit, scope["path"] in self.upload_paths))
+            await response(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise HTTPException(413, _message(limit, scope["path"] in self.upload_paths))
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+def _message(limit: int, upload: bool) -> str:
+    if upload:
+        mb = (limit - MULTIPART_OVERHEAD) / (1024 * 1024)
+        return f"the upload is larger than {mb:g} MB (storage.max_upload_mb in fleet.toml)"
+    return f"the request body is larger than {limit // (1024 * 1024)} MB"

@@ -1,0 +1,15 @@
+"""Routes, one module per resource; ``ROUTERS`` is mounted under ``/api`` by ``create_app``."""
+
+from fleet_api.routes import artifacts, attachments, health, notebook, runs, sessions, skills, turns, volume
+
+ROUTERS = [
+    health.router,
+    sessions.router,
+    notebook.router,
+    turns.router,
+    runs.router,
+    attachments.router,
+    artifacts.router,
+    volume.router,
+    skills.router,
+]

@@ -1,0 +1,37 @@
+"""``GET /api/sessions/{id}/notebook``: the session as an nbformat 4 notebook that opens in JupyterLab."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from urllib.parse import quote
+
+import nbformat
+from fastapi import APIRouter, Response
+
+from fleet_api.deps import State, check_id
+from fleet_api.routes._docs import errors
+
+router = APIRouter(tags=["sessions"])
+
+NOTEBOOK_MIME = "application/x-ipynb+json"
+
+
+@router.get(
+    "/sessions/{session_id}/notebook",
+    response_class=Response,
+    responses={200: {"description": "an nbformat 4 notebook", "content": {NOTEBOOK_MIME: {}}}, **errors(404)},
+)
+async def session_notebook(session_id: str, state: State) -> Response:
+    from fleet_kernel.transcript import session_notebook as build
+
+    session = await state.store.get_session(check_id(session_id, "session"))
+    notebook = build(state.store, session_id)
+    if inspect.isawaitable(notebook):
+        notebook = await notebook
+    name = re.sub(r"[^\w.-]+", "-", session.title).strip("-")[:80] or session_id
+    return Response(
+        nbformat.writes(notebook),
+        media_type=NOTEBOOK_MIME,
+        headers={"Content-Disposition": f"attachment; filename*=UTF-8''{quote(name)}.ipynb"},
+    )

@@ -1,0 +1,60 @@
+"""Session CRUD and committed turn history."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+from fastapi import APIRouter, Query, Response
+
+from fleet_api.deps import State, check_id
+from fleet_api.routes._docs import errors
+from fleet_api.schemas import Session, SessionCreate, SessionList, SessionUpdate, TurnList
+from fleet_api.views import turn_view
+
+router = APIRouter(tags=["sessions"])
+
+
+@router.post("/sessions", status_code=201, response_model=Session, responses=errors())
+async def create_session(state: State, body: SessionCreate | None = None) -> Session:
+    row = await state.store.create_session((body or SessionCreate()).title)
+    return Session.model_validate(row.to_dict())
+
+
+@router.get("/sessions", response_model=SessionList, responses=errors())
+async def list_sessions(state: State, limit: int = Query(200, ge=1, le=1000)) -> SessionList:
+    rows = await state.store.list_sessions(limit=limit)
+    return SessionList(sessions=[Session.model_validate(r.to_dict()) for r in rows])
+
+
+@router.get("/sessions/{session_id}", response_model=Session, responses=errors(404))
+async def get_session(session_id: str, state: State) -> Session:
+    row = await state.store.get_session(check_id(session_id, "session"))
+    return Session.model_validate(row.to_dict())
+
+
+@router.patch("/sessions/{session_id}", response_model=Session, responses=errors(404))
+async def update_session(session_id: str, body: SessionUpdate, state: State) -> Session:
+    row = await state.store.rename_session(check_id(session_id, "session"), body.title)
+    return Session.model_validate(row.to_dict())
+
+
+@router.delete(
+    "/sessions/{session_id}",
+    status_code=204,
+    response_class=Response,
+    responses=errors(404, 409),
+    summary="Delete a session with its turns, events, attachments, artifacts and workspace",
+)
+async def delete_session(session_id: str, state: State) -> Response:
+    await state.store.delete_session(check_id(session_id, "session"))
+    workspace = state.settings.workspaces_dir / session_id
+    await asyncio.to_thread(shutil.rmtree, workspace, ignore_errors=True)
+    return Response(status_code=204)
+
+
+@router.get("/sessions/{session_id}/turns", response_model=TurnList, responses=errors(404))
+async def list_turns(session_id: str, state: State) -> TurnList:
+    rows = await state.store.list_turns(check_id(session_id, "session"))
+    return TurnList(turns=[turn_view(r) for r in rows])
+

@@ -1,0 +1,130 @@
+"""Start a turn, read it, and stream its events (replay from the store, then the live tail).
+
+Errors a client can act on (unknown session, busy session, bad key) are answered before the stream
+opens; after that the turn runs on its own, and dropping the stream never cancels it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Response
+from fastapi.responses import JSONResponse
+
+from fleet_api.deps import State, check_id
+from fleet_api.routes._docs import errors
+from fleet_api.schemas import Turn, TurnAccepted, TurnCreate
+from fleet_api.sse import SSE_RESPONSE_DOC, event_stream, parse_last_event_id
+from fleet_api.views import turn_view
+from fleet_kernel.errors import ValidationError
+from fleet_kernel.events import Event
+from fleet_kernel.store import TurnRow
+
+router = APIRouter(tags=["turns"])
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=200,
+        pattern=r"^[\x20-\x7e]+$",
+        description="repeat it to get the same turn (its stored events, or the live tail) instead of a new run",
+    ),
+]
+Prefer = Annotated[
+    str | None, Header(alias="Prefer", description="`respond-async`: answer 202 at once; the turn runs detached")
+]
+LastEventId = Annotated[
+    str | None, Header(alias="Last-Event-ID", description="resume after this seq (no gap, no duplicate)")
+]
+After = Query(None, ge=0, description="resume after this seq; Last-Event-ID wins when both are given")
+
+
+def _resume_from(last_event_id: str | None, after: int | None) -> int:
+    try:
+        seq = parse_last_event_id(last_event_id)
+    except ValueError:
+        raise ValidationError("Last-Event-ID must be the seq (a non-negative integer) of the last event received") from None
+    return seq if seq is not None else (after or 0)
+
+
+async def _events(state: State, turn: TurnRow, after: int) -> AsyncIterator[Event]:
+    """The turn's events after ``after``; nothing at all when the client already has the terminal event."""
+    if turn.status != "running" and after >= turn.last_seq:
+        tail = await state.store.events_after(turn.turn_id, max(turn.last_seq - 1, 0), limit=1)
+        if tail and tail[0].terminal:
+            return
+    async for event in state.runner.follow(turn.turn_id, after):
+        yield event
+
+
+def _wants_async(prefer: str | None) -> bool:
+    return prefer is not None and any(p.strip().lower() == "respond-async" for p in prefer.replace(";", ",").split(","))
+
+
+@router.post(
+    "/sessions/{session_id}/turns",
+    summary="Start a turn and stream its events (or 202 with Prefer: respond-async)",
+    response_class=Response,
+    responses={
+        200: SSE_RESPONSE_DOC,
+        202: {"model": TurnAccepted, "description": "accepted; the turn runs detached (Prefer: respond-async)"},
+        **errors(404, 409),
+    },
+)
+async def start_turn(
+    session_id: str,
+    body: TurnCreate,
+    state: State,
+    idempotency_key: IdempotencyKey = None,
+    prefer: Prefer = None,
+    last_event_id: LastEventId = None,
+) -> Response:
+    check_id(session_id, "session")
+    after = _resume_from(last_event_id, None)
+    handle = await state.runner.start(session_id, body.task, idempotency_key=idempotency_key)
+    turn = handle.turn
+    headers = {
+        "Location": f"/api/sessions/{session_id}/turns/{turn.turn_id}",
+        "Fleet-Turn-Id": turn.turn_id,
+        "Fleet-Run-Id": turn.run_id,
+    }
+    if _wants_async(prefer):
+        accepted = TurnAccepted(
+            turn_id=turn.turn_id,
+            run_id=turn.run_id,
+            session_id=session_id,
+            status=turn.status,  # type: ignore[arg-type]
+            created=handle.created,
+        )
+        return JSONResponse(
+            accepted.model_dump(), status_code=202, headers={**headers, "Preference-Applied": "respond-async"}
+        )
+    return event_stream(_events(state, turn, after), heartbeat_s=state.heartbeat_s, headers=headers)
+
+
+@router.get("/sessions/{session_id}/turns/{turn_id}", response_model=Turn, responses=errors(404))
+async def get_turn(session_id: str, turn_id: str, state: State) -> Turn:
+    row = await state.store.get_turn(check_id(turn_id, "turn"), check_id(session_id, "session"))
+    return turn_view(row)
+
+
+@router.get(
+    "/sessions/{session_id}/turns/{turn_id}/events",
+    summary="Replay a turn's events and tail it live until its terminal event",
+    response_class=Response,
+    responses={200: SSE_RESPONSE_DOC, **errors(404)},
+)
+async def turn_events(
+    session_id: str,
+    turn_id: str,
+    state: State,
+    last_event_id: LastEventId = None,
+    after: int | None = After,
+) -> Response:
+    row = await state.store.get_turn(check_id(turn_id, "turn"), check_id(session_id, "session"))
+    seq = _resume_from(last_event_id, after)
+    headers = {"Fleet-Turn-Id": row.turn_id, "Fleet-Run-Id": row.run_id}
+    return event_stream(_events(state, row, seq), heartbeat_s=state.heartbeat_s, headers=headers)

@@ -1,0 +1,155 @@
+"""Request and response bodies of the public contract (DESIGN.md Part 2).
+
+Requests forbid unknown fields, so a typo is a 422 rather than a silently ignored option. Responses
+extend the contract's shapes and never rename their fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fleet_kernel.engine.runner import MAX_TASK_CHARS
+
+TurnStatus = Literal["running", "completed", "failed", "cancelled", "interrupted"]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SessionCreate(_Request):
+    title: str = Field("", max_length=200, description="shown in lists; defaults to the first task")
+
+
+class SessionUpdate(_Request):
+    title: str = Field(..., max_length=200)
+
+
+class TurnCreate(_Request):
+    task: str = Field(..., min_length=1, max_length=MAX_TASK_CHARS, description="what the model should do")
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(..., description="stable, machine-readable: not_found, session_busy, validation_error, ...")
+    message: str = Field(..., description="what went wrong and what to do next")
+    turn_id: str | None = Field(None, description="409 session_busy: the turn that is running")
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class Session(BaseModel):
+    session_id: str
+    title: str
+    created_at: str
+    updated_at: str
+    turn_count: int
+
+
+class SessionList(BaseModel):
+    sessions: list[Session]
+
+
+class Turn(BaseModel):
+    turn_id: str
+    run_id: str
+    session_id: str
+    task: str
+    status: TurnStatus
+    answer: str | None
+    error: dict[str, Any] | None
+    usage: dict[str, Any] | None
+    started_at: str
+    finished_at: str | None
+    position: int = Field(..., description="1 for the session's first turn")
+    last_seq: int = Field(..., description="seq of the last committed event")
+    model: str | None
+    sandbox: str | None
+    cancel_requested: bool
+
+
+class TurnList(BaseModel):
+    turns: list[Turn]
+
+
+class TurnAccepted(BaseModel):
+    turn_id: str
+    run_id: str
+    session_id: str
+    status: TurnStatus
+    created: bool = Field(..., description="false when the Idempotency-Key named an existing turn")
+
+
+class Cancellation(BaseModel):
+    run_id: str
+    state: Literal["requested", "already_requested", "already_terminal"]
+    turn_id: str
+
+
+class Attachment(BaseModel):
+    attachment_id: str
+    session_id: str | None
+    filename: str = Field(..., description="the name the client uploaded")
+    path: str = Field(..., description="where the sandbox sees it, relative to /workspace (files/...)")
+    mime: str
+    size: int
+    sha256: str
+    created_at: str
+
+
+class Artifact(BaseModel):
+    artifact_id: str
+    session_id: str
+    turn_id: str
+    path: str = Field(..., description="relative to /workspace (artifacts/...)")
+    mime: str
+    size: int
+    sha256: str
+    created_at: str
+
+
+class ArtifactList(BaseModel):
+    artifacts: list[Artifact]
+
+
+class VolumeEntry(BaseModel):
+    path: str = Field(..., description="relative to the workspace root")
+    name: str
+    type: Literal["file", "dir", "symlink", "other"]
+    depth: int = Field(..., description="1 for entries directly under the listed folder")
+    size: int | None = Field(None, description="bytes, for files")
+    mime: str | None = None
+    modified_at: str | None = None
+
+
+class VolumeTree(BaseModel):
+    session_id: str
+    path: str
+    max_depth: int
+    entries: list[VolumeEntry]
+    truncated: bool = Field(..., description="true when the entry limit cut the listing short")
+
+
+class Skill(BaseModel):
+    name: str
+    description: str
+    body: str
+
+
+class SkillList(BaseModel):
+    skills: list[Skill]
+
+
+class ComponentHealth(BaseModel):
+    ok: bool
+    detail: str
+
+
+class Health(BaseModel):
+    status: Literal["ok", "degraded"]
+    version: str
+    store: ComponentHealth
+    sandbox: ComponentHealth

@@ -1,0 +1,111 @@
+"""``fleet serve``: run the app under uvicorn, loopback unless a token protects it.
+
+``spawn_sidecar`` starts the same server as a detached process, so a notebook kernel can offer the
+API and the API keeps serving after the kernel exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import uvicorn
+
+from fleet_api.app import create_app
+from fleet_api.auth import is_loopback
+from fleet_kernel.config import Settings, load_settings
+from fleet_kernel.errors import ConfigError
+from fleet_kernel.store import Store
+
+GRACEFUL_SHUTDOWN_S = 5
+
+
+def check_bind(host: str, settings: Settings) -> None:
+    """Refuse a non-loopback bind without a token: anyone on the network could run code otherwise.
+
+    Raises:
+        ConfigError: ``host`` is reachable from other machines and ``FLEET_API_TOKEN`` is unset.
+    """
+    if not is_loopback(host) and settings.api_token is None:
+        raise ConfigError(
+            f"refusing to listen on {host}: other machines could run code through this API. "
+            "Set FLEET_API_TOKEN to require a bearer token, or bind 127.0.0.1"
+        )
+
+
+async def _check_store(settings: Settings) -> None:
+    store = await Store.open(settings.database_url)
+    await store.close()
+
+
+def build_server(host: str, port: int, settings: Settings | None = None, **app_options: float) -> uvicorn.Server:
+    """A configured uvicorn server for the app (not started); used by ``serve`` and the tests."""
+    settings = settings or load_settings()
+    check_bind(host, settings)
+    config = uvicorn.Config(
+        create_app(settings, **app_options),
+        host=host,
+        port=port,
+        log_level="info",
+        access_log=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        lifespan="on",
+    )
+    return uvicorn.Server(config)
+
+
+def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Run until interrupted.
+
+    Raises:
+        ConfigError: a non-loopback bind without ``FLEET_API_TOKEN``, or invalid settings.
+        StoreUnavailableError: the store cannot be opened (checked before binding, to fail in one line).
+    """
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = load_settings()
+    check_bind(host, settings)
+    asyncio.run(_check_store(settings))
+    server = build_server(host, port, settings)
+    server.run()
+    if not server.started:
+        raise ConfigError(f"the API could not start on {host}:{port}; see the log above")
+
+
+def spawn_sidecar(
+    port: int, *, host: str = "127.0.0.1", env: dict[str, str] | None = None, wait_s: float = 20.0
+) -> subprocess.Popen[bytes]:
+    """Start ``fleet serve`` as its own process (new session: it outlives its parent) and wait until it answers.
+
+    Raises:
+        ConfigError: it exited or did not answer ``/api/health`` within ``wait_s``.
+    """
+    log_dir = load_settings(env).logs_dir
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / f"api-{port}.log", "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "fleet_kernel.cli", "serve", "--host", host, "--port", str(port)],
+            env={**os.environ, **(env or {})},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    probe = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    url = f"http://{'[' + probe + ']' if ':' in probe else probe}:{port}/api/health"
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ConfigError(f"the API exited with status {process.returncode}; see {log_dir / f'api-{port}.log'}")
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return process
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.1)
+    process.terminate()
+    raise ConfigError(f"the API did not answer on {url} within {wait_s:g} s")

@@ -1,0 +1,70 @@
+"""A turn's events over server-sent events: ``id: seq``, ``event: type``, ``data: envelope``.
+
+The stream only reads: it replays the turn from the store and tails it (``TurnRunner.follow``), and
+closes right after the terminal event. The turn runs in the runner's own task, outside the response,
+so a client that disconnects ends its iterator and nothing else. Heartbeat comments keep idle
+connections (and proxies) open; a client too slow to take a frame for ``SEND_TIMEOUT_S`` is dropped
+and can resume with ``Last-Event-ID``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from fleet_kernel.events import Event
+
+log = logging.getLogger("fleet_api")
+
+HEARTBEAT_S = 15.0
+SEND_TIMEOUT_S = 30.0
+
+# How the stream is described in the OpenAPI document.
+SSE_RESPONSE_DOC = {
+    "description": "Server-sent events: each frame is `id: <seq>`, `event: <type>`, `data: <event envelope JSON>`; "
+    "comment lines are heartbeats; the stream closes right after turn.completed, turn.failed or turn.cancelled.",
+    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+}
+
+
+def frame(event: Event) -> ServerSentEvent:
+    return ServerSentEvent(event.to_json(), id=str(event.seq), event=event.type, sep="\n")
+
+
+async def _frames(events: AsyncIterator[Event]) -> AsyncIterator[ServerSentEvent]:
+    try:
+        async for event in events:
+            yield frame(event)
+            if event.terminal:
+                return
+    except Exception:  # noqa: BLE001 - the status line is sent; end the stream, the client resumes
+        log.exception("a turn's event stream failed; the client can resume with Last-Event-ID")
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+def event_stream(
+    events: AsyncIterator[Event], *, heartbeat_s: float = HEARTBEAT_S, headers: dict[str, str] | None = None
+) -> EventSourceResponse:
+    """The SSE response for one turn's events (already positioned after the client's last seq)."""
+    return EventSourceResponse(
+        _frames(events),
+        headers=headers,
+        ping=heartbeat_s,
+        sep="\n",
+        send_timeout=SEND_TIMEOUT_S,
+    )
+
+
+def parse_last_event_id(value: str | None) -> int | None:
+    """``Last-Event-ID`` as a seq; ``None`` when absent. Raises ``ValueError`` when it is not one."""
+    if value is None or not value.strip():
+        return None
+    seq = int(value.strip())
+    if seq < 0:
+        raise ValueError("negative")
+    return seq
