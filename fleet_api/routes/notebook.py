@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import re
 from urllib.parse import quote
 
@@ -11,6 +10,7 @@ from fastapi import APIRouter, Response
 
 from fleet_api.deps import State, check_id
 from fleet_api.routes._docs import errors
+from fleet_kernel.transcript import session_notebook as build_notebook
 
 router = APIRouter(tags=["sessions"])
 
@@ -23,12 +23,8 @@ NOTEBOOK_MIME = "application/x-ipynb+json"
     responses={200: {"description": "an nbformat 4 notebook", "content": {NOTEBOOK_MIME: {}}}, **errors(404)},
 )
 async def session_notebook(session_id: str, state: State) -> Response:
-    from fleet_kernel.transcript import session_notebook as build
-
     session = await state.store.get_session(check_id(session_id, "session"))
-    notebook = build(state.store, session_id)
-    if inspect.isawaitable(notebook):
-        notebook = await notebook
+    notebook = await build_notebook(state.store, session_id)
     name = re.sub(r"[^\w.-]+", "-", session.title).strip("-")[:80] or session_id
     return Response(
         nbformat.writes(notebook),

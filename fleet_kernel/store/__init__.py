@@ -249,6 +249,13 @@ class Store:
                     ses = await s.get(SessionRow, session_id)
                     if ses is None:
                         raise NotFoundError(f"no session {session_id!r}; create one with POST /api/sessions")
+                    if idempotency_key is not None and await s.scalar(
+                        select(TurnRow.turn_id).where(
+                            TurnRow.session_id == session_id, TurnRow.idempotency_key == idempotency_key
+                        )
+                    ):
+                        # A concurrent request with the same key committed first: answer with its turn.
+                        continue
                     running = await s.scalar(
                         select(TurnRow.turn_id).where(TurnRow.session_id == session_id, TurnRow.status == "running")
                     )
