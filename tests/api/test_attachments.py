@@ -1,0 +1,79 @@
+"""Attachments: multipart upload into the session workspace, durable lookup, size limit."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import httpx
+
+from conftest import LiveServer, assert_error
+from fleet_kernel.config import Settings, load_settings
+
+
+def upload(client: httpx.Client, session_id: str, name: str, data: bytes, mime: str = "text/csv") -> httpx.Response:
+    return client.post("/api/attachments", data={"session_id": session_id}, files={"file": (name, data, mime)})
+
+
+def test_upload_lands_in_workspace(client: httpx.Client, session_id: str, settings: Settings) -> None:
+    data = b"region,sales\nnorth,10\nsouth,20\n"
+    response = upload(client, session_id, "sales.csv", data)
+    assert response.status_code == 201, response.text
+    att = response.json()
+    assert att["path"] == "files/sales.csv" and att["size"] == len(data)
+    assert att["sha256"] == hashlib.sha256(data).hexdigest() and att["mime"] == "text/csv"
+    assert (settings.workspaces_dir / session_id / "files" / "sales.csv").read_bytes() == data
+    assert client.get(f"/api/attachments/{att['attachment_id']}").json() == att
+    content = client.get(f"/api/attachments/{att['attachment_id']}/content")
+    assert content.content == data and content.headers["content-type"].startswith("text/csv")
+
+
+def test_same_name_never_overwrites(client: httpx.Client, session_id: str, settings: Settings) -> None:
+    first = upload(client, session_id, "notes.txt", b"one", "text/plain").json()
+    again = upload(client, session_id, "notes.txt", b"one", "text/plain").json()
+    other = upload(client, session_id, "notes.txt", b"two", "text/plain").json()
+    assert first["path"] == again["path"] == "files/notes.txt"
+    assert other["path"] == "files/notes-2.txt"
+    files = settings.workspaces_dir / session_id / "files"
+    assert (files / "notes.txt").read_bytes() == b"one" and (files / "notes-2.txt").read_bytes() == b"two"
+
+
+def test_hostile_filenames_stay_in_files(client: httpx.Client, session_id: str, settings: Settings) -> None:
+    for name in ("../../escape.txt", "/etc/passwd", "..", "a/b/../../c.txt"):
+        att = upload(client, session_id, name, name.encode(), "text/plain").json()
+        assert att["path"].startswith("files/") and "/" not in att["path"][len("files/"):]
+    assert not (settings.workspaces_dir / "escape.txt").exists()
+
+
+def test_errors(client: httpx.Client, session_id: str) -> None:
+    assert_error(upload(client, "ses_missing", "a.txt", b"x"), 404, "not_found")
+    assert_error(client.post("/api/attachments", data={"session_id": session_id}), 422, "validation_error")
+    assert_error(client.post("/api/attachments", files={"file": ("a.txt", b"x")}), 422, "validation_error")
+    assert_error(client.get("/api/attachments/att_missing"), 404, "not_found")
+    assert_error(client.get("/api/attachments/att_missing/content"), 404, "not_found")
+
+
+def test_size_limit_is_413(fleet_env: dict[str, str], tmp_path: Path) -> None:
+    config = tmp_path / "fleet.toml"
+    config.write_text("[storage]\nmax_upload_mb = 0.05\n")
+    settings = load_settings({**fleet_env, "FLEET_CONFIG": str(config)})
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url) as client:
+        sid = client.post("/api/sessions").json()["session_id"]
+        assert upload(client, sid, "ok.bin", b"x" * 50_000).status_code == 201
+        error = assert_error(upload(client, sid, "big.bin", b"x" * 60_000), 413, "payload_too_large")
+        assert "max_upload_mb" in error["message"]
+        # Far over the limit: refused from Content-Length before the body is read.
+        assert_error(upload(client, sid, "huge.bin", b"x" * 2_000_000), 413, "payload_too_large")
+
+        # Streamed without a length: cut off while it arrives.
+        def chunks():  # type: ignore[no-untyped-def]
+            yield b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"s.bin\"\r\n\r\n"
+            for _ in range(100):
+                yield b"y" * 10_000
+
+        streamed = client.post(
+            "/api/attachments", content=chunks(), headers={"content-type": "multipart/form-data; boundary=b"}
+        )
+        assert_error(streamed, 413, "payload_too_large")
+        assert client.get("/api/health").status_code == 200
+        assert_error(client.post("/api/sessions", json={"title": "x" * 3_000_000}), 413, "payload_too_large")

@@ -1,0 +1,79 @@
+"""The workspace tree: bounded, read-only, and no way out of the workspace."""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+
+from conftest import assert_error
+from fleet_kernel.config import Settings
+from fleet_kernel.workspace import Workspace
+
+
+def make_workspace(settings: Settings, session_id: str) -> Workspace:
+    ws = Workspace.for_session(settings.workspaces_dir, session_id)
+    (ws.root / "files" / "data.csv").write_text("a,b\n1,2\n")
+    deep = ws.root / "artifacts" / "one" / "two" / "three"
+    deep.mkdir(parents=True)
+    (deep / "leaf.txt").write_text("leaf")
+    return ws
+
+
+def tree(client: httpx.Client, session_id: str, **params: object) -> httpx.Response:
+    return client.get("/api/volume/tree", params={"session_id": session_id, **params})
+
+
+def test_lists_workspace(client: httpx.Client, session_id: str, settings: Settings) -> None:
+    make_workspace(settings, session_id)
+    body = tree(client, session_id).json()
+    assert body["session_id"] == session_id and body["truncated"] is False
+    by_path = {e["path"]: e for e in body["entries"]}
+    assert by_path["files/data.csv"]["type"] == "file" and by_path["files/data.csv"]["size"] == 8
+    assert by_path["files/data.csv"]["mime"] == "text/csv"
+    assert by_path["artifacts/one"]["type"] == "dir"
+    assert "artifacts/one/two/three" not in by_path  # default depth 3
+    deep = tree(client, session_id, depth=5).json()
+    assert "artifacts/one/two/three/leaf.txt" in {e["path"] for e in deep["entries"]}
+    sub = tree(client, session_id, path="files").json()
+    assert [e["path"] for e in sub["entries"]] == ["files/data.csv"]
+
+
+def test_entry_limit(client: httpx.Client, session_id: str, settings: Settings) -> None:
+    ws = make_workspace(settings, session_id)
+    for i in range(30):
+        (ws.root / "files" / f"f{i:02}.txt").write_text("x")
+    body = tree(client, session_id, limit=10).json()
+    assert len(body["entries"]) == 10 and body["truncated"] is True
+    assert_error(tree(client, session_id, limit=100_000), 422)
+    assert_error(tree(client, session_id, depth=0), 422)
+
+
+def test_empty_before_first_turn(client: httpx.Client, session_id: str) -> None:
+    body = tree(client, session_id).json()
+    assert body["entries"] == [] and body["truncated"] is False
+
+
+def test_path_escapes_refused(client: httpx.Client, session_id: str, settings: Settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    ws = make_workspace(settings, session_id)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("secret")
+    os.symlink(outside, ws.root / "files" / "link-out")
+    os.symlink("/etc/passwd", ws.root / "files" / "passwd")
+    for path in ("..", "../..", "files/../../", "/etc", "/", "files/../..", "..\\..", "C:/Windows", "files/link-out",
+                 "files/link-out/secret.txt", "files/passwd", "a\x00b"):
+        error = assert_error(tree(client, session_id, path=path), 422)
+        assert error["code"] in ("invalid_path", "validation_error"), (path, error)
+    listing = tree(client, session_id, path="files").json()["entries"]
+    kinds = {e["name"]: e["type"] for e in listing}
+    assert kinds["link-out"] == "symlink" and kinds["passwd"] == "symlink"
+    assert not any("secret" in e["path"] for e in tree(client, session_id, depth=8).json()["entries"])
+
+
+def test_read_only_and_unknown(client: httpx.Client, session_id: str) -> None:
+    assert_error(client.post("/api/volume/tree", params={"session_id": session_id}), 405)
+    assert_error(client.delete("/api/volume/tree", params={"session_id": session_id}), 405)
+    assert_error(tree(client, "ses_missing"), 404, "not_found")
+    assert_error(client.get("/api/volume/tree"), 422, "validation_error")
+    assert_error(tree(client, session_id, path="nope"), 404, "not_found")
