@@ -208,11 +208,22 @@ class Store:
                     code="session_busy",
                 )
             turn_ids = select(TurnRow.turn_id).where(TurnRow.session_id == session_id)
+            digests = set(await s.scalars(select(ArtifactRow.sha256).where(ArtifactRow.session_id == session_id)))
+            digests |= set(await s.scalars(select(AttachmentRow.sha256).where(AttachmentRow.session_id == session_id)))
             await s.execute(delete(EventRow).where(EventRow.turn_id.in_(turn_ids)))
             await s.execute(delete(ArtifactRow).where(ArtifactRow.session_id == session_id))
             await s.execute(delete(AttachmentRow).where(AttachmentRow.session_id == session_id))
             await s.execute(delete(TurnRow).where(TurnRow.session_id == session_id))
             await s.delete(row)
+            # Their bytes go too, unless another session's attachment or artifact has the same content.
+            if digests:
+                await s.execute(
+                    delete(BlobRow).where(
+                        BlobRow.sha256.in_(digests),
+                        BlobRow.sha256.not_in(select(ArtifactRow.sha256)),
+                        BlobRow.sha256.not_in(select(AttachmentRow.sha256)),
+                    )
+                )
 
     # ------------------------------------------------------------------ turns
 

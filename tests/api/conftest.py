@@ -120,6 +120,17 @@ def events_of(response: httpx.Response) -> list[Frame]:
     return [f for f in iter_frames(response) if f.event is not None]
 
 
+def frames_until(response: httpx.Response, event_type: str) -> list[Frame]:
+    """Event frames up to and including the first of ``event_type``; the rest of the stream is left unread."""
+    frames = []
+    for frame in iter_frames(response):
+        if frame.event is not None:
+            frames.append(frame)
+            if frame.event == event_type:
+                break
+    return frames
+
+
 def run_turn(client: httpx.Client, session_id: str, task: str, **headers: str) -> list[Frame]:
     with client.stream("POST", f"/api/sessions/{session_id}/turns", json={"task": task}, headers=headers) as r:
         assert r.status_code == 200, r.read()
