@@ -1,0 +1,359 @@
+"""The ``pyodide`` backend: ``runtime.py`` in Pyodide (CPython on WebAssembly) under Deno.
+
+The portable fallback where bubblewrap cannot run (macOS, containers without user namespaces): the
+boundary is WebAssembly plus Deno's permissions (read-only access to the runner, the Pyodide cache and
+the session workspace; no network, environment, subprocesses or writes). Deno comes from the ``deno``
+PyPI wheel; Pyodide from the npm registry, fetched once by ``ensure_pyodide()`` (``python -m
+fleet_kernel.sandbox.pyodide``) into a ``DENO_DIR`` cache; at run time Deno runs ``--cached-only``, so it
+never fetches anything. ``pyodide_runner.js`` speaks the same protocol as the local worker, so
+``SandboxInterpreter`` drives it unchanged; this module adds the process, the cache and the
+write-back of the workspace files the code changed (Deno itself may not write).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from fleet_kernel.config import SandboxLimits, Settings
+from fleet_kernel.errors import SandboxUnavailableError
+from fleet_kernel.sandbox.interpreter import ProtocolError, SandboxFactory, SessionClosed
+from fleet_kernel.workspace import Workspace
+
+logger = logging.getLogger(__name__)
+
+PYODIDE_VERSION = "0.29.4"  # also pinned in pyodide_runner.js
+PYODIDE_PYTHON = "3.13"
+PYODIDE_SPEC = f"npm:pyodide@{PYODIDE_VERSION}/pyodide.js"
+PREFETCH_COMMAND = "python -m fleet_kernel.sandbox.pyodide"
+RUNNER = Path(__file__).with_name("pyodide_runner.js")
+RUNTIME = Path(__file__).with_name("runtime.py")
+START_TIMEOUT_S = 60.0  # a cold start is ~3 s on an idle machine, several times that on a loaded one
+DENO_BASELINE_MB = 384  # Deno + V8 + Pyodide before any user data; added to the memory limit
+WRITABLE = ("artifacts/", "memory/")  # what sandboxed code may change in the host workspace
+_DENO_FLAGS = ("--no-config", "--no-lock", "--node-modules-dir=false")
+_EOF = object()
+
+
+# -- Deno and the Pyodide cache -------------------------------------------------------------------
+
+
+def find_deno() -> str | None:
+    """The Deno binary: the ``deno`` wheel's, else one on PATH."""
+    try:
+        from deno import find_deno_bin
+
+        return str(find_deno_bin())
+    except (ImportError, FileNotFoundError):
+        return shutil.which("deno")
+
+
+def default_cache_dir() -> Path:
+    """Where ``ensure_pyodide()`` puts the cache by default: per user, shared by every FLEET_HOME."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "fleet" / "deno"
+
+
+def cache_candidates(home: Path | None = None) -> list[Path]:
+    """Caches looked for, in order: ``$FLEET_HOME/deno``, the user cache, one shipped inside the package."""
+    return [*([home / "deno"] if home else []), default_cache_dir(), Path(__file__).with_name("_deno")]
+
+
+def _cached(deno_dir: Path) -> bool:
+    package = deno_dir / "npm" / "registry.npmjs.org" / "pyodide" / PYODIDE_VERSION
+    return (package / "pyodide.asm.wasm").is_file() and (package / "python_stdlib.zip").is_file()
+
+
+def find_cache(home: Path | None = None) -> Path | None:
+    return next((path for path in cache_candidates(home) if _cached(path)), None)
+
+
+def _deno_env(deno_dir: Path, *, fetch: bool = False) -> dict[str, str]:
+    """Deno's environment: minimal at run time (no secret can leak in); the whole one to fetch (proxies, CAs)."""
+    env = {"DENO_DIR": str(deno_dir), "DENO_NO_PACKAGE_JSON": "1", "DENO_NO_UPDATE_CHECK": "1", "NO_COLOR": "1"}
+    if fetch:
+        return {**os.environ, **env}
+    for name in ("PATH", "SYSTEMROOT"):  # Windows needs SYSTEMROOT
+        if name in os.environ:
+            env[name] = os.environ[name]
+    return env
+
+
+def ensure_pyodide(deno_dir: Path | None = None, *, timeout: float = 600) -> Path:
+    """Fetch Pyodide from the npm registry into ``deno_dir`` unless it is there; returns the cache used.
+
+    For setup scripts, ``fleet doctor`` and CI; needs the network once, never at run time.
+
+    Raises:
+        SandboxUnavailableError: Deno is missing or the fetch failed (the message has Deno's error).
+    """
+    target = (deno_dir or default_cache_dir()).absolute()
+    if _cached(target):
+        return target
+    deno = find_deno()
+    if deno is None:
+        raise SandboxUnavailableError("Deno is not installed: pip install 'fleet-kernel[pyodide]' (the deno wheel)")
+    target.mkdir(parents=True, exist_ok=True)
+    try:
+        done = subprocess.run([deno, "cache", *_DENO_FLAGS, PYODIDE_SPEC], env=_deno_env(target, fetch=True),
+                              capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SandboxUnavailableError(f"Could not fetch Pyodide {PYODIDE_VERSION}: {exc}") from exc
+    if done.returncode != 0 or not _cached(target):
+        detail = (done.stderr.strip() or done.stdout.strip()).splitlines()[-3:]
+        raise SandboxUnavailableError(f"Could not fetch Pyodide {PYODIDE_VERSION} from the npm registry into "
+                                      f"{target}: {' '.join(detail) or f'deno exited with {done.returncode}'}")
+    return target
+
+
+def probe_pyodide(home: Path | None = None) -> str | None:
+    """None when the pyodide sandbox can start here; else what is missing and the command that fixes it."""
+    if find_deno() is None:
+        return "Deno is not installed: pip install 'fleet-kernel[pyodide]' (or pip install 'deno>=2,<3')"
+    if find_cache(home) is None:
+        return (f"Pyodide {PYODIDE_VERSION} is not cached for offline use: run `{PREFETCH_COMMAND}` once (it "
+                f"fetches {PYODIDE_SPEC} from the npm registry into {default_cache_dir()})")
+    return None
+
+
+# -- one runner process ---------------------------------------------------------------------------
+
+
+class PyodideSession:
+    """One Deno process running ``pyodide_runner.js``: protocol messages as JSON lines on stdin/stdout."""
+
+    def __init__(self, deno: str, deno_dir: Path, workspace: Path, limits: SandboxLimits) -> None:
+        self._deno, self._deno_dir, self._limits = deno, deno_dir, limits
+        self._workspace = Workspace(workspace)
+        self._process: subprocess.Popen[bytes] | None = None
+        self._cgroup: Any = None
+        self._messages: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._send_lock = threading.Lock()
+        self._stderr_tail = b""
+        self._reason: str | None = None
+
+    def argv(self) -> list[str]:
+        """The Deno command line: read-only access to exactly what the runner needs, nothing else."""
+        readable = [RUNNER, RUNTIME, self._deno_dir, self._workspace.root]
+        config = {"runtime": os.path.realpath(RUNTIME), "workspace": os.path.realpath(self._workspace.root),
+                  "max_output_bytes": self._limits.max_output_bytes,
+                  "max_file_bytes": self._limits.max_file_mb * 1024 * 1024}
+        # Deno matches permissions against real paths (denoland/deno#9607).
+        allow = ",".join(os.path.realpath(path) for path in readable)
+        return [self._deno, "run", "--cached-only", "--no-prompt", *_DENO_FLAGS, f"--allow-read={allow}",
+                os.path.realpath(RUNNER), json.dumps(config)]
+
+    def start(self) -> None:
+        join_fds, preexec = self._confinement()
+        try:
+            self._process = subprocess.Popen(
+                self.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=_deno_env(self._deno_dir), cwd=self._workspace.root, start_new_session=True,
+                preexec_fn=preexec)
+        except OSError as exc:
+            self.kill()
+            raise SessionClosed(f"could not be started: {exc}") from exc
+        finally:
+            for fd in join_fds:
+                os.close(fd)
+        threading.Thread(target=self._read_stdout, daemon=True, name="fleet-pyodide-stdout").start()
+        threading.Thread(target=self._read_stderr, daemon=True, name="fleet-pyodide-stderr").start()
+        try:
+            ready = self.receive(START_TIMEOUT_S)
+        except (SessionClosed, ProtocolError) as exc:
+            self.kill()
+            raise SessionClosed(f"exited during start-up: {exc}") from exc
+        if ready is None or ready.get("type") != "ready":
+            self.kill()
+            raise SessionClosed(f"did not become ready within {START_TIMEOUT_S:g} s (got {ready!r})")
+
+    def _confinement(self) -> tuple[list[int], Any]:
+        """On Linux: a cgroup for memory (when writable) and CPU/file-size rlimits; never RLIMIT_AS (V8 needs it)."""
+        if not sys.platform.startswith("linux"):
+            return [], None
+        import resource
+
+        from fleet_kernel.sandbox import _confine
+
+        limits = self._limits
+        self._cgroup = _confine.Cgroup.create(limits.memory_mb + DENO_BASELINE_MB, 256)
+        rlimits = [(which, value) for which, value in _confine.rlimits(limits.memory_mb, limits.cpu_seconds,
+                                                                        limits.max_file_mb)
+                   if which != resource.RLIMIT_AS]
+        join_fds = self._cgroup.join_fds() if self._cgroup else []
+        return join_fds, _confine.preexec(join_fds, rlimits)
+
+    def _read_stdout(self) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        for line in self._process.stdout:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                self._messages.put(ProtocolError(f"not a JSON message: {line[:200]!r}"))
+                return
+            self._messages.put(message if isinstance(message, dict) else ProtocolError(f"bad message {message!r}"))
+        self._messages.put(_EOF)
+
+    def _read_stderr(self) -> None:
+        assert self._process is not None and self._process.stderr is not None
+        for chunk in iter(lambda: self._process.stderr.read1(65536), b""):  # type: ignore[union-attr]
+            self._stderr_tail = (self._stderr_tail + chunk)[-16384:]
+
+    def send(self, message: dict[str, Any]) -> None:
+        data = json.dumps(message).encode() + b"\n"
+        with self._send_lock:
+            process = self._process
+            if process is None or process.stdin is None:
+                raise SessionClosed("has been stopped")
+            try:
+                process.stdin.write(data)
+                process.stdin.flush()
+            except (OSError, ValueError) as exc:
+                raise SessionClosed(self._death_reason()) from exc
+
+    def receive(self, timeout: float) -> dict[str, Any] | None:
+        """The next protocol message; workspace write-backs are applied here, before the ``done`` they precede."""
+        while True:
+            try:
+                item = self._messages.get(timeout=timeout)
+            except queue.Empty:
+                return None
+            if item is _EOF:
+                self._messages.put(_EOF)
+                raise SessionClosed(self._death_reason())
+            if isinstance(item, ProtocolError):
+                raise item
+            if item.get("type") in ("workspace_file", "workspace_delete"):
+                self._write_back(item)
+                continue
+            return item  # type: ignore[no-any-return]
+
+    def _write_back(self, message: dict[str, Any]) -> None:
+        """Apply one change the code made under artifacts/ or memory/; anything else is refused and logged."""
+        relative = str(message.get("path") or "")
+        try:
+            if not relative.startswith(WRITABLE):
+                raise ValueError(f"{relative!r} is not under {' or '.join(WRITABLE)}")
+            target = self._workspace.resolve(relative)
+            if message["type"] == "workspace_delete":
+                if target.is_file():
+                    target.unlink()
+                return
+            data = base64.b64decode(str(message.get("data") or ""), validate=True)
+            if len(data) > self._limits.max_file_mb * 1024 * 1024:
+                raise ValueError(f"{relative!r} is larger than {self._limits.max_file_mb} MB")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = target.with_name(f".{target.name}.fleet-partial")
+            partial.write_bytes(data)
+            os.chmod(partial, 0o666)
+            os.replace(partial, target)
+        except (OSError, ValueError) as exc:
+            logger.warning("pyodide sandbox: workspace change not applied: %s", exc)
+
+    def interrupt(self) -> None:
+        with contextlib.suppress(SessionClosed):
+            self.send({"type": "interrupt"})
+
+    def kill(self) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if hasattr(os, "killpg"):
+                    os.killpg(process.pid, signal.SIGKILL)
+                else:
+                    process.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=5)
+            for stream in (process.stdin, process.stdout, process.stderr):
+                with contextlib.suppress(OSError):
+                    if stream is not None:
+                        stream.close()
+        cgroup, self._cgroup = self._cgroup, None
+        if cgroup is not None:
+            cgroup.remove()
+
+    def _death_reason(self) -> str:
+        """Why Deno ended, in words the model can act on (computed once)."""
+        if self._reason is not None:
+            return self._reason
+        code: int | None = None
+        if self._process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = self._process.wait(timeout=2)
+        stderr = self._stderr_tail.decode("utf-8", "replace")
+        if self._cgroup is not None and self._cgroup.oom_killed():
+            reason = f"was killed because it ran out of memory (limit {self._limits.memory_mb} MB)"
+        elif "out of memory" in stderr.lower() or "RangeError: Array buffer allocation" in stderr:
+            reason = "ran out of memory (WebAssembly memory is limited to 4 GB)"
+        elif code is not None and code < 0:
+            reason = f"was killed by {signal.Signals(-code).name}" if -code in set(signal.Signals) else "was killed"
+        else:
+            reason = f"exited unexpectedly (status {code})"
+        lines = [line for line in stderr.strip().splitlines() if line.strip()][-6:]
+        if lines:
+            reason += ":\n" + "\n".join(lines)
+        self._reason = reason
+        return reason
+
+
+# -- the factory ----------------------------------------------------------------------------------
+
+
+def execution_instructions(exec_timeout_s: float) -> str:
+    """The prompt's description of this environment (what works in Pyodide, what does not)."""
+    return (
+        f"Python {PYODIDE_PYTHON} (Pyodide {PYODIDE_VERSION}, CPython compiled to WebAssembly) runs in a sandbox "
+        "with no network access. State persists between steps: variables, imports and functions defined earlier "
+        "are still there. The working directory is /workspace: the user's uploaded files are in /workspace/files, "
+        "save files for the user in /workspace/artifacts, and /workspace/memory/MEMORIES.md holds notes kept "
+        "across sessions (read it at the start, append what is worth remembering). Only the standard library is "
+        "available and nothing can be installed; threads and subprocesses do not work. Use print() to see "
+        "results: you only see what is printed (long output is truncated) and the value of a final bare "
+        f"expression. Each step may run at most {exec_timeout_s:g} s; a step that times out is interrupted but "
+        "keeps its variables. When done, call SUBMIT(...) with the output fields, positionally or by name."
+    )
+
+
+def open_pyodide(settings: Settings, workspace: Path, *, cancel: threading.Event | None = None,
+                 deno_dir: Path | None = None) -> SandboxFactory:
+    """An interpreter factory whose interpreters each run in their own Pyodide worker process.
+
+    Raises:
+        SandboxUnavailableError: Deno or the Pyodide cache is missing; the message names the fix.
+    """
+    deno = find_deno()
+    cache = deno_dir if deno_dir is not None and _cached(deno_dir) else find_cache(settings.home)
+    if deno is None or cache is None:
+        raise SandboxUnavailableError(f"The pyodide sandbox cannot run: {probe_pyodide(settings.home)}")
+    workspace = Workspace(workspace.absolute()).ensure().root
+    limits, exec_timeout_s = settings.policy.sandbox, settings.limits.exec_timeout_s
+
+    def new_session() -> PyodideSession:
+        return PyodideSession(deno, cache, workspace, limits)
+
+    return SandboxFactory(new_session, backend="pyodide", execution_instructions=execution_instructions(
+        exec_timeout_s), exec_timeout_s=exec_timeout_s, cancel=cancel)
+
+
+def main() -> None:
+    """``python -m fleet_kernel.sandbox.pyodide [DENO_DIR]``: prefetch Pyodide for offline use."""
+    try:
+        path = ensure_pyodide(Path(sys.argv[1]) if len(sys.argv) > 1 else None)
+    except SandboxUnavailableError as exc:
+        sys.exit(f"error: {exc.message}")
+    print(f"Pyodide {PYODIDE_VERSION} is cached in {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+"""The ``pyodide`` sandbox backend end to end: a real Deno + Pyodide worker, no mocks.
+
+One interpreter (one ~3 s cold start) serves most tests; the dspy.RLM, TurnRunner and no-network
+tests start their own. Skipped with the reason when Deno or the offline Pyodide cache is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dspy
+import pytest
+from dspy.primitives.code_interpreter import CodeExecutionError, FinalOutput
+from dspy.utils import DummyLM
+
+from fleet_kernel.config import Limits, Policy, Settings, load_settings
+from fleet_kernel.errors import SandboxUnavailableError
+from fleet_kernel.sandbox import SandboxFactory, SandboxInterpreter, observer
+from fleet_kernel.sandbox.pyodide import PREFETCH_COMMAND, open_pyodide, probe_pyodide
+
+if (_missing := probe_pyodide()) is not None:
+    pytest.skip(f"pyodide sandbox unavailable: {_missing}", allow_module_level=True)
+
+EXEC_TIMEOUT_S = 3.0
+
+
+def make_settings(home: Path, exec_timeout_s: float = EXEC_TIMEOUT_S) -> Settings:
+    policy = Policy(limits=Limits(exec_timeout_s=exec_timeout_s))
+    return Settings(home=home, database_url="sqlite://", sandbox="pyodide", policy=policy)
+
+
+class Recorder:
+    """A SandboxObserver that timestamps what it is told."""
+
+    def __init__(self) -> None:
+        self.output: list[tuple[float, str]] = []
+        self.tools: list[str] = []
+
+    def on_output(self, stream: str, text: str) -> None:
+        self.output.append((time.monotonic(), text))
+
+    def on_tool_start(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        self.tools.append(name)
+        return name
+
+    def on_tool_end(self, call_id: str, ok: bool, result: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("pyodide") / "workspace"
+    (root / "files").mkdir(parents=True)
+    (root / "files" / "data.csv").write_text("a,b\n1,2\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def factory(workspace: Path) -> Iterator[SandboxFactory]:
+    made = open_pyodide(make_settings(workspace.parent / "home"), workspace)
+    yield made
+    made.close()
+
+
+@pytest.fixture(scope="module")
+def interp(factory: SandboxFactory) -> SandboxInterpreter:
+    interpreter = factory()
+    interpreter.start()
+    return interpreter
+
+
+@pytest.fixture
+def recorder() -> Iterator[Recorder]:
+    rec = Recorder()
+    token = observer.set(rec)
+    yield rec
+    observer.reset(token)
+
+
+def test_execute_keeps_state_and_shows_last_expression(interp: SandboxInterpreter) -> None:
+    assert interp.execute("x = 20") is None
+    assert interp.execute("x + 1") == "21"
+    assert interp.execute("print('hello')\nx * 2") == "hello\n40"
+    assert interp.execute("import sys, os\nprint(sys.platform, os.getcwd())") == "emscripten /workspace"
+    assert interp.execute("y = size * 2\ny", variables={"size": 4}) == "8"
+
+
+def test_errors_keep_partial_output(interp: SandboxInterpreter) -> None:
+    with pytest.raises(CodeExecutionError, match=r"(?s)partial.*ZeroDivisionError"):
+        interp.execute("print('partial')\n1/0")
+    with pytest.raises(SyntaxError):
+        interp.execute("def (")
+
+
+def test_output_streams_before_execute_returns(interp: SandboxInterpreter, recorder: Recorder) -> None:
+    started = time.monotonic()
+    result = interp.execute("import time\nprint('first')\ntime.sleep(0.6)\nprint('second')")
+    returned = time.monotonic()
+    assert result == "first\nsecond"
+    first = next(t for t, text in recorder.output if "first" in text)
+    assert first - started < 0.4 and returned - first > 0.4
+
+
+def test_output_buffered_mid_burst_is_flushed_while_code_runs(interp: SandboxInterpreter, recorder: Recorder) -> None:
+    """Without threads the runtime flushes on a timer signal, so a burst followed by silence streams too."""
+    code = "import time\nfor i in range(50):\n    print(i)\nt = time.monotonic()\nwhile time.monotonic() - t < 0.8:\n    pass"
+    interp.execute(code)
+    returned = time.monotonic()
+    last = max(t for t, text in recorder.output if "49" in text)
+    assert returned - last > 0.5
+
+
+def test_fd_level_output_is_captured(interp: SandboxInterpreter) -> None:
+    assert interp.execute("import os\nos.write(1, b'raw\\n')\nprint('py')") == "raw\npy"
+
+
+def test_tool_round_trip(interp: SandboxInterpreter, recorder: Recorder) -> None:
+    def add(a: int, b: int = 0) -> int:
+        if a < 0:
+            raise ValueError("no negatives")
+        return a + b
+
+    interp.tools["add"] = add
+    try:
+        assert interp.execute("print(add(2, b=3))") == "5"
+        with pytest.raises(CodeExecutionError, match="ValueError: no negatives"):
+            interp.execute("add(-1)")
+        assert interp.execute("try:\n    add(-1)\nexcept ValueError as e:\n    print('caught', e)") == "caught no negatives"
+    finally:
+        del interp.tools["add"]
+    assert recorder.tools == ["add", "add", "add"]
+
+
+def test_submit(interp: SandboxInterpreter) -> None:
+    interp.output_fields = [{"name": "answer", "type": "str"}, {"name": "score", "type": "int"}]
+    try:
+        assert interp.execute("SUBMIT('yes', 3)") == FinalOutput({"answer": "yes", "score": 3})
+        assert interp.execute("try:\n    SUBMIT(score=4, answer='no')\nexcept Exception:\n    pass") == FinalOutput(
+            {"answer": "no", "score": 4})
+    finally:
+        interp.output_fields = None
+
+
+@pytest.mark.parametrize("code", ["while True:\n    pass", "import time\ntime.sleep(60)"])
+def test_timeout_interrupts_and_keeps_state(interp: SandboxInterpreter, code: str) -> None:
+    interp.execute("kept = 'still here'")
+    started = time.monotonic()
+    with pytest.raises(CodeExecutionError, match="timed out after 3 s and was interrupted"):
+        interp.execute(code)
+    assert time.monotonic() - started < EXEC_TIMEOUT_S + 1.5
+    assert interp.execute("kept") == "'still here'"
+
+
+def test_timeout_during_tool_call_stops_the_code(interp: SandboxInterpreter) -> None:
+    interp.tools["slow"] = lambda: time.sleep(EXEC_TIMEOUT_S + 1) or "late"
+    try:
+        with pytest.raises(CodeExecutionError, match="timed out"):
+            interp.execute("print(slow())\nwhile True:\n    pass")
+    finally:
+        del interp.tools["slow"]
+    assert interp.execute("1 + 1") == "2"
+
+
+def test_workspace_files_in_artifacts_and_memory_out(interp: SandboxInterpreter, workspace: Path) -> None:
+    assert interp.execute("print(open('/workspace/files/data.csv').read().split())") == "['a,b', '1,2']"
+    interp.execute(textwrap.dedent("""
+        import os
+        os.makedirs('/workspace/artifacts/out', exist_ok=True)
+        open('/workspace/artifacts/out/table.csv', 'w').write('x\\n1\\n')
+        open('/workspace/artifacts/blob.bin', 'wb').write(bytes(range(256)))
+        with open('/workspace/memory/MEMORIES.md', 'a') as f:
+            f.write('- likes csv\\n')
+        open('/workspace/files/scratch.txt', 'w').write('not synced back')
+    """))
+    assert (workspace / "artifacts" / "out" / "table.csv").read_text() == "x\n1\n"
+    assert (workspace / "artifacts" / "blob.bin").read_bytes() == bytes(range(256))
+    assert (workspace / "memory" / "MEMORIES.md").read_text().endswith("- likes csv\n")
+    assert not (workspace / "files" / "scratch.txt").exists()
+
+    (workspace / "files" / "later.txt").write_text("added by the host")
+    assert interp.execute("open('/workspace/files/later.txt').read()") == "'added by the host'"
+    interp.execute("os.remove('/workspace/artifacts/blob.bin')")
+    assert not (workspace / "artifacts" / "blob.bin").exists()
+
+
+def test_sandbox_cannot_reach_host_files_or_write(interp: SandboxInterpreter) -> None:
+    code = textwrap.dedent("""
+        import js
+        for attempt in (lambda: js.Deno.readTextFileSync('/etc/passwd'),
+                        lambda: js.Deno.writeTextFileSync('/tmp/fleet-escape', 'x'),
+                        lambda: js.Deno.env.toObject()):
+            try:
+                attempt()
+                print('allowed')
+            except Exception as exc:
+                print('denied', type(exc).__name__)
+    """)
+    assert interp.execute(code) == "denied JsException\ndenied JsException\ndenied JsException"
+
+
+def test_dspy_rlm_with_dummy_lm(workspace: Path) -> None:
+    factory = open_pyodide(make_settings(workspace.parent / "home", exec_timeout_s=30), workspace)
+    lm = DummyLM([
+        {"reasoning": "Look first.", "code": "print(sum(range(10)))"},
+        {"reasoning": "Done.", "code": "SUBMIT(answer=str(sum(range(10))))"},
+    ])  # fmt: skip
+    try:
+        with dspy.context(lm=lm):
+            result = dspy.RLM("question -> answer", max_iters=4, interpreter_factory=factory)(question="sum 0..9?")
+    finally:
+        factory.close()
+    assert result.answer == "45"
+    assert result.trajectory[0]["output"] == "45"
+
+
+def test_missing_cache_says_how_to_prefetch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("fleet_kernel.sandbox.pyodide.cache_candidates", lambda home=None: [tmp_path / "none"])
+    with pytest.raises(SandboxUnavailableError, match=PREFETCH_COMMAND):
+        open_pyodide(make_settings(tmp_path / "home"), tmp_path / "workspace")
+
+
+NO_NETWORK_SCRIPT = """
+import sys
+from pathlib import Path
+from fleet_kernel.config import Settings
+from fleet_kernel.sandbox.pyodide import open_pyodide
+factory = open_pyodide(Settings(home=Path(sys.argv[1]), database_url="sqlite://", sandbox="pyodide"), Path(sys.argv[2]))
+try:
+    print(factory().execute("import socket\\ntry:\\n    socket.create_connection(('1.1.1.1', 80), 2)\\nexcept OSError as e:\\n"
+                            "    print('no network:', type(e).__name__)\\n6 * 7"))
+finally:
+    factory.close()
+"""
+
+
+def test_works_with_no_network_at_all(tmp_path: Path) -> None:
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-n", "true"], check=False).returncode:
+        pytest.skip("unshare -n (a private network namespace) is not permitted here")
+    done = subprocess.run(["unshare", "-n", sys.executable, "-c", NO_NETWORK_SCRIPT, str(tmp_path / "home"),
+                           str(tmp_path / "workspace")], capture_output=True, text=True, timeout=90, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-2:] == ["no network: OSError", "42"]
+
+
+async def test_turn_runner_with_pyodide(fleet_env: dict[str, str], store: Any, scripted_lm: Any, tmp_path: Path) -> None:
+    from scripted_lm import step
+
+    from fleet_kernel.engine import TurnRunner
+
+    scripted_lm.add("*", [
+        step("Ask.", "print('sub says', llm_query('hi'))\nopen('/workspace/artifacts/a.txt', 'w').write('A')"),
+        step("Done.", "SUBMIT(answer='ok')"),
+    ])  # fmt: skip
+    runner = await TurnRunner(store, load_settings({**fleet_env, "FLEET_SANDBOX": "pyodide"})).open()
+    try:
+        session = await store.create_session()
+        handle = await runner.start(session.session_id, "use pyodide")
+        events = [event async for event in handle.events()]
+    finally:
+        await runner.close()
+    kinds = [e.type for e in events]
+    assert events[0].data["sandbox"] == "pyodide"
+    assert kinds[-1] == "turn.completed" and events[-1].data["answer"] == "ok", json.dumps(events[-1].data)
+    assert "sub says sub-answer: hi" in "".join(e.data["text"] for e in events if e.type == "output")
+    artifact = next(e for e in events if e.type == "artifact")
+    assert artifact.data["path"] == "artifacts/a.txt"
