@@ -3,7 +3,7 @@
     with FakeDaytona() as fake:
         client = Daytona(DaytonaConfig(api_key=fake.api_key, api_url=fake.api_url))
 
-Serves what SDK 0.226.1 calls (see ``ROUTES``): sandboxes (create, get, list by labels, start,
+Serves what SDK 0.226.1 calls (``test_sdk_paths_match_fake_routes`` checks it): sandboxes (create, get, list by labels, start,
 stop, delete, auto-stop, labels), volumes, ``/config``, and under ``<toolbox>/<sandbox id>``:
 interpreter contexts and the execute WebSocket (streamed frames, FIFO per context, timeout ->
 SIGINT -> 2 s grace -> close 4008, slow consumer -> 1008), ``process/execute``, ``process/code-run``,
@@ -29,30 +29,15 @@ from aiohttp import WSMsgType, web
 from fake_sandbox import FakeSandbox, Mount, now
 
 ORG = "org-fake"
-# (method, SDK path template) for every call the backend and the tests make; checked against the SDK.
-ROUTES: list[tuple[str, str]] = [
-    ("POST", "/sandbox"), ("GET", "/sandbox"), ("GET", "/sandbox/{sandboxIdOrName}"),
-    ("DELETE", "/sandbox/{sandboxIdOrName}"), ("POST", "/sandbox/{sandboxIdOrName}/start"),
-    ("POST", "/sandbox/{sandboxIdOrName}/stop"), ("POST", "/sandbox/{sandboxIdOrName}/autostop/{interval}"),
-    ("PUT", "/sandbox/{sandboxIdOrName}/labels"), ("GET", "/sandbox/{sandboxId}/toolbox-proxy-url"),
-    ("POST", "/sandbox/{sandboxId}/last-activity"), ("GET", "/volumes"), ("POST", "/volumes"),
-    ("GET", "/volumes/by-name/{name}"), ("GET", "/volumes/{volumeId}"), ("DELETE", "/volumes/{volumeId}"),
-    ("GET", "/config"),
-]
-TOOLBOX_ROUTES: list[tuple[str, str]] = [
-    ("POST", "/process/interpreter/context"), ("GET", "/process/interpreter/context"),
-    ("DELETE", "/process/interpreter/context/{id}"), ("GET", "/process/interpreter/execute"),
-    ("POST", "/process/execute"), ("POST", "/process/code-run"), ("POST", "/files/bulk-upload"),
-    ("POST", "/files/bulk-download"), ("GET", "/files/info"), ("DELETE", "/files"),
-]
-
-
 @dataclass
 class Recorded:
     method: str
     path: str
     headers: dict[str, str]
     body: bytes
+
+
+RECORDED = web.RequestKey("recorded", Recorded)
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -94,6 +79,17 @@ class FakeDaytona:
              times: int = 1) -> None:
         """The next ``times`` requests whose path contains ``path_part`` answer ``status``."""
         self.failures.append([method.upper(), path_part, status, message, times])
+
+    def matches(self, method: str, path: str) -> bool:
+        """Whether a route of this fake answers ``method path`` (checked against the SDK's own paths)."""
+        assert self._runner is not None
+        for route in self._runner.app.router.routes():
+            info = route.resource.get_info() if route.resource is not None else {}
+            pattern = info.get("pattern")
+            found = pattern.fullmatch(path) if pattern is not None else info.get("path") == path
+            if found and route.method in (method, "*"):
+                return True
+        return False
 
     def call(self, coro: Any) -> Any:
         """Run a coroutine on the server loop (for state changes from test code)."""
@@ -140,8 +136,8 @@ class FakeDaytona:
     async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
         multipart = request.content_type.startswith("multipart/")
         body = await request.read() if request.can_read_body and not multipart else b""
-        request["recorded"] = Recorded(request.method, request.path, dict(request.headers), body)
-        self.requests.append(request["recorded"])
+        request[RECORDED] = Recorded(request.method, request.path, dict(request.headers), body)
+        self.requests.append(request[RECORDED])
         for failure in self.failures:
             method, part, status, message, remaining = failure
             if remaining > 0 and method == request.method and part in request.path:
@@ -384,7 +380,7 @@ class FakeDaytona:
             payload = await part.read()  # type: ignore[union-attr]
             index = name[len("files["):name.index("]")]
             (paths if name.endswith(".path") else data)[index] = payload.decode() if name.endswith(".path") else payload
-            request["recorded"].body += bytes(payload)
+            request[RECORDED].body += bytes(payload)
         for index, dest in paths.items():
             target = sandbox.host_path(dest)
             target.parent.mkdir(parents=True, exist_ok=True)
