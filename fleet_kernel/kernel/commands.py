@@ -1,0 +1,340 @@
+"""``%fleet`` commands: a table of small async functions, each answering one line of the cell.
+
+    %fleet help                      this list
+    %fleet session [new [title] | use <id> | list]
+    %fleet model [name]              show or set the root model for the next turns
+    %fleet sandbox [name]            show or set the sandbox backend for the next turns
+    %fleet output [text|rich]        how turns are shown
+    %fleet status  (or usage)        session, model, sandbox, store, and what the turns used
+    %fleet attach <local file>       copy a file into the session workspace (/workspace/files/)
+    %fleet export <file.ipynb>       write the session as a notebook
+    %fleet serve [port]              start the HTTP API on this kernel's store
+
+A command raises ``FleetError`` with advice when it cannot do what was asked; the kernel renders it once.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleet_kernel.kernel.context import KernelContext
+
+PREFIX = "%fleet"
+SANDBOXES = ("local", "pyodide", "daytona", "unsafe-local")
+OUTPUTS = ("rich", "text")
+
+
+@dataclass
+class Reply:
+    """What a command shows: plain text for every frontend, Markdown where it renders."""
+
+    text: str
+    markdown: str | None = None
+
+
+Handler = Callable[[KernelContext, list[str]], Awaitable[Reply]]
+
+
+def _usage_error(message: str) -> Exception:
+    from fleet_kernel.errors import ValidationError
+
+    return ValidationError(message, code="usage")
+
+
+# ---------------------------------------------------------------------------------------------- commands
+
+
+async def cmd_help(ctx: KernelContext, args: list[str]) -> Reply:
+    doc = (__doc__ or "").split("\n\n")[1]
+    text = "Fleet: each cell is a turn of the session; lines starting with %fleet are commands.\n\n" + doc
+    lines = [line.strip() for line in doc.splitlines() if line.strip()]
+    rows = []
+    for line in lines:
+        usage, _, what = line.partition("  ")
+        rows.append(f"| `{usage.strip()}` | {what.strip()} |")
+    markdown = "**Fleet commands** (each cell is a turn; `%fleet` lines are commands)\n\n| command | |\n|---|---|\n"
+    return Reply(text, markdown + "\n".join(rows))
+
+
+async def cmd_session(ctx: KernelContext, args: list[str]) -> Reply:
+    action = args[0] if args else ""
+    if action == "new":
+        await ctx.open()
+        assert ctx.store is not None
+        ctx.session_id = (await ctx.store.create_session(" ".join(args[1:]))).session_id
+        return Reply(f"New session {ctx.session_id}; the next cell is its first turn.")
+    if action == "use":
+        if len(args) != 2:
+            raise _usage_error("usage: %fleet session use <session_id> (see %fleet session list)")
+        await ctx.use_session(args[1])
+        assert ctx.store is not None
+        session = await ctx.store.get_session(args[1])
+        return Reply(f"Using session {session.session_id} ({session.title or 'untitled'}, {session.turn_count} turns); "
+                     "its history feeds the next turn.")
+    if action == "list":
+        return await _list_sessions(ctx)
+    if action:
+        raise _usage_error(f"unknown session action {action!r}: use new, use or list")
+    if ctx.session_id is None:
+        return Reply("No session yet: the first turn creates one (or %fleet session use <id>).")
+    await ctx.open()
+    assert ctx.store is not None
+    session = await ctx.store.get_session(ctx.session_id)
+    return Reply(f"Session {session.session_id}: {session.title or 'untitled'} ({session.turn_count} turns)")
+
+
+async def _list_sessions(ctx: KernelContext) -> Reply:
+    await ctx.open()
+    assert ctx.store is not None
+    sessions = await ctx.store.list_sessions(limit=50)
+    if not sessions:
+        return Reply("No sessions in the store yet.")
+    lines, rows = [], []
+    for s in sessions:
+        mark = "*" if s.session_id == ctx.session_id else " "
+        when = s.updated_at.strftime("%Y-%m-%d %H:%M")
+        lines.append(f"{mark} {s.session_id}  {s.turn_count:>3} turns  {when}  {s.title}")
+        rows.append(f"| {'**' if mark == '*' else ''}`{s.session_id}` | {s.turn_count} | {when} | {_md(s.title)} |")
+    markdown = "| session | turns | updated | title |\n|---|---|---|---|\n" + "\n".join(rows)
+    return Reply("\n".join(lines), markdown)
+
+
+async def cmd_model(ctx: KernelContext, args: list[str]) -> Reply:
+    if args:
+        settings = ctx.update_settings(lm_model=args[0])
+        return Reply(f"The next turns use {settings.lm_model}.")
+    settings = ctx.settings
+    sub = settings.sub_lm_model or "the root model"
+    where = f" at {settings.lm_base_url}" if settings.lm_base_url else ""
+    model = settings.lm_model or "none (set FLEET_LM_MODEL, or %fleet model <name>)"
+    return Reply(f"Model: {model}{where}; sub-LM: {sub}")
+
+
+async def cmd_sandbox(ctx: KernelContext, args: list[str]) -> Reply:
+    if args:
+        if args[0] not in SANDBOXES:
+            raise _usage_error(f"unknown sandbox {args[0]!r}: use one of {', '.join(SANDBOXES)}")
+        ctx.update_settings(sandbox=args[0])
+        return Reply(f"The next turns run code in the {args[0]} sandbox.")
+    from fleet_kernel.sandbox import default_backend
+
+    chosen = ctx.settings.sandbox
+    return Reply(f"Sandbox: {chosen}" if chosen else f"Sandbox: {default_backend()} (the default here)")
+
+
+async def cmd_output(ctx: KernelContext, args: list[str]) -> Reply:
+    if args:
+        if args[0] not in OUTPUTS:
+            raise _usage_error("usage: %fleet output text|rich")
+        ctx.explicit_output = args[0]  # type: ignore[assignment]
+    mode = ctx.output_mode()
+    what = "plain text streams (for terminals)" if mode == "text" else "a live view, then the transcript"
+    return Reply(f"Output: {mode}: turns are shown as {what}.")
+
+
+async def cmd_status(ctx: KernelContext, args: list[str]) -> Reply:
+    await ctx.open()
+    assert ctx.store is not None
+    settings = ctx.settings
+    lines = [
+        f"session: {ctx.session_id or '(none yet)'}",
+        f"model: {settings.lm_model or '(not configured)'}",
+        f"sandbox: {settings.sandbox or 'default'}",
+        f"output: {ctx.output_mode()}",
+        f"store: {ctx.store.safe_url}",
+        f"home: {settings.home}",
+        f"engine loaded: {'yes' if ctx.warm.is_set() else 'loading'}",
+    ]
+    if ctx.session_id is not None:
+        turns = await ctx.store.list_turns(ctx.session_id)
+        totals = {"lm_calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}
+        for turn in turns:
+            for key in totals:
+                totals[key] += (turn.usage or {}).get(key) or 0
+        statuses = ", ".join(f"{s}: {sum(t.status == s for t in turns)}" for s in sorted({t.status for t in turns}))
+        lines += [
+            f"turns: {len(turns)} ({statuses or 'none'})",
+            f"usage: {totals['lm_calls']} LM calls, {totals['prompt_tokens'] + totals['completion_tokens']:,} tokens "
+            f"({totals['prompt_tokens']:,} in, {totals['completion_tokens']:,} out), ${totals['cost_usd']:.4f}",
+        ]
+    return Reply("\n".join(lines), "\n".join(f"- {_md(line)}" for line in lines))
+
+
+async def cmd_attach(ctx: KernelContext, args: list[str]) -> Reply:
+    from fleet_kernel.errors import NotFoundError, PayloadTooLargeError
+    from fleet_kernel.workspace import Workspace, guess_mime
+
+    if len(args) != 1:
+        raise _usage_error("usage: %fleet attach <local file>")
+    source = Path(args[0]).expanduser()
+    if not source.is_file():
+        raise NotFoundError(f"no file {source} (paths are relative to {Path.cwd()})")
+    limit_mb = ctx.settings.policy.storage.max_upload_mb
+    if source.stat().st_size > limit_mb * 1024 * 1024:
+        raise PayloadTooLargeError(f"{source.name} is larger than storage.max_upload_mb ({limit_mb:g} MB)")
+    session_id = await ctx.ensure_session()
+    assert ctx.store is not None
+    data = source.read_bytes()
+    workspace = Workspace.for_session(ctx.settings.workspaces_dir, session_id)
+    path = workspace.add_file(source.name, data)
+    await ctx.store.add_attachment(session_id=session_id, filename=source.name, path=path, mime=guess_mime(path), data=data)
+    return Reply(f"Attached {source.name} as /workspace/{path} ({len(data):,} bytes); the model sees it in /workspace/files.")
+
+
+async def cmd_export(ctx: KernelContext, args: list[str]) -> Reply:
+    import nbformat
+
+    from fleet_kernel.transcript import session_notebook
+
+    if len(args) != 1 or not args[0].endswith(".ipynb"):
+        raise _usage_error("usage: %fleet export <file.ipynb>")
+    if ctx.session_id is None:
+        raise _usage_error("nothing to export yet: run a turn first, or %fleet session use <id>")
+    await ctx.open()
+    assert ctx.store is not None
+    nb = await session_notebook(ctx.store, ctx.session_id)
+    target = Path(args[0]).expanduser()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(target))
+    return Reply(f"Wrote {len(nb.cells)} turns of session {ctx.session_id} to {target.resolve()}")
+
+
+class Sidecar:
+    """The API server this kernel started (one at most); stopped with the kernel."""
+
+    process: subprocess.Popen[bytes] | None = None
+    port: int = 0
+
+
+async def cmd_serve(ctx: KernelContext, args: list[str]) -> Reply:
+    import asyncio
+
+    settings = ctx.settings
+    port = int(args[0]) if args and args[0].isdigit() else settings.policy.kernel.api_port
+    url = f"http://127.0.0.1:{port}"
+    if Sidecar.process is not None and Sidecar.process.poll() is None:
+        return Reply(f"The API already runs at http://127.0.0.1:{Sidecar.port}/api (pid {Sidecar.process.pid}).")
+    settings.logs_dir.mkdir(parents=True, exist_ok=True)
+    log = open(settings.logs_dir / f"api-{port}.log", "ab")  # noqa: SIM115 - owned by the child
+    env = {**os.environ, "FLEET_HOME": str(settings.home), "FLEET_DATABASE_URL": settings.database_url}
+    Sidecar.process = subprocess.Popen(
+        [sys.executable, "-m", "fleet_kernel.cli", "serve", "--port", str(port)],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True,
+    )
+    Sidecar.port = port
+    log.close()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if Sidecar.process.poll() is not None:
+            raise _serve_error(f"the API exited at start (code {Sidecar.process.returncode}); see {log.name}")
+        if await asyncio.to_thread(_answers, f"{url}/api/health"):
+            return Reply(f"The API serves this store at {url}/api (pid {Sidecar.process.pid}); log: {log.name}")
+        await asyncio.sleep(0.2)
+    raise _serve_error(f"the API did not answer at {url} within 15 s; see {log.name}")
+
+
+def _serve_error(message: str) -> Exception:
+    from fleet_kernel.errors import FleetError
+
+    return FleetError(message, code="api_unavailable")
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:  # noqa: S310 - loopback only
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def stop_sidecar() -> None:
+    if Sidecar.process is not None and Sidecar.process.poll() is None:
+        Sidecar.process.terminate()
+        try:
+            Sidecar.process.wait(5)
+        except subprocess.TimeoutExpired:
+            Sidecar.process.kill()
+    Sidecar.process = None
+
+
+COMMANDS: dict[str, Handler] = {
+    "help": cmd_help,
+    "session": cmd_session,
+    "model": cmd_model,
+    "sandbox": cmd_sandbox,
+    "output": cmd_output,
+    "status": cmd_status,
+    "usage": cmd_status,
+    "attach": cmd_attach,
+    "export": cmd_export,
+    "serve": cmd_serve,
+}
+SUBCOMMANDS = {"session": ("new", "use", "list"), "output": OUTPUTS, "sandbox": SANDBOXES}
+
+
+# ---------------------------------------------------------------------------------------------- dispatch
+
+
+def is_command(code: str) -> bool:
+    return code.lstrip().startswith(PREFIX)
+
+
+async def run_line(ctx: KernelContext, line: str) -> Reply:
+    """Run one ``%fleet ...`` line. Raises ``FleetError`` (usage errors included)."""
+    try:
+        words = shlex.split(line.strip()[len(PREFIX):])
+    except ValueError as exc:
+        raise _usage_error(f"cannot read the command: {exc}") from exc
+    name, args = (words[0], words[1:]) if words else ("help", [])
+    handler = COMMANDS.get(name)
+    if handler is None:
+        raise _usage_error(f"unknown command %fleet {name}: see %fleet help")
+    return await handler(ctx, args)
+
+
+async def complete(ctx: KernelContext, code: str, cursor_pos: int) -> tuple[list[str], int, int]:
+    """Completions for ``%fleet`` lines: ``(matches, cursor_start, cursor_end)``."""
+    line_start = code.rfind("\n", 0, cursor_pos) + 1
+    line = code[line_start:cursor_pos]
+    word = "" if line.endswith(" ") else line.rsplit(" ", 1)[-1]
+    word_start = cursor_pos - len(word)
+    words = line.split()
+    if not line.startswith(PREFIX) or (len(words) == 1 and not line.endswith(" ")):
+        matches = [PREFIX] if PREFIX.startswith(line) and line else []
+        return matches, line_start, cursor_pos
+    done = words[1:] if line.endswith(" ") else words[1:-1]
+    options: list[str] = []
+    if not done:
+        options = list(COMMANDS)
+    elif done[0] in SUBCOMMANDS and len(done) == 1:
+        options = list(SUBCOMMANDS[done[0]])
+    elif done[:2] == ["session", "use"] and len(done) == 2:
+        await ctx.open()
+        assert ctx.store is not None
+        options = [s.session_id for s in await ctx.store.list_sessions(limit=100)]
+    elif done == ["attach"] or done == ["export"]:
+        options = _paths(word)
+    return [o for o in options if o.startswith(word)], word_start, cursor_pos
+
+
+def _paths(prefix: str) -> list[str]:
+    folder, _, _ = prefix.rpartition("/")
+    base = Path(folder or ".").expanduser()
+    try:
+        entries = sorted(base.iterdir())[:200]
+    except OSError:
+        return []
+    head = f"{folder}/" if folder else ""
+    return [f"{head}{e.name}{'/' if e.is_dir() else ''}" for e in entries if not e.name.startswith(".")]
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("<", "&lt;")

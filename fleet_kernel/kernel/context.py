@@ -1,0 +1,175 @@
+"""What a kernel process holds: settings, the store, the turn runner and its current session.
+
+Everything heavy (pydantic, SQLAlchemy, dspy) is imported on first use or by ``warm_up`` in a
+background thread after the kernel said it is ready, so start-up stays close to a stock ipykernel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from fleet_kernel.config import Settings
+    from fleet_kernel.engine.runner import TurnRunner
+    from fleet_kernel.store import Store
+
+log = logging.getLogger(__name__)
+
+OutputMode = Literal["rich", "text"]
+WARM_MODULES = (
+    "fleet_kernel.config",
+    "fleet_kernel.engine.runner",
+    "fleet_kernel.transcript",
+    "fleet_kernel.kernel.widgets",
+    "pygments.lexers.python",
+    "markdown_it",
+    "nbformat",
+    "fleet_kernel.sandbox",
+    "fleet_kernel.engine.turn",  # dspy and LiteLLM: the slow one, last
+)
+
+
+class KernelContext:
+    """Settings, store, runner and session of one kernel process; opened lazily, closed once."""
+
+    def __init__(self) -> None:
+        self._settings: Settings | None = None
+        self.store: Store | None = None
+        self.runner: TurnRunner | None = None
+        self.session_id: str | None = None
+        self.explicit_output: OutputMode | None = _env_output()
+        self._open_lock = asyncio.Lock()
+        self.warm = threading.Event()
+        self._warm_started = False
+
+    # ------------------------------------------------------------------ start-up
+
+    def warm_up(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Import the heavy modules in a thread, then open the store on ``loop``. Idempotent."""
+        if self._warm_started:
+            return
+        self._warm_started = True
+
+        def work() -> None:
+            import importlib
+
+            for name in WARM_MODULES:
+                try:
+                    importlib.import_module(name)
+                except Exception:  # noqa: BLE001 - the turn that needs it will report the failure
+                    log.warning("warming %s failed", name, exc_info=True)
+                if name == "nbformat":  # the store is what the first turn needs: open it while dspy loads
+                    asyncio.run_coroutine_threadsafe(self._open_quietly(), loop)
+            self.warm.set()
+
+        threading.Thread(target=work, name="fleet-warm-up", daemon=True).start()
+
+    async def _open_quietly(self) -> None:
+        try:
+            await self.open()
+        except Exception:  # noqa: BLE001 - reported to the user by the first cell that needs it
+            log.warning("opening the store in the background failed", exc_info=True)
+
+    @property
+    def settings(self) -> Settings:
+        """The settings (environment and fleet.toml), loaded once. Raises ``ConfigError``."""
+        if self._settings is None:
+            from fleet_kernel.config import load_settings
+
+            self._settings = load_settings()
+        return self._settings
+
+    def update_settings(self, **changes: object) -> Settings:
+        """Change settings for this kernel's next turns (``%fleet model``, ``%fleet sandbox``)."""
+        self._settings = self.settings.model_copy(update=changes)
+        if self.runner is not None:
+            self.runner.settings = self._settings
+        return self._settings
+
+    async def open(self) -> TurnRunner:
+        """Open the store and the runner (once). Raises ``ConfigError`` or ``StoreUnavailableError``."""
+        async with self._open_lock:
+            if self.runner is None:
+                from fleet_kernel.engine.runner import TurnRunner
+                from fleet_kernel.store import Store
+
+                settings = self.settings
+                self.store = await Store.open(settings.database_url)
+                self.runner = await TurnRunner(self.store, settings).open()
+            return self.runner
+
+    async def close(self) -> None:
+        if self.runner is not None:
+            await self.runner.close()
+        if self.store is not None:
+            await self.store.close()
+        self.runner = self.store = None
+
+    # ------------------------------------------------------------------ session
+
+    async def ensure_session(self) -> str:
+        """The kernel's session, created on its first turn (titled from that turn's task by the store)."""
+        await self.open()
+        assert self.store is not None
+        if self.session_id is None:
+            self.session_id = (await self.store.create_session("")).session_id
+        return self.session_id
+
+    async def use_session(self, session_id: str) -> None:
+        """Continue an existing session: its history feeds the next turn. Raises ``NotFoundError``."""
+        await self.open()
+        assert self.store is not None
+        self.session_id = (await self.store.get_session(session_id)).session_id
+
+    # ------------------------------------------------------------------ output
+
+    def output_mode(self) -> OutputMode:
+        """``text`` or ``rich``: set by ``%fleet output``, ``FLEET_OUTPUT``, else ``fleet.toml``."""
+        if self.explicit_output is not None:
+            return self.explicit_output
+        try:
+            return self.settings.policy.kernel.output
+        except Exception:  # noqa: BLE001 - a config error is reported by the turn, not here
+            return "rich"
+
+    def workspace_root(self) -> Path:
+        assert self.session_id is not None
+        return self.settings.workspaces_dir / self.session_id
+
+
+def _env_output() -> OutputMode | None:
+    value = os.environ.get("FLEET_OUTPUT", "").strip().lower()
+    return value if value in ("rich", "text") else None  # type: ignore[return-value]
+
+
+def route_output_to_log(home: Path | None = None) -> Path:
+    """Send this process's logging, prints and fd 1/2 to ``$FLEET_HOME/logs/kernel.log``, never to a cell.
+
+    Library warnings (LiteLLM, dspy) and stray prints would otherwise reach the frontend with an empty
+    parent header (dropped by JupyterLab, shown in a console) or land in the next cell.
+    """
+    home = home or Path(os.environ.get("FLEET_HOME") or "~/.fleet").expanduser()
+    logs = home / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    path = logs / "kernel.log"
+    stream = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives as long as the process
+    for fd in (1, 2):
+        os.dup2(stream.fileno(), fd)
+    sys.stdout = sys.stderr = stream
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    for noisy in ("LiteLLM", "litellm", "httpx", "dspy"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.captureWarnings(True)
+    return path

@@ -1,0 +1,266 @@
+"""``FleetKernel``: a Jupyter kernel whose cells are turns of a dspy.RLM session.
+
+A cell is a task for the model (a turn run by ``TurnRunner`` on this kernel's event loop), a block of
+``%fleet`` commands, or ``exit``/``quit`` in a console. Rendering lives in ``display.py``, commands in
+``commands.py``, and the process's settings, store and session in ``context.py``. The fixes for
+ipykernel 7 that a wrapper kernel needs (interrupts, comms, advertised features) are applied here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+from typing import Any
+
+from ipykernel.kernelbase import Kernel
+
+from fleet_kernel import __version__
+from fleet_kernel.kernel import commands
+from fleet_kernel.kernel.context import KernelContext, route_output_to_log
+
+log = logging.getLogger(__name__)
+
+EXIT_WORDS = frozenset({"exit", "quit", "exit()", "quit()"})
+WIDGET_CONTROL_TARGET = "jupyter.widget.control"
+
+
+class FleetKernel(Kernel):
+    implementation = "fleet"
+    implementation_version = __version__
+    banner = (
+        f"Fleet RLM {__version__}: each cell is a turn; the model reasons, writes Python and runs it in a sandbox.\n"
+        "Type a task, or %fleet help for commands."
+    )
+    language_info = {
+        "name": "markdown",
+        "mimetype": "text/markdown",
+        "file_extension": ".md",
+        "pygments_lexer": "markdown",
+        "codemirror_mode": "markdown",
+    }
+    help_links = [{"text": "Fleet commands: %fleet help", "url": "https://dspy.ai/api/modules/RLM/"}]
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.log_path = route_output_to_log()
+        self.ctx = KernelContext()
+        self._active: Any = None  # the running TurnHandle
+        self._interrupted = threading.Event()
+        self._widgets_seen = False
+        self._console_seen = False
+        self._executed = False
+        self._wire_comms()
+
+    # ------------------------------------------------------------------ ipykernel 7 fixes
+
+    def _wire_comms(self) -> None:
+        """Route frontend comm messages (widget state, the Stop button) to the comm manager."""
+        import comm
+
+        self.comm_manager = comm.get_comm_manager()
+        for msg_type in ("comm_msg", "comm_close"):
+            self.shell_handlers[msg_type] = getattr(self.comm_manager, msg_type)
+        self.shell_handlers["comm_open"] = self._comm_open
+
+    def _comm_open(self, stream: Any, ident: Any, msg: dict[str, Any]) -> None:
+        if msg["content"].get("target_name") == WIDGET_CONTROL_TARGET:
+            self._widgets_seen = True  # a widget manager (JupyterLab) is attached
+        self.comm_manager.comm_open(stream, ident, msg)
+
+    def _register_widget_target(self) -> None:
+        try:
+            import ipywidgets
+
+            ipywidgets.register_comm_target()
+        except Exception:  # noqa: BLE001 - without widgets the plain live view is used
+            log.warning("ipywidgets is unavailable", exc_info=True)
+
+    @property
+    def kernel_info(self) -> dict[str, Any]:
+        info = dict(super().kernel_info)
+        # No debugger, and no subshells: one turn at a time, comms on the main shell.
+        info["supported_features"] = []
+        return info
+
+    async def kernel_info_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        await super().kernel_info_request(stream, ident, parent)
+        if not self.ctx._warm_started:
+            loop = asyncio.get_running_loop()
+            self.ctx.warm_up(loop)
+            loop.call_later(0.05, self._register_widget_target)
+
+    def start(self) -> None:
+        super().start()
+        # Clients normally ask kernel_info first; warm up anyway if none does.
+        asyncio.get_event_loop().call_later(1.0, lambda: self.ctx.warm_up(asyncio.get_event_loop()))
+
+    def pre_handler_hook(self) -> None:
+        """A SIGINT while a handler runs cancels the turn instead of killing the kernel."""
+        self.saved_sigint_handler = signal.signal(signal.SIGINT, lambda _sig, _frame: self._cancel("interrupted"))
+
+    def post_handler_hook(self) -> None:
+        signal.signal(signal.SIGINT, self.saved_sigint_handler)
+
+    async def interrupt_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        """Message-mode interrupt (control thread): cancel the turn, signal nobody."""
+        self._cancel("interrupted")
+        self.session.send(stream, "interrupt_reply", {"status": "ok"}, parent, ident=ident)
+
+    def _cancel(self, reason: str) -> None:
+        """Thread-safe: cancel the running turn, or the one about to start."""
+        self._interrupted.set()
+        handle = self._active
+        if handle is not None:
+            handle.cancel(reason)
+
+    # ------------------------------------------------------------------ execute
+
+    async def do_execute(  # type: ignore[override]
+        self,
+        code: str,
+        silent: bool,
+        store_history: bool = True,
+        user_expressions: dict[str, Any] | None = None,
+        allow_stdin: bool = False,
+        *,
+        cell_meta: dict[str, Any] | None = None,
+        cell_id: str | None = None,
+    ) -> dict[str, Any]:
+        self._executed = True
+        text = code.strip()
+        if not text:
+            return self._ok()
+        if text in EXIT_WORDS:
+            return self._ok([{"source": "ask_exit", "keepkernel": False}])
+        parent = self.get_parent("shell")
+        try:
+            if commands.is_command(text):
+                return await self._commands(text, parent, silent)
+            if silent:
+                return self._ok()  # extensions probing the kernel never start a paid turn
+            return await self._turn(code, parent)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes one readable error output
+            return self._fail(parent, *_describe(exc))
+
+    async def _commands(self, text: str, parent: dict[str, Any], silent: bool) -> dict[str, Any]:
+        from fleet_kernel.kernel.display import Publisher
+
+        lines = [line for line in text.splitlines() if line.strip()]
+        if not all(commands.is_command(line) for line in lines):
+            return self._fail(parent, "UsageError", "a cell holds either %fleet commands or a task, not both")
+        pub = Publisher(self, parent)
+        for line in lines:
+            reply = await commands.run_line(self.ctx, line)
+            if silent:
+                continue
+            if self.ctx.output_mode() == "text":
+                pub.stream("stdout", reply.text.rstrip("\n") + "\n")
+            else:
+                data = {"text/plain": reply.text}
+                if reply.markdown:
+                    data["text/markdown"] = reply.markdown
+                pub.display(data)
+        return self._ok()
+
+    def _live_mode(self) -> str:
+        mode = self.ctx.output_mode()
+        if mode == "text" or (self.ctx.explicit_output is None and self._console_seen and not self._widgets_seen):
+            return "text"
+        return "widgets" if self._widgets_seen else "plain"
+
+    async def _turn(self, task: str, parent: dict[str, Any]) -> dict[str, Any]:
+        from fleet_kernel.kernel.display import PlainLive, Publisher, TextLive, WidgetLive, finish_turn
+        from fleet_kernel.transcript import TurnView
+
+        self._interrupted.clear()
+        session_id = await self.ctx.ensure_session()
+        assert self.ctx.runner is not None
+        handle = await self.ctx.runner.start(session_id, task)
+        self._active = handle
+        if self._interrupted.is_set():
+            handle.cancel("interrupted")
+        pub, view, mode = Publisher(self, parent), TurnView(), self._live_mode()
+        if mode == "widgets":
+            live: Any = WidgetLive(pub, view, lambda: handle.cancel("stopped from the notebook"))
+        else:
+            live = (TextLive if mode == "text" else PlainLive)(pub, view)
+        try:
+            async for event in handle.events():
+                live.on_event(event)
+            await live.finish()
+        finally:
+            self._active = None
+            live.close()
+        assert self.ctx.store is not None
+        error = await finish_turn(pub, self.ctx.store, view, self.execution_count, text_mode=mode == "text")
+        if error is None:
+            return self._ok()
+        return {"status": "error", "execution_count": self.execution_count, **error}
+
+    # ------------------------------------------------------------------ replies
+
+    def _ok(self, payload: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        return {"status": "ok", "execution_count": self.execution_count, "payload": payload or [], "user_expressions": {}}
+
+    def _fail(self, parent: dict[str, Any], ename: str, evalue: str) -> dict[str, Any]:
+        content = {"ename": ename, "evalue": evalue, "traceback": [f"\x1b[0;31m{ename}\x1b[0m: {evalue}"]}
+        self.session.send(self.iopub_socket, "error", content, parent=parent, ident=self._topic("error"))
+        return {"status": "error", "execution_count": self.execution_count, **content}
+
+    # ------------------------------------------------------------------ the other requests
+
+    async def do_complete(self, code: str, cursor_pos: int) -> dict[str, Any]:  # type: ignore[override]
+        try:
+            matches, start, end = await commands.complete(self.ctx, code, cursor_pos)
+        except Exception:  # noqa: BLE001 - completion must never break typing
+            log.warning("completion failed", exc_info=True)
+            matches, start, end = [], cursor_pos, cursor_pos
+        return {"status": "ok", "matches": matches, "cursor_start": start, "cursor_end": end, "metadata": {}}
+
+    async def do_is_complete(self, code: str) -> dict[str, Any]:  # type: ignore[override]
+        if code.rstrip(" ").endswith("\\") or code.count("```") % 2 == 1:
+            return {"status": "incomplete", "indent": ""}
+        return {"status": "complete"}
+
+    async def do_inspect(self, code: str, cursor_pos: int, detail_level: int = 0, omit_sections: Any = ()) -> dict[str, Any]:  # type: ignore[override]
+        if commands.is_command(code):
+            reply = await commands.cmd_help(self.ctx, [])
+            return {"status": "ok", "found": True, "data": {"text/plain": reply.text}, "metadata": {}}
+        return {"status": "ok", "found": False, "data": {}, "metadata": {}}
+
+    async def do_history(self, hist_access_type: str, output: bool, raw: bool, session: Any = None, start: Any = None,  # type: ignore[override]
+                         stop: Any = None, n: int | None = None, pattern: str | None = None, unique: bool = False) -> dict[str, Any]:
+        from fleet_kernel.kernel.history import history
+
+        if not self._executed and hist_access_type == "tail":
+            self._console_seen = True  # terminals ask for their up-arrow history at start; notebooks do not
+        try:
+            await self.ctx.open()
+            assert self.ctx.store is not None
+            entries = await history(self.ctx.store, self.ctx.session_id, hist_access_type, n=n, pattern=pattern,
+                                    unique=unique, session=session, start=start, stop=stop, output=output)
+        except Exception:  # noqa: BLE001 - no history is better than a broken prompt
+            log.warning("history failed", exc_info=True)
+            entries = []
+        return {"status": "ok", "history": entries}
+
+    async def do_shutdown(self, restart: bool) -> dict[str, Any]:  # type: ignore[override]
+        self._cancel("the kernel is shutting down")
+        commands.stop_sidecar()
+        try:
+            await self.ctx.close()
+        except Exception:  # noqa: BLE001 - shut down regardless
+            log.warning("closing the store failed", exc_info=True)
+        return {"status": "ok", "restart": restart}
+
+
+def _describe(exc: Exception) -> tuple[str, str]:
+    """``(ename, evalue)`` for an error raised outside the turn: Fleet errors by name, others logged."""
+    from fleet_kernel.errors import FleetError
+
+    if isinstance(exc, FleetError):
+        return type(exc).__name__, exc.message
+    log.error("unexpected kernel error", exc_info=exc)
+    return "InternalError", f"{type(exc).__name__}: {exc} (details in the kernel log under $FLEET_HOME/logs)"

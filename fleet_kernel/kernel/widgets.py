@@ -1,0 +1,136 @@
+"""The live ipywidgets card of one turn: a status line, a Stop button, one collapsible section per iteration.
+
+It only mirrors a ``TurnView``: ``sync`` copies what changed since the last call into the widgets
+(one ``hold_sync`` per widget, so one comm message each), and finished iterations are collapsed and
+never touched again. The card is a live view only; the cell's record is the transcript that replaces it.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Callable
+
+import ipywidgets as w
+
+from fleet_kernel.transcript import IterationView, TurnView, clip, highlight_python
+
+LIVE_OUTPUT_CHARS = 32_000
+WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+class _Section:
+    """One iteration: a collapsible accordion holding its reasoning and code, and its output."""
+
+    def __init__(self, it: IterationView) -> None:
+        self.head = w.HTML()
+        self.output = w.HTML()
+        self.box = w.Accordion(children=[w.VBox([self.head, self.output])], titles=(it.label,), selected_index=0)
+        self.shown: tuple[str, str, int, float | None] = ("", "", -1, None)
+        self.frozen = False
+
+    def sync(self, it: IterationView) -> None:
+        state = (it.reasoning, it.code, len(it.output) + it.output_dropped, it.duration_ms)
+        if state == self.shown:
+            return
+        if state[:2] != self.shown[:2]:
+            parts = []
+            if it.reasoning:
+                parts.append(f'<div style="white-space:pre-wrap;font-style:italic">{html.escape(it.reasoning)}</div>')
+            if it.code:
+                parts.append(highlight_python(it.code))
+            self.head.value = "\n".join(parts) or "<em>thinking…</em>"
+        if state[2] != self.shown[2] or it.error:
+            self.output.value = _output_html(it)
+        if state[3] != self.shown[3]:
+            note = f" · ran {it.duration_ms / 1000:.2f} s" if it.duration_ms is not None else ""
+            note += f" · {it.error.get('type', 'error')}" if it.error else ""
+            self.box.titles = (it.label + note,)
+        self.shown = state
+
+    def freeze(self, it: IterationView) -> None:
+        self.sync(it)
+        self.box.selected_index = None
+        self.frozen = True
+
+
+def _output_html(it: IterationView) -> str:
+    parts = []
+    if it.output:
+        text = it.output
+        if len(text) > LIVE_OUTPUT_CHARS:
+            text = f"... ({len(text) - LIVE_OUTPUT_CHARS:,} earlier characters not shown live)\n" + text[-LIVE_OUTPUT_CHARS:]
+        parts.append(f'<pre style="border-left:3px solid #999;padding-left:6px;margin:0">{html.escape(clip(text, LIVE_OUTPUT_CHARS + 200, it.output_dropped))}</pre>')
+    if it.error:
+        message = f"{it.error.get('type', 'Error')}: {it.error.get('message', '')}"
+        parts.append(f'<pre style="color:#b00">{html.escape(message)}</pre>')
+    return "\n".join(parts)
+
+
+def status_line(view: TurnView, started: float) -> str:
+    """``iteration i/max · LM calls · tokens · cost · elapsed``, plus the outcome once known."""
+    current = view.current
+    iteration = f"iteration {current.iteration}/{current.max_iters}" if current else "starting"
+    elapsed = view.duration_ms / 1000 if view.duration_ms is not None else time.monotonic() - started
+    parts = [iteration, f"{view.lm_calls} LM calls", f"{view.tokens:,} tokens", f"${view.cost_usd:.4f}", f"{elapsed:.1f} s"]
+    state = "running" if not view.done else view.status
+    return f"{state} · " + " · ".join(parts)
+
+
+class TurnCard:
+    """The widget tree of one running turn."""
+
+    def __init__(self, view: TurnView, on_stop: Callable[[], None]) -> None:
+        self.view = view
+        self.started = time.monotonic()
+        self.status = w.HTML(value=self._status_html())
+        self.stop = w.Button(description="Stop", icon="stop", button_style="danger", tooltip="Cancel this turn")
+        self.stop.layout.width = "90px"
+        self.stop.on_click(lambda _button: self._stop(on_stop))
+        self.sections: list[tuple[IterationView, _Section]] = []
+        self.body = w.VBox([])
+        self.root = w.VBox([w.HBox([self.status, self.stop]), self.body])
+
+    def _stop(self, on_stop: Callable[[], None]) -> None:
+        self.stop.disabled = True
+        self.stop.description = "Stopping"
+        on_stop()
+
+    def _status_html(self) -> str:
+        return f"<b>Fleet</b> · {html.escape(status_line(self.view, self.started))}"
+
+    def bundle(self) -> dict[str, object]:
+        """The display_data bundle: the widget view and a readable fallback for frontends without widgets."""
+        text = f"Fleet turn {self.view.turn_id}: {status_line(self.view, self.started)} (live view needs ipywidgets)"
+        return {
+            WIDGET_VIEW_MIME: {"version_major": 2, "version_minor": 0, "model_id": self.root.model_id},
+            "text/plain": text,
+            "text/html": f"<p>{html.escape(text)}</p>",
+        }
+
+    def sync(self) -> None:
+        """Copy what changed in the view into the widgets; collapse and freeze finished iterations."""
+        known = {id(it) for it, _ in self.sections}
+        added = [it for it in self.view.iterations if id(it) not in known]
+        for it, section in self.sections:
+            if not section.frozen:
+                section.freeze(it) if it.finished else section.sync(it)
+        for it in added:
+            section = _Section(it)
+            section.sync(it)
+            if it.finished:
+                section.freeze(it)
+            self.sections.append((it, section))
+        if added:
+            self.body.children = tuple(section.box for _, section in self.sections)
+        self.status.value = self._status_html()
+        if self.view.done:
+            self.stop.layout.display = "none"
+
+    def close(self) -> None:
+        """Close every widget (the card is replaced by the transcript)."""
+        for widget in (self.root, *self.root.children, self.status, self.stop):
+            widget.close()
+        for _, section in self.sections:
+            for widget in (section.box, section.head, section.output, *section.box.children):
+                widget.close()

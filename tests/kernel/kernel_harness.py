@@ -1,0 +1,101 @@
+"""A real ``fleet-test`` kernel over ZMQ, and what one request produced as a frontend saw it."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from queue import Empty
+from typing import Any
+
+from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_client.manager import KernelManager, start_new_kernel
+
+KERNEL = "fleet-test"
+
+
+@dataclass
+class Run:
+    """What one execute_request produced, as a frontend saw it."""
+
+    reply: dict[str, Any]
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+
+    @property
+    def types(self) -> list[str]:
+        return [m["msg_type"] for m in self.messages]
+
+    def of(self, msg_type: str) -> list[dict[str, Any]]:
+        return [m["content"] for m in self.messages if m["msg_type"] == msg_type]
+
+    @property
+    def result(self) -> dict[str, Any]:
+        (result,) = self.of("execute_result")
+        return result
+
+    def text(self) -> str:
+        """Everything a person could read in the outputs, as one string."""
+        parts = [c["text"] for c in self.of("stream")]
+        for kind in ("display_data", "update_display_data", "execute_result"):
+            parts += [c["data"].get("text/plain", "") for c in self.of(kind)]
+        parts += [" ".join(c["traceback"]) for c in self.of("error")]
+        return "\n".join(parts)
+
+
+class Kernel:
+    """A real ``fleet-test`` kernel process and a blocking client."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.km: KernelManager
+        self.kc: BlockingKernelClient
+        self.km, self.kc = start_new_kernel(kernel_name=KERNEL, env={**os.environ, **env}, startup_timeout=60)
+
+    def submit(self, code: str, **kwargs: Any) -> str:
+        return self.kc.execute(code, **kwargs)
+
+    def collect(self, msg_id: str, timeout: float = 60, until_idle: bool = True) -> Run:
+        """IOPub messages of one request until ``idle``, then its reply."""
+        run = Run(reply={})
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=max(deadline - time.monotonic(), 0.01))
+            except Empty:
+                raise AssertionError(f"no idle within {timeout} s; got {run.types}") from None
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "status":
+                if msg["content"]["execution_state"] == "idle" and until_idle:
+                    break
+                continue
+            run.messages.append(msg)
+            run.times.append(time.monotonic())
+        while True:
+            reply = self.kc.get_shell_msg(timeout=max(deadline - time.monotonic(), 1))
+            if reply["parent_header"].get("msg_id") == msg_id:
+                run.reply = reply
+                return run
+
+    def run(self, code: str, timeout: float = 60, **kwargs: Any) -> Run:
+        return self.collect(self.submit(code, **kwargs), timeout)
+
+    def wait_for_output(self, msg_id: str, needle: str, timeout: float = 30) -> list[dict[str, Any]]:
+        """IOPub messages of ``msg_id`` up to the first stream containing ``needle``."""
+        seen = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=0.5)
+            except Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            seen.append(msg)
+            if msg["msg_type"] == "stream" and needle in msg["content"]["text"]:
+                return seen
+        raise AssertionError(f"{needle!r} never appeared; got {[m['msg_type'] for m in seen]}")
+
+    def close(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)

@@ -1,0 +1,153 @@
+"""Tests for FleetKernel over ZMQ: what a Jupyter frontend sees for turns, commands and interrupts."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from kernel_harness import Kernel
+from scripted_lm import step
+
+from fleet_kernel.store import Store
+
+TICKS = "import time\nfor i in range(4):\n    print('tick', i, flush=True)\n    time.sleep(0.3)"
+
+
+def store_turns(fleet_home: Path) -> list:
+    async def read() -> list:
+        store = await Store.open(f"sqlite+aiosqlite:///{fleet_home / 'fleet.db'}")
+        try:
+            sessions = await store.list_sessions()
+            return [t for s in sessions for t in await store.list_turns(s.session_id)]
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+def test_kernel_info_is_markdown_without_debugger_or_subshells(kernel: Kernel) -> None:
+    info = kernel.kc.kernel_info(reply=True)["content"]
+    assert info["implementation"] == "fleet"
+    assert info["language_info"]["name"] == "markdown"
+    assert info["supported_features"] == []
+
+
+def test_a_turn_streams_then_ends_with_one_transcript(kernel: Kernel, scripted_lm, fleet_home: Path) -> None:
+    scripted_lm.add("count", [step("count slowly", TICKS), step("done", "SUBMIT(answer='counted **4**')")])
+    run = kernel.run("count to four")
+    assert run.reply["content"]["status"] == "ok"
+    types = run.types
+    assert types[0] == "execute_input" and types[-1] == "execute_result"
+    assert types.count("execute_result") == 1 and "clear_output" in types
+    ticks = [i for i, m in enumerate(run.messages) if m["msg_type"] == "stream" and "tick 0" in m["content"]["text"]]
+    # the code's output arrived while it ran, well before the turn ended
+    assert ticks and run.times[-1] - run.times[ticks[0]] > 0.6
+    result = run.result
+    assert set(result["data"]) >= {"text/markdown", "text/html", "text/plain"}
+    assert "counted **4**" in result["data"]["text/markdown"] and "<strong>4</strong>" in result["data"]["text/html"]
+    assert "tick 3" in result["data"]["text/plain"]
+    fleet = result["metadata"]["fleet"]
+    (turn,) = store_turns(fleet_home)
+    assert fleet == {"session_id": turn.session_id, "turn_id": turn.turn_id, "status": "completed", "model": "openai/scripted"}
+    assert turn.status == "completed" and turn.task == "count to four"
+
+
+def test_interrupt_cancels_the_turn_and_the_kernel_lives_on(kernel: Kernel, scripted_lm, fleet_home: Path) -> None:
+    scripted_lm.add("sleepy", [step("wait", "import time\nprint('sleeping', flush=True)\ntime.sleep(60)")])
+    msg_id = kernel.submit("a sleepy task")
+    kernel.wait_for_output(msg_id, "sleeping")
+    started = time.monotonic()
+    kernel.km.interrupt_kernel()
+    run = kernel.collect(msg_id, timeout=15)
+    assert time.monotonic() - started < 5
+    content = run.reply["content"]
+    assert content["status"] == "error" and content["ename"] == "TurnCancelled"
+    (error,) = run.of("error")
+    assert "Traceback" not in " ".join(error["traceback"])
+    assert run.result["metadata"]["fleet"]["status"] == "cancelled"
+    assert kernel.km.is_alive()
+    assert [t.status for t in store_turns(fleet_home)] == ["cancelled"]
+    scripted_lm.add("again", [step("done", "SUBMIT(answer='back again')")])
+    again = kernel.run("again please")
+    assert again.reply["content"]["status"] == "ok" and "back again" in again.result["data"]["text/plain"]
+
+
+def test_exit_and_quit_ask_the_console_to_leave(kernel: Kernel, scripted_lm) -> None:
+    for word in ("exit", "quit"):
+        run = kernel.run(word)
+        assert run.reply["content"]["payload"] == [{"source": "ask_exit", "keepkernel": False}]
+    assert scripted_lm.requests == []
+
+
+def test_silent_requests_never_call_the_lm(kernel: Kernel, scripted_lm, fleet_home: Path) -> None:
+    run = kernel.run("summarise the universe", silent=True)
+    assert run.reply["content"]["status"] == "ok" and run.messages == []
+    assert scripted_lm.requests == [] and store_turns(fleet_home) == []
+
+
+def test_no_model_configured_is_a_readable_error(start_kernel, fleet_home: Path) -> None:
+    kernel = start_kernel(FLEET_LM_MODEL="")
+    run = kernel.run("hello?")
+    content = run.reply["content"]
+    assert content["status"] == "error" and content["ename"] == "TurnFailed"
+    assert "FLEET_LM_MODEL" in content["evalue"]
+    assert "Traceback" not in run.text() and "FLEET_LM_MODEL" in run.text()
+
+
+def test_completion_of_commands_and_session_ids(kernel: Kernel, scripted_lm) -> None:
+    reply = kernel.kc.complete("%fleet se", 9, reply=True)["content"]
+    assert reply["matches"] == ["session", "serve"] and reply["cursor_start"] == 7
+    kernel.run("%fleet session new notes")
+    session_id = kernel.run("%fleet session").text().split()[1].rstrip(":")
+    code = "%fleet session use ses_"
+    reply = kernel.kc.complete(code, len(code), reply=True)["content"]
+    assert session_id in reply["matches"]
+
+
+def test_is_complete_waits_for_open_fences_and_backslashes(kernel: Kernel) -> None:
+    def status(code: str) -> str:
+        msg_id = kernel.kc.is_complete(code)
+        while (reply := kernel.kc.get_shell_msg(timeout=10))["parent_header"].get("msg_id") != msg_id:
+            pass
+        return reply["content"]["status"]
+
+    assert status("what is 2+2?") == "complete"
+    assert status("look at this:\n```python\nx = 1") == "incomplete"
+    assert status("a long line \\") == "incomplete"
+
+
+def test_history_comes_from_the_store(kernel: Kernel, scripted_lm) -> None:
+    scripted_lm.add("remember", [step("done", "SUBMIT(answer='ok')")])
+    kernel.run("remember the milk")
+    msg_id = kernel.kc.history(hist_access_type="tail", n=10, output=False, raw=True)
+    reply = kernel.kc.get_shell_msg(timeout=10)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert [h[2] for h in reply["content"]["history"]] == ["remember the milk"]
+
+
+def test_text_mode_streams_everything_as_text(start_kernel, scripted_lm) -> None:
+    kernel = start_kernel(FLEET_OUTPUT="text")
+    scripted_lm.add("count", [step("count slowly", TICKS), step("done", "SUBMIT(answer='four')")])
+    run = kernel.run("count to four")
+    assert set(run.types) == {"execute_input", "stream", "execute_result"}
+    text = "".join(c["text"] for c in run.of("stream"))
+    assert "iteration 1/" in text and "count slowly" in text and "tick 3" in text
+    assert run.result["data"]["text/plain"].rstrip().endswith("four")
+
+
+def test_a_command_error_is_one_readable_error(kernel: Kernel) -> None:
+    run = kernel.run("%fleet frobnicate")
+    assert run.types == ["execute_input", "error"]
+    assert run.reply["content"]["evalue"] == "unknown command %fleet frobnicate: see %fleet help"
+
+
+def test_updates_are_throttled_and_the_last_state_arrives(kernel: Kernel, scripted_lm) -> None:
+    chatty = "import time\nfor i in range(200):\n    print('line', i, flush=True)\n    time.sleep(0.01)"
+    scripted_lm.add("chatty", [step("print a lot", chatty), step("done", "SUBMIT(answer='done')")])
+    run = kernel.run("a chatty task")
+    live = [t for t, m in zip(run.times, run.messages, strict=True) if m["msg_type"] != "execute_input"]
+    per_second = max(sum(1 for t in live if start <= t < start + 1) for start in live)
+    assert per_second <= 14, per_second
+    text = "".join(c["text"] for c in run.of("stream"))
+    assert "line 0\n" in text and "line 199\n" in text
