@@ -37,12 +37,9 @@ async def check_sandbox(settings: Settings, echo: Echo) -> bool:
     import tempfile
     from pathlib import Path
 
-    from fleet_kernel.sandbox import open_sandbox, resolve_backend
+    from fleet_kernel.sandbox import default_backend, open_sandbox
 
-    try:
-        name = resolve_backend(settings)
-    except FleetError as exc:
-        return _line(echo, False, "sandbox", exc.message)
+    name = settings.sandbox or default_backend()
 
     def probe() -> str:
         with tempfile.TemporaryDirectory() as tmp:

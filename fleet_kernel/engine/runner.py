@@ -199,9 +199,9 @@ class TurnRunner:
         return turn_id in self._running
 
     def sandbox_name(self) -> str:
-        from fleet_kernel.sandbox import resolve_backend
+        from fleet_kernel.sandbox import default_backend
 
-        return resolve_backend(self.settings)
+        return self.settings.sandbox or default_backend()
 
     # ------------------------------------------------------------------ the turn
 
