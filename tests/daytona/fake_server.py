@@ -3,11 +3,12 @@
     with FakeDaytona() as fake:
         client = Daytona(DaytonaConfig(api_key=fake.api_key, api_url=fake.api_url))
 
-Serves what SDK 0.226.1 calls (``test_sdk_paths_match_fake_routes`` checks it): sandboxes (create, get, list by labels, start,
-stop, delete, auto-stop, labels), volumes, ``/config``, and under ``<toolbox>/<sandbox id>``:
-interpreter contexts and the execute WebSocket (streamed frames, FIFO per context, timeout ->
-SIGINT -> 2 s grace -> close 4008, slow consumer -> 1008), ``process/execute``, ``process/code-run``,
-bulk upload/download (multipart, per-file errors), ``files/info`` and ``DELETE /files``.
+Serves what SDK 0.226.1 calls (``test_sdk_paths_match_fake_routes`` checks it): sandboxes (create,
+get, list by labels, start, stop, delete, auto-stop, labels), volumes, ``/config``, and under
+``<toolbox>/<sandbox id>``: interpreter contexts and the execute WebSocket (streamed frames, FIFO per
+context, timeout -> SIGINT -> 2 s grace -> close 4008, slow consumer -> 1008), ``process/execute``,
+``process/code-run``, bulk upload/download (multipart, per-file errors), ``files/info`` and
+``DELETE /files``.
 Every request is recorded in ``requests``; ``fail(method, path_part, status)`` injects errors.
 Runs on its own thread and event loop, on 127.0.0.1 port 0.
 """
@@ -25,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import WSMsgType, web
-
 from fake_sandbox import FakeSandbox, Mount, now
 
 ORG = "org-fake"
@@ -163,7 +163,8 @@ class FakeDaytona:
             web.post(f"{api}/sandbox/{{sid}}/last-activity", self.activity),
             web.get(f"{api}/volumes", self.list_volumes), web.post(f"{api}/volumes", self.create_volume),
             web.get(f"{api}/volumes/by-name/{{name}}", self.volume_by_name),
-            web.get(f"{api}/volumes/{{vid}}", self.get_volume), web.delete(f"{api}/volumes/{{vid}}", self.delete_volume),
+            web.get(f"{api}/volumes/{{vid}}", self.get_volume),
+            web.delete(f"{api}/volumes/{{vid}}", self.delete_volume),
             web.get(f"{api}/config", self.config),
             web.post(f"{box}/process/interpreter/context", self.create_context),
             web.get(f"{box}/process/interpreter/context", self.list_contexts),
