@@ -160,7 +160,7 @@ class PyodideSession:
             self._process = subprocess.Popen(
                 self.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 env=_deno_env(self._deno_dir), cwd=self._workspace.root, start_new_session=True,
-                preexec_fn=preexec)
+                preexec_fn=preexec)  # noqa: PLW1509 - only writes to fds and sets rlimits, no locks
         except OSError as exc:
             self.kill()
             raise SessionClosed(f"could not be started: {exc}") from exc
@@ -207,7 +207,7 @@ class PyodideSession:
 
     def _read_stderr(self) -> None:
         assert self._process is not None and self._process.stderr is not None
-        for chunk in iter(lambda: self._process.stderr.read1(65536), b""):  # type: ignore[union-attr]
+        for chunk in iter(lambda: self._process.stderr.read1(65536), b""):  # type: ignore[union-attr,attr-defined]
             self._stderr_tail = (self._stderr_tail + chunk)[-16384:]
 
     def send(self, message: dict[str, Any]) -> None:
@@ -300,7 +300,7 @@ class PyodideSession:
             reason = f"was killed by {signal.Signals(-code).name}" if -code in set(signal.Signals) else "was killed"
         else:
             reason = f"exited unexpectedly (status {code})"
-        lines = [line for line in stderr.strip().splitlines() if line.strip()][-6:]
+        lines = [line for line in stderr.splitlines() if line.strip() and not line.lstrip().startswith("at ")][-6:]
         if lines:
             reason += ":\n" + "\n".join(lines)
         self._reason = reason

@@ -133,6 +133,13 @@ class Mailbox {
 async function runWorker({ config, control, data, interrupt }) {
   // Anything Pyodide or sandboxed code logs must never reach stdout, which carries the protocol.
   for (const name of ["log", "info", "debug", "trace", "dir", "table"]) console[name] = console.error;
+  // Sandboxed code reaches JS through the js module: it must not end the worker behind the host's back
+  // (the main thread would wait forever); a runaway is the host's to kill.
+  const refuse = (what) => () => {
+    throw new Error(`${what} is not available in the sandbox`);
+  };
+  Deno.exit = refuse("Deno.exit");
+  self.close = refuse("close");
   const { loadPyodide } = (await import("npm:pyodide@0.29.4/pyodide.js")).default;
   const pyodide = await loadPyodide({ stdin: () => null });
   pyodide.setInterruptBuffer(interrupt);
@@ -314,7 +321,7 @@ function* walkLocal(fs, dir, prefix) {
 
 // Runs inside Pyodide: loads runtime.py as a module and serves the protocol until shutdown or EOF.
 const BOOTSTRAP = String.raw`
-import json, os, signal, sys, time, types
+import inspect, json, os, signal, sys, time, types
 
 import _fleet_bridge as bridge
 
@@ -368,8 +375,10 @@ time.sleep = sleep
 os.write = fd_write
 os.environ["HOME"] = "/workspace"
 os.chdir("/workspace")
-runtime.serve(send, receive, max_output_bytes=config.get("max_output_bytes", 1_000_000), threaded=False,
-              flush_signal=signal.SIGUSR1)
+options = {"max_output_bytes": config.get("max_output_bytes", 1_000_000), "threaded": False}
+if "flush_signal" in inspect.signature(runtime.serve).parameters:  # else output flushes only as it is written
+    options["flush_signal"] = signal.SIGUSR1
+runtime.serve(send, receive, **options)
 `;
 
 // Last, so every class and constant above is initialised.

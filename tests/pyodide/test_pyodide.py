@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -159,14 +160,22 @@ def test_timeout_interrupts_and_keeps_state(interp: SandboxInterpreter, code: st
     assert interp.execute("kept") == "'still here'"
 
 
-def test_timeout_during_tool_call_stops_the_code(interp: SandboxInterpreter) -> None:
-    interp.tools["slow"] = lambda: time.sleep(EXEC_TIMEOUT_S + 1) or "late"
+def test_interrupt_reaches_code_waiting_for_a_tool(interp: SandboxInterpreter) -> None:
+    """The worker blocks in Atomics.wait for the tool's reply; an interrupt must wake it, and state stays."""
+    release = threading.Event()
+    interp.tools["wait"] = lambda: release.wait(30)
+    timer = threading.Timer(0.5, interp.interrupt)
     try:
-        with pytest.raises(CodeExecutionError, match="timed out"):
-            interp.execute("print(slow())\nwhile True:\n    pass")
+        interp.execute("kept = 'before the wait'")
+        timer.start()
+        started = time.monotonic()
+        with pytest.raises(CodeExecutionError, match="KeyboardInterrupt"):
+            interp.execute("wait()\nprint('never')")
+        assert time.monotonic() - started < 2.0
     finally:
-        del interp.tools["slow"]
-    assert interp.execute("1 + 1") == "2"
+        release.set()
+        del interp.tools["wait"]
+    assert interp.execute("kept") == "'before the wait'"
 
 
 def test_workspace_files_in_artifacts_and_memory_out(interp: SandboxInterpreter, workspace: Path) -> None:
