@@ -1,117 +1,104 @@
-"""Sandbox figures for ``bench/sandbox.py``: cold start, execute latency, a 1 MB variable, streaming latency.
+"""Figures for the Pyodide backend: ``bench_pyodide()`` (used by bench/sandbox.py), in milliseconds.
 
-``measure(factory)`` works on any interpreter factory (Fleet's backends, or ``dspy.LocalInterpreter``
-for comparison); ``bench_pyodide()`` measures the Pyodide backend in a throwaway workspace.
+    python -m fleet_kernel.sandbox.pyodide_bench      # prints the figures as JSON
 
-    from fleet_kernel.sandbox.pyodide_bench import bench_pyodide
-    print(bench_pyodide().as_row())
+Same keys as the Daytona fake's ``bench_daytona_fake()``, so the backends line up side by side.
+``measure(factory)`` runs the same probes on any interpreter factory (``dspy.LocalInterpreter`` too,
+which has no observer, so its streaming figures are ``None``).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-from fleet_kernel.config import Settings
-from fleet_kernel.sandbox.base import observer
+from fleet_kernel.sandbox import base
 
-_STREAM_CODE = (
-    "import time\nprint(repr(time.time()))\n_t = time.monotonic()\nwhile time.monotonic() - _t < 0.2:\n    pass"
-)
-
-
-@dataclass(frozen=True)
-class Figures:
-    """Medians in milliseconds; ``None`` where the interpreter cannot show it (no streaming, no tools)."""
-
-    cold_start_ms: float  # factory() and start(): process spawn until the runtime is ready
-    first_execute_ms: float  # the first execute after start (imports, caches)
-    execute_ms: float  # ``x = i; print(x * 2)``
-    tool_call_ms: float | None  # an execute making one host-tool round trip
-    variable_1mb_ms: float  # an execute that receives a fresh 1 MB string variable
-    stream_latency_ms: float | None  # print() inside the sandbox until the host observer has the text
-
-    def as_row(self) -> dict[str, Any]:
-        return {key: None if value is None else round(value, 2) for key, value in asdict(self).items()}
+_STREAM_CODE = "import time\nfor _ in range(10):\n    print(time.time())\n    time.sleep(0.1)"
 
 
 class _Arrivals:
-    """A SandboxObserver that keeps when each chunk of output arrived (wall clock, as the sandbox prints it)."""
+    """Observer noting how long each printed timestamp took to reach the host."""
 
     def __init__(self) -> None:
-        self.chunks: list[tuple[float, str]] = []
+        self.delays: list[float] = []
 
     def on_output(self, stream: str, text: str) -> None:
-        self.chunks.append((time.time(), text))
+        now = time.time()
+        self.delays += [now - float(line) for line in text.split() if line.replace(".", "", 1).isdigit()]
 
-    def on_tool_start(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    def on_tool_start(self, name: str, args: Any, kwargs: Any) -> str:
         return name
 
     def on_tool_end(self, call_id: str, ok: bool, result: Any) -> None:
         pass
 
 
-def _ms(action: Callable[[], Any]) -> float:
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 2)
+
+
+def _median(call: Callable[[], Any], runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def measure(factory: Callable[[], Any], runs: int = 30) -> dict[str, float | None]:
+    """Cold start (``factory()`` to the first result), per-execute latency, 1 MB variables, streaming latency."""
     started = time.perf_counter()
-    action()
-    return (time.perf_counter() - started) * 1000
-
-
-def measure(factory: Callable[[], Any], *, repeats: int = 20) -> Figures:
-    """Run the standard probes on one interpreter from ``factory`` and shut it down."""
-    holder: dict[str, Any] = {}
-
-    def cold() -> None:
-        holder["interp"] = interp = factory()
-        interp.start()
-
-    cold_ms = _ms(cold)
-    interp = holder["interp"]
+    interp = factory()
+    interp.execute("x = 0")
+    cold = time.perf_counter() - started
     try:
-        first_ms = _ms(lambda: interp.execute("x = 0"))
-        for i in range(repeats):  # let the JIT settle (V8 tiers WebAssembly up in the background)
-            interp.execute(f"x = {i}; print(x * 2)")
-        execute = [_ms(partial(interp.execute, f"x = {i}; print(x * 2)")) for i in range(repeats)]
-        tools: list[float] = []
-        if hasattr(interp, "tools"):
-            interp.tools["ping"] = lambda: "pong"
-            tools = [_ms(lambda: interp.execute("ping()")) for _ in range(repeats)]
-        big = [_ms(partial(interp.execute, "len(big)", variables={"big": "x" * (1 << 20) + str(i)}))
-               for i in range(max(3, repeats // 4))]
-        latency: list[float] = []
-        for _ in range(max(3, repeats // 4)):
-            arrivals = _Arrivals()
-            token = observer.set(arrivals)
-            try:
-                interp.execute(_STREAM_CODE)
-            finally:
-                observer.reset(token)
-            for arrived, text in arrivals.chunks[:1]:
-                latency.append((arrived - float(text.strip().splitlines()[0])) * 1000)
+        _median(lambda: interp.execute("x += 1"), runs)  # let V8 tier the WebAssembly up before timing
+        execute = _median(lambda: interp.execute("x += 1"), runs)
+        interp.tools["echo"] = lambda value: value
+        tool = _median(lambda: interp.execute("echo(1)"), runs)
+        payloads = iter([str(i) * 1_000_000 for i in range(10)])
+        inject = _median(lambda: interp.execute("len(big)", variables={"big": next(payloads)}), 5)
+        round_trip = _median(lambda: interp.execute("big", variables={"big": next(payloads)}), 5)
+        arrivals = _Arrivals()
+        token = base.observer.set(arrivals)
+        try:
+            interp.execute(_STREAM_CODE)
+        finally:
+            base.observer.reset(token)
     finally:
         interp.shutdown()
-    return Figures(cold_ms, first_ms, statistics.median(execute), statistics.median(tools) if tools else None,
-                   statistics.median(big), statistics.median(latency) if latency else None)
+    delays = arrivals.delays
+    return {
+        "cold_start_ms": _ms(cold),
+        "execute_ms": _ms(execute),
+        "execute_with_tool_call_ms": _ms(tool),
+        "inject_1mb_variable_ms": _ms(inject),
+        "round_trip_1mb_variable_ms": _ms(round_trip),
+        "stream_latency_median_ms": _ms(statistics.median(delays)) if delays else None,
+        "stream_latency_max_ms": _ms(max(delays)) if delays else None,
+    }
 
 
-def bench_pyodide(*, repeats: int = 20, home: Path | None = None) -> Figures:
-    """Figures for the Pyodide backend (needs Deno and the prefetched Pyodide cache)."""
+def bench_pyodide(runs: int = 30) -> dict[str, float | None]:
+    """``measure`` on the Pyodide backend in a throwaway home and workspace (Deno and the cache must be there)."""
+    from fleet_kernel.config import Settings
     from fleet_kernel.sandbox.pyodide import open_pyodide
 
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
-        settings = Settings(home=home or Path(tmp) / "home", database_url="sqlite://", sandbox="pyodide")
+        settings = Settings(home=Path(tmp) / "home", database_url="sqlite://", sandbox="pyodide")
         factory = open_pyodide(settings, Path(tmp) / "workspace")
         try:
-            return measure(factory, repeats=repeats)
+            return measure(factory, runs)
         finally:
             factory.close()
 
 
 if __name__ == "__main__":
-    print(bench_pyodide().as_row())
+    print(json.dumps(bench_pyodide(), indent=2))
