@@ -200,19 +200,33 @@ def test_workspace_files_in_artifacts_and_memory_out(interp: SandboxInterpreter,
     assert not (workspace / "artifacts" / "blob.bin").exists()
 
 
-def test_sandbox_cannot_reach_host_files_or_write(interp: SandboxInterpreter) -> None:
-    code = textwrap.dedent("""
+def test_deno_permissions_hold_against_code_that_reaches_js(interp: SandboxInterpreter, workspace: Path) -> None:
+    """Sandboxed code can reach Deno through Pyodide's ``js`` module; Deno's permissions are the boundary."""
+    other = workspace.parent / "other-session"
+    other.mkdir(exist_ok=True)
+    (other / "secret.txt").write_text("TOPSECRET")
+    code = textwrap.dedent(f"""
         import js
-        for attempt in (lambda: js.Deno.readTextFileSync('/etc/passwd'),
-                        lambda: js.Deno.writeTextFileSync('/tmp/fleet-escape', 'x'),
-                        lambda: js.Deno.env.toObject()):
+        from pyodide.code import run_js
+        attempts = [
+            lambda: js.Deno.readTextFileSync('/etc/passwd'),
+            lambda: js.Deno.readTextFileSync({str(other / "secret.txt")!r}),
+            lambda: js.Deno.writeTextFileSync('/workspace/escape.txt', 'x'),
+            lambda: js.Deno.env.toObject(),
+            lambda: run_js("Deno.listen({{port: 0}})"),
+            lambda: run_js("new Deno.Command('/bin/true').outputSync()"),
+            lambda: run_js("Deno.dlopen('libc.so.6', {{}})"),
+            lambda: js.Deno.hostname(),
+        ]
+        for attempt in attempts:
             try:
                 attempt()
                 print('allowed')
             except Exception as exc:
-                print('denied', type(exc).__name__)
+                print('denied' if 'NotCapable' in str(exc) else exc)
     """)
-    assert interp.execute(code) == "denied JsException\ndenied JsException\ndenied JsException"
+    assert interp.execute(code) == "\n".join(["denied"] * 8)
+    assert not (workspace / "escape.txt").exists()
 
 
 def test_dspy_rlm_with_dummy_lm(workspace: Path) -> None:
