@@ -346,7 +346,15 @@ class FakeDaytona:
         async def close(code: int, message: str) -> None:
             await ws.close(code=code, message=message.encode())
 
-        await context.execute(req["code"], req.get("envs"), timeout, ws.send_str, close)
+        async def answer_pings() -> None:  # aiohttp replies to pings while reading; the SDK pings every 20 s
+            async for _ in ws:
+                pass
+
+        reader = asyncio.get_running_loop().create_task(answer_pings())
+        try:
+            await context.execute(req["code"], req.get("envs"), timeout, ws.send_str, close)
+        finally:
+            reader.cancel()
         return ws
 
     # -- toolbox: processes and files -----------------------------------------------------------
