@@ -240,15 +240,19 @@ class WorkspaceMirror {
       seen.add(path);
       const signature = `${info.mtime?.getTime()}:${info.size}`;
       if (this.host.get(path) === signature || info.size > this.maxFileBytes) continue;
-      const target = `${WorkspaceMirror.ROOT}/${path}`;
-      this.fs.mkdirTree(target.slice(0, target.lastIndexOf("/")));
-      this.fs.writeFile(target, Deno.readFileSync(`${this.hostRoot}/${path}`));
-      this.host.set(path, signature);
-      this.local.set(path, this.signature(path));
+      this.attempt(path, "copied in", () => {
+        const target = `${WorkspaceMirror.ROOT}/${path}`;
+        this.fs.mkdirTree(target.slice(0, target.lastIndexOf("/")));
+        this.fs.writeFile(target, Deno.readFileSync(`${this.hostRoot}/${path}`));
+        this.host.set(path, signature);
+        this.local.set(path, this.signature(path));
+      });
     }
     for (const path of [...this.host.keys()]) {
       if (seen.has(path)) continue;
-      if (this.local.get(path) === this.signature(path)) this.fs.unlink(`${WorkspaceMirror.ROOT}/${path}`);
+      if (this.local.get(path) === this.signature(path)) {
+        this.attempt(path, "removed", () => this.fs.unlink(`${WorkspaceMirror.ROOT}/${path}`));
+      }
       this.host.delete(path);
       this.local.delete(path);
     }
@@ -268,8 +272,10 @@ class WorkspaceMirror {
           this.send({ type: "out", stream: "stderr", text: `[fleet] /workspace/${path} was not saved: larger than ${mb} MB\n` });
           continue;
         }
-        const bytes = this.fs.readFile(`${WorkspaceMirror.ROOT}/${path}`);
-        this.send({ type: "workspace_file", path, data: bytes.toBase64() });
+        this.attempt(path, "saved", () => {
+          const bytes = this.fs.readFile(`${WorkspaceMirror.ROOT}/${path}`);
+          this.send({ type: "workspace_file", path, data: bytes.toBase64() });
+        });
       }
     }
     for (const path of [...this.local.keys()]) {
@@ -277,6 +283,16 @@ class WorkspaceMirror {
       this.local.delete(path);
       this.host.delete(path);
       this.send({ type: "workspace_delete", path });
+    }
+  }
+
+  /** One file's sync; a failure is reported to the code's stderr instead of ending the worker. */
+  attempt(path, what, action) {
+    try {
+      action();
+    } catch (error) {
+      const text = `[fleet] /workspace/${path} could not be ${what}: ${error?.message ?? error}\n`;
+      this.send({ type: "out", stream: "stderr", text });
     }
   }
 

@@ -92,6 +92,8 @@ def test_execute_keeps_state_and_shows_last_expression(interp: SandboxInterprete
     assert interp.execute("print('hello')\nx * 2") == "hello\n40"
     assert interp.execute("import sys, os\nprint(sys.platform, os.getcwd())") == "emscripten /workspace"
     assert interp.execute("y = size * 2\ny", variables={"size": 4}) == "8"
+    big = "é" * 1_500_000  # 3 MB of JSON: crosses the 1 MiB mailbox in several chunks
+    assert interp.execute("len(big), big[-1]", variables={"big": big}) == "(1500000, 'é')"
 
 
 def test_errors_keep_partial_output(interp: SandboxInterpreter) -> None:
