@@ -252,6 +252,18 @@ def test_missing_cache_says_how_to_prefetch(tmp_path: Path, monkeypatch: pytest.
         open_pyodide(make_settings(tmp_path / "home"), tmp_path / "workspace")
 
 
+def test_pyodide_is_the_fallback_where_bubblewrap_cannot_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleet_kernel import sandbox
+
+    monkeypatch.setattr(sandbox, "probe_bwrap", lambda: "bubblewrap is not installed")
+    settings = Settings(home=tmp_path / "home", database_url="sqlite://")
+    factory = sandbox.open_sandbox(settings, tmp_path / "workspace")
+    try:
+        assert factory.backend == "pyodide" and "Pyodide" in factory.execution_instructions
+    finally:
+        factory.close()
+
+
 NO_NETWORK_SCRIPT = """
 import sys
 from pathlib import Path
