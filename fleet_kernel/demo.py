@@ -1,0 +1,107 @@
+"""The offline demo: execute ``notebooks/quickstart.ipynb`` through the ``fleet`` kernel and keep the result.
+
+    python -m fleet_kernel.demo [--out DIR]
+
+Without ``FLEET_LM_MODEL`` the notebook runs on its cassette of scripted answers (no network, no key);
+with it, on that model for real. Writes the executed notebook and an HTML transcript into ``DIR``
+(default ``./quickstart-output``) and prints how to open them in JupyterLab.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+QUICKSTART = NOTEBOOKS / "quickstart.ipynb"
+CASSETTE = NOTEBOOKS / "quickstart.cassette.json"
+KERNEL_NAME = "fleet"
+
+
+class DemoError(Exception):
+    """The demo cannot run or a cell failed; the message says what to do."""
+
+
+def ensure_kernelspec() -> None:
+    """Install the ``fleet`` kernelspec into this environment when Jupyter cannot find it."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    if KERNEL_NAME not in KernelSpecManager().find_kernel_specs():
+        from fleet_kernel.kernel.install import install
+
+        install(sys_prefix=True)
+
+
+def run_quickstart(out: Path, kernel_name: str = KERNEL_NAME, timeout: int = 600) -> tuple[Path, Path]:
+    """Execute the quickstart into ``out``; returns the executed notebook and its HTML transcript.
+
+    Raises:
+        DemoError: a tool is missing or a cell failed (the partly executed notebook is still written).
+    """
+    try:
+        import nbformat
+        from nbclient import NotebookClient
+        from nbclient.exceptions import CellExecutionError
+        from nbconvert import HTMLExporter
+    except ImportError as exc:
+        raise DemoError(f"the demo needs nbclient and nbconvert: pip install nbclient nbconvert ({exc})") from exc
+    if not QUICKSTART.is_file():
+        raise DemoError(f"{QUICKSTART} is missing: run the demo from a checkout of the Fleet repository")
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(NOTEBOOKS / "data", out / "data", dirs_exist_ok=True)
+    notebook_path, html_path = out / "quickstart.ipynb", out / "quickstart.html"
+    nb = nbformat.read(QUICKSTART, as_version=4)
+    client = NotebookClient(
+        nb, kernel_name=kernel_name, timeout=timeout, resources={"metadata": {"path": str(out)}},
+        store_widget_state=True, coalesce_streams=True,
+    )
+    failure: str | None = None
+    try:
+        client.execute()
+    except CellExecutionError as exc:
+        failure = str(exc).strip().splitlines()[-1]
+    nbformat.write(nb, notebook_path)
+    html, _ = HTMLExporter().from_notebook_node(nb)
+    html_path.write_text(html, encoding="utf-8")
+    if failure:
+        raise DemoError(f"a cell failed: {failure}\n(the notebook as far as it ran: {notebook_path})")
+    return notebook_path, html_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fleet_kernel.demo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="quickstart-output", help="where to write the results")
+    args = parser.parse_args(argv)
+    out = Path(args.out).resolve()
+    os.environ.setdefault("FLEET_HOME", str(Path(".fleet").resolve()))
+    scripted = not os.environ.get("FLEET_LM_MODEL")
+    if scripted:
+        os.environ["FLEET_LM_MODEL"] = f"replay/{CASSETTE}"
+    model = os.environ["FLEET_LM_MODEL"]
+    print(f"Running {QUICKSTART.name} through the fleet kernel on "
+          f"{'its cassette of scripted answers (offline)' if scripted else model} ...", flush=True)
+    try:
+        ensure_kernelspec()
+        notebook, html = run_quickstart(out)
+    except DemoError as exc:
+        print(f"The demo failed: {exc}", file=sys.stderr)
+        return 1
+    env = f"FLEET_HOME={os.environ['FLEET_HOME']}" + (f" FLEET_LM_MODEL={model}" if scripted else "")
+    lab = Path(sys.executable).parent / "jupyter-lab"
+    install = "" if lab.exists() else f"  {Path(sys.executable).parent / 'pip'} install jupyterlab\n"
+    print(
+        f"\nExecuted notebook: {notebook}\nHTML transcript:   {html}\n"
+        f"Store and logs:    {os.environ['FLEET_HOME']}\n\n"
+        f"Open the transcript in a browser:\n  xdg-open {html}\n"
+        f"Open the notebook in JupyterLab (pick the \"Fleet RLM\" kernel to go on; `%fleet help` lists commands):\n"
+        f"{install}  {env} {lab} {notebook}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
