@@ -22,7 +22,6 @@ const [FLAG, LENGTH, MORE, RUNNING] = [0, 1, 2, 3]; // indices in the control ar
 const SIGINT = 2;
 const SIGUSR1 = 10; // asks the runtime to flush its output buffer
 const FLUSH_MS = 50;
-const EOF_LENGTH = -1;
 
 // ---------------------------------------------------------------------------------------- main
 
@@ -184,15 +183,13 @@ function receive(control, data, interrupt, inToolCall) {
   const parts = [];
   for (;;) {
     while (Atomics.load(control, FLAG) === 0) {
-      if (inToolCall && Atomics.load(interrupt, 0) === SIGINT) {
+      if (inToolCall && !parts.length && Atomics.load(interrupt, 0) === SIGINT) { // never mid-message
         Atomics.store(interrupt, 0, 0);
         return new TextEncoder().encode('{"type": "interrupt"}');
       }
       Atomics.wait(control, FLAG, 0);
     }
-    const size = control[LENGTH];
-    if (size === EOF_LENGTH) return null;
-    parts.push(data.slice(0, size));
+    parts.push(data.slice(0, control[LENGTH]));
     const more = control[MORE] === 1;
     Atomics.store(control, FLAG, 0);
     Atomics.notify(control, FLAG);
@@ -335,7 +332,8 @@ function* walkLocal(fs, dir, prefix) {
   }
 }
 
-// Runs inside Pyodide: loads runtime.py as a module and serves the protocol until shutdown or EOF.
+// Runs inside Pyodide: loads runtime.py as a module and serves the protocol until shutdown (on EOF on
+// stdin the main thread ends the process).
 const BOOTSTRAP = String.raw`
 import inspect, json, os, signal, sys, time, types
 
@@ -362,8 +360,6 @@ def receive():
     global in_tool_call
     data = bridge.receive(in_tool_call)
     in_tool_call = False
-    if data is None:
-        raise EOFError
     message = json.loads(data.to_bytes())
     if message.get("type") == "execute":
         bridge.begin_execution()
