@@ -27,6 +27,7 @@ from daytona import (
     DaytonaNotFoundError,
     DaytonaRateLimitError,
     DaytonaServiceUnavailableError,
+    DaytonaTimeoutError,
     SandboxState,
 )
 
@@ -101,6 +102,8 @@ def explain(exc: BaseException, api_url: str) -> str:
         return f"cannot reach Daytona at {api_url}: {detail}. Check the network and FLEET_DAYTONA_API_URL"
     if isinstance(exc, (DaytonaInternalServerError, DaytonaBadGatewayError, DaytonaServiceUnavailableError)):
         return f"Daytona is failing ({detail}); try again later"
+    if isinstance(exc, DaytonaTimeoutError):
+        return f"Daytona did not finish in time: {detail}"
     return f"Daytona failed: {detail}"
 
 

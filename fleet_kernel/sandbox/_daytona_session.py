@@ -115,7 +115,7 @@ class DaytonaSession:
     def start(self) -> None:
         try:
             self._context = self._box.retry("create a code-interpreter context",
-                                            lambda: self._box.sandbox.code_interpreter.create_context())
+                                            lambda: self._box.sandbox.code_interpreter.create_context(cwd="/workspace"))
         except DaytonaError as exc:
             raise SessionClosed(f"could not create a Daytona interpreter context: {self._box.explain(exc)}") from exc
         self._run(preamble(self._inbox, self._max_output_bytes), START_TIMEOUT_S, expect_done=False)

@@ -94,7 +94,8 @@ def _instructions(settings: Settings) -> str:
         "uploaded files are in /workspace/files, save files for the user in /workspace/artifacts, and "
         "/workspace/memory/MEMORIES.md holds notes kept across turns (read it at the start, append what is worth "
         "remembering). Use print() to see results: you only see what is printed (long output is truncated) and the "
-        f"value of a final bare expression. Each step may run at most {settings.limits.exec_timeout_s:g} s; a step "
+        "value of a final bare expression; output of subprocesses shows only when you capture and print it. "
+        f"Each step may run at most {settings.limits.exec_timeout_s:g} s; a step "
         "that times out is interrupted but keeps its variables. When done, call SUBMIT(...) with the output "
         "fields, positionally or by name."
     )
@@ -155,6 +156,16 @@ def _create(client: Any, settings: Settings, store: str, session_id: str) -> Any
         raise
 
 
+def _find(client: Any, store: str, session_id: str, url: str) -> DaytonaBox | None:
+    """The session's sandbox left by an earlier process (or another one sharing the store), started."""
+    query = sdk.ListSandboxesQuery(labels={"fleet_store": store, "fleet_session": session_id})
+    for sandbox in retry("list sandboxes", lambda: list(client.list(query))):
+        box = DaytonaBox(client, sandbox, session_id=session_id, api_url=url)
+        if box.ensure_running():
+            return box
+    return None
+
+
 def acquire(settings: Settings, workspace: Path) -> DaytonaBox:
     """The session's warm sandbox: cached here, else found by labels, else created.
 
@@ -178,11 +189,9 @@ def acquire(settings: Settings, workspace: Path) -> DaytonaBox:
                 cleanup_stale(client, store, keep=keep)
             except sdk.DaytonaError as exc:
                 logger.warning("Daytona: cleaning up stale sandboxes failed: %s", exc)
-        query = sdk.ListSandboxesQuery(labels={"fleet_store": store, "fleet_session": session_id})
-        found = [s for s in retry("list sandboxes", lambda: list(client.list(query)))
-                 if getattr(s.state, "value", s.state) == "started"]
-        sandbox = found[0] if found else _create(client, settings, store, session_id)
-        box = DaytonaBox(client, sandbox, session_id=session_id, api_url=url)
+        box = _find(client, store, session_id, url)
+        if box is None:
+            box = DaytonaBox(client, _create(client, settings, store, session_id), session_id=session_id, api_url=url)
         _daytona_sync.ensure_remote_dirs(box)
     except sdk.DaytonaError as exc:
         raise unavailable(exc, url) from exc

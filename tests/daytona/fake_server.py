@@ -308,7 +308,7 @@ class FakeDaytona:
         return sandbox
 
     async def create_context(self, request: web.Request) -> web.Response:
-        body = await request.json() if request.can_read_body else {}
+        body = await request.json() if request.body_exists else {}
         context = await self._started(request).create_context(body.get("cwd"))
         context.grace_s = self.grace_s
         return web.json_response(context.info())

@@ -67,7 +67,7 @@ def test_interpreter_runs_code_tools_and_submit(settings: Settings, workspace: W
     interp = factory()
     interp.tools["double"] = lambda x: x * 2
     interp.output_fields = [{"name": "answer", "type": "int"}]
-    assert interp.execute("x = 20\nprint('x is', x)") == "x is 20"
+    assert interp.execute("import os\nx = 20\nprint('x is', x, 'in', os.getcwd())") == "x is 20 in /workspace"
     assert interp.execute("double(x + 1)") == "42"  # a host tool, answered through the inbox
     with pytest.raises(CodeExecutionError, match="ZeroDivisionError"):
         interp.execute("print('partial')\n1/0")
