@@ -1,0 +1,401 @@
+"""Host side of every sandbox backend: dspy's ``CodeInterpreter`` over a ``SandboxSession``.
+
+A backend only supplies sessions (a process, a Pyodide worker, a remote sandbox) that carry the
+``runtime.py`` protocol. This module turns that into what ``dspy.RLM`` needs: lazy start, changed
+variables only, host tools on context-carrying threads, output streamed to the current
+``SandboxObserver`` on the calling thread, and failures sorted by who can fix them: code errors,
+timeouts and crashed workers are ``CodeExecutionError`` (the model reads them and goes on; a crashed
+worker is restarted), only a broken protocol is terminal (``SandboxCrashed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import inspect
+import itertools
+import json
+import keyword
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreterError, FinalOutput
+from dspy.utils.callback import BaseCallback, with_callbacks
+from pydantic_core import to_jsonable_python
+
+from fleet_kernel.errors import TurnCancelled
+from fleet_kernel.sandbox.base import SandboxCrashed, current_observer, run_with_context
+
+logger = logging.getLogger(__name__)
+
+INTERRUPT_GRACE_S = 2.0  # after an interrupt, how long the code may take to stop before the worker is killed
+POLL_S = 0.1  # how often a waiting execute looks at the cancel flag and the clock
+_STATE_LOST = "variables, imports and functions from earlier steps are gone (files in /workspace are kept)"
+
+
+class SessionClosed(Exception):
+    """The sandbox process ended; the message says why (out of memory, crash, killed)."""
+
+
+class ProtocolError(Exception):
+    """The sandbox sent something that is not a protocol message."""
+
+
+class SandboxSession(Protocol):
+    """One running sandbox speaking the ``runtime.py`` protocol; backends implement this."""
+
+    def start(self) -> None:
+        """Start the sandbox and wait for its ``ready`` message; raise ``SessionClosed`` if it cannot start."""
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Send one message (thread-safe); raise ``SessionClosed`` when the sandbox is gone."""
+
+    def receive(self, timeout: float) -> dict[str, Any] | None:
+        """Next message, or ``None`` after ``timeout``; raise ``SessionClosed``/``ProtocolError``."""
+
+    def interrupt(self) -> None:
+        """Ask the running code to stop (``KeyboardInterrupt``); never blocks."""
+
+    def kill(self) -> None:
+        """Stop the sandbox now and release its resources; idempotent."""
+
+
+def _to_json(value: Any) -> Any:
+    """Values that cross the boundary must be JSON; convert pydantic models and the like, else repr."""
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return to_jsonable_python(value, fallback=repr)
+
+
+class _InFlight:
+    """Host tool calls of one execution that are still running."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def add(self, delta: int) -> None:
+        with self._lock:
+            self.count += delta
+
+
+class SandboxInterpreter:
+    """``dspy``'s ``CodeInterpreter`` on a sandbox session that is started lazily and restarted after a crash."""
+
+    def __init__(self, new_session: Callable[[], SandboxSession], *, exec_timeout_s: float,
+                 cancel: threading.Event, cancel_cause: Callable[[], TurnCancelled] = TurnCancelled,
+                 tools: dict[str, Callable[..., Any]] | None = None,
+                 output_fields: list[dict[str, Any]] | None = None,
+                 on_shutdown: Callable[[SandboxInterpreter], None] | None = None) -> None:
+        self._new_session = new_session
+        self._exec_timeout_s = exec_timeout_s
+        self._cancel, self._cancel_cause = cancel, cancel_cause
+        self._tools: dict[str, Callable[..., Any]] = dict(tools or {})
+        self.output_fields = output_fields
+        self._tools_registered = False
+        self.callbacks: list[BaseCallback] = []
+        self._on_shutdown = on_shutdown
+        self._session: SandboxSession | None = None
+        self._sent: dict[str, tuple[Any, bytes]] = {}  # variable -> (value, digest) the sandbox holds
+        self._busy = threading.Lock()
+        self._ids = itertools.count(1)
+        self._fatal: BaseException | None = None  # a tool was cancelled: stop the code, re-raise this
+        self._crashed: str | None = None
+        self._closed = False
+
+    @property
+    def tools(self) -> dict[str, Callable[..., Any]]:
+        return self._tools
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    @with_callbacks
+    def start(self) -> None:
+        """Start the sandbox if it is not running (idempotent; also restarts one that died)."""
+        if self._closed:
+            raise CodeInterpreterError("This sandbox interpreter has been shut down.")
+        if self._crashed:
+            raise SandboxCrashed(self._crashed)
+        if self._session is not None:
+            return
+        session = self._new_session()
+        try:
+            session.start()
+        except SessionClosed as exc:
+            session.kill()
+            raise SandboxCrashed(f"The sandbox could not start: {exc}") from exc
+        self._session, self._sent = session, {}
+
+    @with_callbacks
+    def shutdown(self) -> None:
+        """Kill the sandbox; this interpreter cannot be used again."""
+        if self._closed:
+            return
+        self._closed = True
+        self._drop_session()
+        if self._on_shutdown is not None:
+            self._on_shutdown(self)
+
+    def interrupt(self) -> None:
+        """Ask running code to stop now (called from another thread); the flag decides what happens next."""
+        session = self._session
+        if session is not None and self._busy.locked():
+            session.interrupt()
+
+    def _drop_session(self) -> None:
+        session, self._session, self._sent = self._session, None, {}
+        if session is not None:
+            session.kill()
+
+    # -- execution ---------------------------------------------------------------------------------
+
+    @with_callbacks
+    def execute(self, code: str, variables: dict[str, Any] | None = None) -> Any:
+        """Run ``code`` with ``variables``; returns ``FinalOutput`` on SUBMIT, else the output text or None.
+
+        Raises:
+            TurnCancelled: the turn was cancelled (before or while the code ran).
+            SyntaxError: the code does not parse.
+            CodeExecutionError: the code failed, timed out, or crashed the sandbox (which restarts).
+            SandboxCrashed: the sandbox broke protocol or cannot start; terminal.
+        """
+        if self._cancel.is_set():
+            raise self._cancel_cause()
+        if not self._busy.acquire(blocking=False):
+            raise CodeInterpreterError("This sandbox is already running code.")
+        try:
+            if self._session is None:
+                self.start()
+            session = self._session
+            assert session is not None
+            exec_id = next(self._ids)
+            request = {"type": "execute", "id": exec_id, "code": code, "tools": sorted(self._tools),
+                       "output_fields": self.output_fields, "variables": self._changed(variables or {})}
+            try:
+                session.send(request)
+            except SessionClosed as exc:
+                self._drop_session()
+                raise CodeExecutionError(f"The sandbox process {exc}; it was restarted and {_STATE_LOST}.") from exc
+            finished = False
+            try:
+                result = self._pump(session, exec_id)
+                finished = True
+                return result
+            except (CodeExecutionError, SyntaxError):
+                finished = True
+                raise
+            finally:
+                if not finished:  # cancelled or broken while the code still runs: its state is of no use
+                    self._drop_session()
+        finally:
+            self._busy.release()
+
+    def _changed(self, variables: dict[str, Any]) -> dict[str, Any]:
+        """Only what the sandbox does not already hold; RLM re-sends every input on every step."""
+        changed: dict[str, Any] = {}
+        for name, value in variables.items():
+            if not name.isidentifier() or keyword.iskeyword(name) or name == "SUBMIT" or name in self._tools:
+                raise CodeInterpreterError(f"Cannot inject a variable named {name!r}.")
+            held = self._sent.get(name)
+            if held is not None and held[0] is value and isinstance(value, (str, bytes, int, float, bool)):
+                continue
+            value = _to_json(value)
+            digest = hashlib.blake2b(json.dumps(value).encode(), digest_size=16).digest()
+            if held is None or held[1] != digest:
+                changed[name] = value
+            self._sent[name] = (variables[name], digest)
+        return changed
+
+    def _pump(self, session: SandboxSession, exec_id: int) -> Any:
+        """Relay messages on the calling thread until ``done``: output to the observer, tool calls to threads."""
+        observer = current_observer()
+        in_flight = _InFlight()
+        chunks: list[str] = []
+        stop: str | None = None  # "cancel" | "timeout" | "fatal" once we asked the code to stop
+        stopped_at = last_interrupt = 0.0
+        used, last = 0.0, time.monotonic()
+        while True:
+            now = time.monotonic()
+            if in_flight.count == 0:  # time spent in host tools (LM calls) is not the code's
+                used += now - last
+            last = now
+            if stop is None:
+                stop = ("cancel" if self._cancel.is_set() else "fatal" if self._fatal
+                        else "timeout" if used >= self._exec_timeout_s else None)
+                if stop:
+                    session.interrupt()
+                    stopped_at = last_interrupt = now
+            elif now - stopped_at > INTERRUPT_GRACE_S:
+                self._drop_session()
+                raise self._stop_error(stop, "".join(chunks), None)
+            elif now - last_interrupt > 0.5:  # code may have swallowed one KeyboardInterrupt
+                session.interrupt()
+                last_interrupt = now
+            try:
+                message = session.receive(POLL_S)
+            except SessionClosed as exc:
+                self._drop_session()
+                if self._closed:
+                    raise CodeInterpreterError("The sandbox was shut down while code was running.") from exc
+                if stop in ("cancel", "fatal"):
+                    raise self._stop_error(stop, "", None) from exc
+                output = "".join(chunks)
+                raise CodeExecutionError(
+                    f"{output}\nThe sandbox process {exc}. It was restarted: {_STATE_LOST}.".lstrip()) from exc
+            except ProtocolError as exc:
+                self._crashed = f"The sandbox broke protocol: {exc}"
+                self._drop_session()
+                raise SandboxCrashed(self._crashed) from exc
+            if message is None:
+                continue
+            kind = message.get("type")
+            if kind == "out":
+                chunks.append(message["text"])
+                if observer is not None:
+                    try:
+                        observer.on_output(message.get("stream", "stdout"), message["text"])
+                    except Exception:
+                        logger.exception("sandbox observer failed in on_output")
+            elif kind == "tool_call":
+                in_flight.add(1)
+                threading.Thread(target=run_with_context(self._run_tool, session, message, in_flight), daemon=True,
+                                 name=f"fleet-tool-{message.get('name')}").start()
+            elif kind == "done" and message.get("id") == exec_id:
+                if stop is None:  # factory.interrupt() or a cancelled tool got there before this loop looked
+                    stop = "cancel" if self._cancel.is_set() else "fatal" if self._fatal else None
+                if stop and not (stop == "timeout" and message.get("kind") != "interrupted"):
+                    raise self._stop_error(stop, message.get("output") or "", message.get("error"))
+                return self._result(message)
+
+    def _stop_error(self, stop: str, output: str, error: dict[str, Any] | None) -> BaseException:
+        if stop == "cancel":
+            return self._cancel_cause()
+        if stop == "fatal":
+            fatal, self._fatal = self._fatal, None
+            return fatal or self._cancel_cause()
+        limit = f"{self._exec_timeout_s:g} s"
+        if error is None:
+            return CodeExecutionError(f"{output}\nExecution timed out after {limit} and did not stop when "
+                                      f"interrupted, so the sandbox was restarted: {_STATE_LOST}.".lstrip())
+        return CodeExecutionError(f"{output}\n{error.get('traceback', '')}Execution timed out after {limit} and "
+                                  "was interrupted; the REPL state is kept. Do less per step, or work in "
+                                  "smaller pieces.".lstrip())
+
+    @staticmethod
+    def _result(done: dict[str, Any]) -> Any:
+        kind, output, value = done.get("kind"), done.get("output") or "", done.get("value")
+        error = done.get("error") or {}
+        if kind == "final":
+            return FinalOutput(value)
+        if kind == "syntax":
+            raise SyntaxError(error.get("traceback") or error.get("message") or "invalid syntax")
+        if kind in ("error", "interrupted"):
+            raise CodeExecutionError(f"{output}{error.get('traceback') or error.get('message', '')}".rstrip("\n"))
+        if value is not None:
+            output = f"{output}{'' if not output or output.endswith(chr(10)) else chr(10)}{value}"
+        return output.rstrip("\n") or None
+
+    # -- host tools --------------------------------------------------------------------------------
+
+    @with_callbacks
+    def invoke_tool(self, tool_name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        """Run one host tool for sandboxed code; awaits coroutines of async tools."""
+        tool = self._tools.get(tool_name)
+        if tool is None:
+            raise NameError(f"{tool_name!r} is not a tool of this sandbox")
+        result = tool(*args, **kwargs)
+        if inspect.isawaitable(result):
+            async def wait() -> Any:
+                return await result
+
+            result = asyncio.run(wait())
+        return result
+
+    def _run_tool(self, session: SandboxSession, call: dict[str, Any], in_flight: _InFlight) -> None:
+        name, args, kwargs = str(call.get("name")), list(call.get("args") or []), dict(call.get("kwargs") or {})
+        observer = None if name.startswith("__dspy") else current_observer()
+        call_id = observer.on_tool_start(name, tuple(args), kwargs) if observer is not None else ""
+        ok, outcome = True, None
+        try:
+            outcome = self.invoke_tool(name, args, kwargs)
+            reply = {"type": "tool_result", "id": call["id"], "value": _to_json(outcome)}
+        except Exception as exc:
+            ok, outcome = False, exc
+            reply = {"type": "tool_error", "id": call["id"], "error": {"type": type(exc).__name__, "message": str(exc)}}
+        except BaseException as exc:  # cancellation: unblock the code, then stop it and re-raise on the caller
+            ok, outcome, self._fatal = False, exc, exc
+            reply = {"type": "tool_error", "id": call["id"], "error": {"type": "RuntimeError", "message": "cancelled"}}
+        finally:
+            in_flight.add(-1)
+        if observer is not None:
+            try:
+                observer.on_tool_end(call_id, ok, outcome)
+            except Exception:
+                logger.exception("sandbox observer failed in on_tool_end")
+        with contextlib.suppress(SessionClosed):  # the sandbox died meanwhile; execute reports that
+            session.send(reply)
+
+
+class SandboxFactory:
+    """A zero-argument interpreter factory for ``dspy.RLM`` that can interrupt and close what it made."""
+
+    def __init__(self, new_session: Callable[[], SandboxSession], *, backend: str, execution_instructions: str,
+                 exec_timeout_s: float, cancel: threading.Event | None = None,
+                 on_close: Callable[[], None] | None = None) -> None:
+        self.backend = backend
+        self.execution_instructions = execution_instructions
+        self.cancel = cancel if cancel is not None else threading.Event()
+        self._new_session = new_session
+        self._exec_timeout_s = exec_timeout_s
+        self._on_close = on_close
+        self._cause: TurnCancelled | None = None
+        self._interpreters: set[SandboxInterpreter] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def __call__(self) -> SandboxInterpreter:
+        interpreter = SandboxInterpreter(self._new_session, exec_timeout_s=self._exec_timeout_s, cancel=self.cancel,
+                                         cancel_cause=self._cancel_cause, on_shutdown=self._forget)
+        with self._lock:
+            if self._closed:
+                raise CodeInterpreterError(f"The {self.backend} sandbox has been closed.")
+            self._interpreters.add(interpreter)
+        return interpreter
+
+    def interrupt(self, cause: TurnCancelled | None = None) -> None:
+        """Cancel: stop running code in every interpreter; later ``execute`` calls raise ``cause``."""
+        self._cause = cause
+        self.cancel.set()
+        with self._lock:
+            interpreters = list(self._interpreters)
+        for interpreter in interpreters:
+            interpreter.interrupt()
+
+    def close(self) -> None:
+        """Shut down every interpreter made here and release the backend's resources."""
+        with self._lock:
+            self._closed = True
+            interpreters = list(self._interpreters)
+        for interpreter in interpreters:
+            interpreter.shutdown()
+        if self._on_close is not None:
+            self._on_close()
+
+    @property
+    def interpreters(self) -> list[SandboxInterpreter]:
+        with self._lock:
+            return list(self._interpreters)
+
+    def _cancel_cause(self) -> TurnCancelled:
+        cause = self._cause
+        return type(cause)(cause.reason) if cause is not None else TurnCancelled("cancelled")
+
+    def _forget(self, interpreter: SandboxInterpreter) -> None:
+        with self._lock:
+            self._interpreters.discard(interpreter)

@@ -1,0 +1,348 @@
+"""The ``local`` backend: a CPython worker running ``runtime.py`` under bubblewrap; and ``unsafe-local``.
+
+``local`` (the default on Linux): no network, no host files but the Python install (read-only), a
+fresh ``/tmp``, the session workspace at ``/workspace``, uid 65534 without capabilities, a seccomp
+filter, rlimits and, where the hierarchy is writable, a cgroup for memory and process count.
+``unsafe-local`` runs the same runtime as a plain subprocess of the host user: explicit opt-in only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import functools
+import io
+import json
+import logging
+import os
+import py_compile
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import weakref
+from pathlib import Path
+from typing import Any
+
+from fleet_kernel.config import SandboxLimits
+from fleet_kernel.sandbox import _confine
+from fleet_kernel.sandbox.interpreter import ProtocolError, SessionClosed
+
+logger = logging.getLogger(__name__)
+
+RUNTIME = Path(__file__).with_name("runtime.py")
+SANDBOX_RUNTIME = "/run/fleet/runtime.pyc"
+START_TIMEOUT_S = 10.0
+_ETC_BINDS = ("fonts",)  # fontconfig, for matplotlib and friends
+_LIVE: weakref.WeakSet[ProcessSession] = weakref.WeakSet()  # killed at exit, so no cgroup outlives us
+_EOF = object()
+
+
+@functools.cache
+def _bwrap_path() -> str | None:
+    return shutil.which("bwrap")
+
+
+@functools.cache
+def _supports_disable_userns() -> bool:
+    bwrap = _bwrap_path()
+    if bwrap is None:
+        return False
+    help_text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, check=False).stdout
+    return "--disable-userns" in help_text
+
+
+def _tuning_env() -> dict[str, str]:
+    """Fewer reserved arenas and BLAS threads: both cost address space, which RLIMIT_AS counts."""
+    threads = str(min(4, os.cpu_count() or 1))
+    return {"MALLOC_ARENA_MAX": "2", "OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads,
+            "MKL_NUM_THREADS": threads}
+
+
+def _env_args() -> list[str]:
+    env = {**_tuning_env(), "XDG_CACHE_HOME": "/tmp/.cache", "MPLCONFIGDIR": "/tmp/.matplotlib"}  # not /workspace
+    return [arg for name, value in env.items() for arg in ("--setenv", name, value)]
+
+
+def _python_paths() -> list[str]:
+    """Directories the worker's Python needs (interpreter prefix, venv), outside /usr, outermost first."""
+    candidates = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                  str(Path(os.path.realpath(sys.executable)).parent.parent)}
+    paths: set[str] = set()
+    for path in candidates:
+        paths |= {os.path.abspath(path), os.path.realpath(path)}
+    kept: list[str] = []
+    for path in sorted(paths, key=len):
+        if path in ("/", str(Path.home())) or path.startswith("/usr/") or path == "/usr":
+            continue  # never expose the whole root or home; /usr is bound anyway
+        if not any(path.startswith(outer.rstrip("/") + "/") for outer in kept):
+            kept.append(path)
+    return kept
+
+
+_support: list[Path] = []  # this process's support directory, once made
+
+
+def _support_dir() -> Path:
+    """Per-process files bound into the sandbox: the compiled runtime (saves ~10 ms a start) and ``etc/``.
+
+    Made again if it vanished (tmp cleaners age out files of long-running servers).
+    """
+    if _support and (_support[-1] / "runtime.pyc").exists():
+        return _support[-1]
+    path = Path(tempfile.mkdtemp(prefix="fleet-sandbox-"))
+    atexit.register(shutil.rmtree, path, True)
+    py_compile.compile(str(RUNTIME), cfile=str(path / "runtime.pyc"), dfile=SANDBOX_RUNTIME, doraise=True)
+    _write_etc(path / "etc")
+    path.chmod(0o755)
+    _support.append(path)
+    return path
+
+
+def _write_etc(path: Path) -> None:
+    """A tiny /etc: who uid 65534 is, localhost, and the loader cache; nothing of the host's."""
+    path.mkdir()
+    files = {"passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:65534:65534:sandbox:/workspace:/bin/sh\n",
+             "group": "root:x:0:\nsandbox:x:65534:\n", "hosts": "127.0.0.1 localhost sandbox\n::1 localhost\n"}
+    for name, text in files.items():
+        (path / name).write_text(text)
+    with contextlib.suppress(OSError):
+        shutil.copyfile("/etc/ld.so.cache", path / "ld.so.cache")
+    for name in _ETC_BINDS:
+        (path / name).mkdir()  # mount points for the host's own (harmless) config, bound read-only
+
+
+def bwrap_argv(workspace: Path, limits: SandboxLimits, command: list[str], *, seccomp_fd: int | None) -> list[str]:
+    """The bubblewrap command line around ``command`` (which runs as uid 65534 in /workspace)."""
+    mib = 1024 * 1024
+    argv = [_bwrap_path() or "bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
+            "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/workspace",
+            "--setenv", "LANG", "C.UTF-8", *_env_args(), "--hostname", "sandbox", "--uid", "65534", "--gid", "65534",
+            "--cap-drop", "ALL", "--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = Path("/", name)
+        if path.is_symlink():
+            argv += ["--symlink", os.readlink(path), str(path)]
+        elif path.is_dir():
+            argv += ["--ro-bind", str(path), str(path)]
+    for prefix in _python_paths():
+        argv += ["--ro-bind", prefix, prefix]
+    support = _support_dir()
+    argv += ["--ro-bind", str(support / "etc"), "/etc", "--ro-bind", str(support / "runtime.pyc"), SANDBOX_RUNTIME]
+    for name in _ETC_BINDS:
+        argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(64 * mib), "--tmpfs", "/dev/shm",
+             "--size", str(max(64, limits.memory_mb // 4) * mib), "--tmpfs", "/tmp",
+             "--bind", str(workspace), "/workspace", "--chdir", "/workspace", "--remount-ro", "/dev",
+             "--remount-ro", "/"]
+    if _supports_disable_userns():
+        argv.append("--disable-userns")
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
+    return argv + ["--", *command]
+
+
+def _userns_hint() -> str:
+    apparmor = "kernel.apparmor_restrict_unprivileged_userns"
+    checks = {"/proc/sys/kernel/unprivileged_userns_clone": ("0", "sysctl -w kernel.unprivileged_userns_clone=1"),
+              "/proc/sys/user/max_user_namespaces": ("0", "sysctl -w user.max_user_namespaces=15000"),
+              "/proc/sys/" + apparmor.replace(".", "/"):
+                  ("1", f"install the bwrap AppArmor profile, or sysctl -w {apparmor}=0")}
+    for path, (blocked, fix) in checks.items():
+        with contextlib.suppress(OSError):
+            if Path(path).read_text().strip() == blocked:
+                return f"unprivileged user namespaces are disabled: {fix}"
+    return ("bubblewrap cannot create namespaces here (inside a container, run it with --privileged or a seccomp "
+            "profile that allows unshare/clone of user namespaces)")
+
+
+@functools.cache
+def probe_bwrap() -> str | None:
+    """None when the ``local`` sandbox works here; else why not and what to install or set (cached)."""
+    if not sys.platform.startswith("linux"):
+        return f"bubblewrap needs Linux (this is {sys.platform})"
+    if _bwrap_path() is None:
+        return "bubblewrap is not installed: apt-get install bubblewrap (or dnf/pacman install bubblewrap)"
+    seccomp = _confine.seccomp_fd()
+    with tempfile.TemporaryDirectory(prefix="fleet-probe-") as workspace:
+        command = [sys.executable, "-I", "-S", "-c", "pass"]
+        argv = bwrap_argv(Path(workspace), SandboxLimits(), command, seccomp_fd=seccomp)
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False,
+                                  pass_fds=() if seccomp is None else (seccomp,))
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"bubblewrap failed to run: {exc}"
+        finally:
+            if seccomp is not None:
+                os.close(seccomp)
+    if done.returncode == 0:
+        return None
+    error = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit status {done.returncode}"
+    if any(s in error for s in ("namespace", "uid map", "Operation not permitted", "setting up")):
+        return f"{_userns_hint()} (bwrap: {error})"
+    return f"bubblewrap cannot start the sandbox: {error}"
+
+
+def _kernel_counts_nproc_per_userns() -> bool:
+    """Since Linux 5.14 RLIMIT_NPROC set inside a user namespace counts only that namespace's processes."""
+    with contextlib.suppress(ValueError):
+        major, minor = (int(part) for part in os.uname().release.split(".")[:2])
+        return (major, minor) >= (5, 14)
+    return False
+
+
+class ProcessSession:
+    """One worker process speaking the runtime protocol as JSON lines on its stdin/stdout."""
+
+    def __init__(self, workspace: Path, limits: SandboxLimits, *, isolated: bool) -> None:
+        self._workspace, self._limits, self._isolated = workspace, limits, isolated
+        self._process: subprocess.Popen[bytes] | None = None
+        self._cgroup: _confine.Cgroup | None = None
+        self._messages: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._send_lock = threading.Lock()
+        self._stderr_tail = b""
+        self._reason: str | None = None
+
+    def start(self) -> None:
+        limits = self._limits
+        options = ["--max-output-bytes", str(limits.max_output_bytes)]
+        self._cgroup = _confine.Cgroup.create(limits.memory_mb, limits.max_processes + 16)
+        join_fds = self._cgroup.join_fds() if self._cgroup else []
+        seccomp = _confine.seccomp_fd() if self._isolated else None
+        if self._isolated:
+            options += ["--reap", "1"]
+            if _kernel_counts_nproc_per_userns():
+                options += ["--nproc", str(limits.max_processes)]
+            command = [sys.executable, "-I", "-B", SANDBOX_RUNTIME, *options]
+            argv, env, cwd = bwrap_argv(self._workspace, limits, command, seccomp_fd=seccomp), {}, None
+        else:
+            argv = [sys.executable, "-I", "-B", str(_support_dir() / "runtime.pyc"), *options]
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self._workspace), "LANG": "C.UTF-8",
+                   **_tuning_env()}
+            cwd = str(self._workspace)
+        rlimits = _confine.rlimits(limits.memory_mb, limits.cpu_seconds, limits.max_file_mb)
+        try:
+            process = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
+                bufsize=1 << 16, pass_fds=() if seccomp is None else (seccomp,), start_new_session=True,
+                preexec_fn=_confine.preexec(join_fds, rlimits))
+        except OSError as exc:
+            self.kill()
+            raise SessionClosed(f"could not be started: {exc}") from exc
+        finally:
+            for fd in [*join_fds, *([] if seccomp is None else [seccomp])]:
+                os.close(fd)
+        self._process = process
+        _LIVE.add(self)
+        for pipe in (process.stdin, process.stdout):
+            with contextlib.suppress(OSError, AttributeError):  # fewer round trips for big messages
+                fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)  # type: ignore[union-attr]
+        threading.Thread(target=self._read_stdout, args=(process.stdout,), daemon=True).start()
+        threading.Thread(target=self._read_stderr, args=(process.stderr,), daemon=True).start()
+        try:
+            ready = self.receive(START_TIMEOUT_S)
+        except (SessionClosed, ProtocolError) as exc:
+            self.kill()
+            raise SessionClosed(f"exited during start-up: {exc}") from exc
+        if ready is None or ready.get("type") != "ready":
+            self.kill()
+            raise SessionClosed(f"did not become ready within {START_TIMEOUT_S:g} s (got {ready!r})")
+
+    def _read_stdout(self, stream: io.BufferedReader) -> None:
+        with contextlib.suppress(OSError, ValueError):  # ValueError: kill() closed the pipe
+            for line in stream:
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    self._messages.put(ProtocolError(f"not a JSON message: {line[:200]!r}"))
+                    return
+                self._messages.put(message if isinstance(message, dict) else ProtocolError(f"not a message: {line!r}"))
+        self._messages.put(_EOF)
+
+    def _read_stderr(self, stream: io.BufferedReader) -> None:
+        with contextlib.suppress(OSError, ValueError):  # ValueError: kill() closed the pipe
+            for chunk in iter(lambda: stream.read1(65536), b""):
+                self._stderr_tail = (self._stderr_tail + chunk)[-16384:]
+
+    def send(self, message: dict[str, Any]) -> None:
+        data = json.dumps(message).encode() + b"\n"
+        with self._send_lock:
+            process = self._process
+            if process is None or process.stdin is None:
+                raise SessionClosed("has been stopped")
+            try:
+                process.stdin.write(data)
+                process.stdin.flush()
+            except (OSError, ValueError) as exc:
+                raise SessionClosed(self._death_reason()) from exc
+
+    def receive(self, timeout: float) -> dict[str, Any] | None:
+        try:
+            item = self._messages.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if item is _EOF:
+            self._messages.put(_EOF)
+            raise SessionClosed(self._death_reason())
+        if isinstance(item, ProtocolError):
+            raise item
+        return item  # type: ignore[no-any-return]
+
+    def interrupt(self) -> None:
+        with contextlib.suppress(SessionClosed):
+            self.send({"type": "interrupt"})
+
+    def kill(self) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=5)
+            for stream in (process.stdin, process.stdout, process.stderr):
+                with contextlib.suppress(OSError):
+                    if stream is not None:
+                        stream.close()
+        cgroup, self._cgroup = self._cgroup, None
+        if cgroup is not None:
+            cgroup.remove()
+
+    def _death_reason(self) -> str:
+        """Why the worker ended, in words the model can act on (computed once)."""
+        if self._reason is not None:
+            return self._reason
+        process, limits = self._process, self._limits
+        code: int | None = None
+        if process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = process.wait(timeout=2)
+        number = -code if code is not None and code < 0 else code - 128 if code and code > 128 else 0
+        if self._cgroup is not None and self._cgroup.oom_killed():
+            reason = f"was killed because it ran out of memory (limit {limits.memory_mb} MB)"
+        elif number == signal.SIGXCPU:
+            reason = f"was stopped because it used up its CPU time ({limits.cpu_seconds} s)"
+        elif number == signal.SIGKILL:
+            reason = "was killed (SIGKILL; out of memory?)"
+        elif number == signal.SIGSEGV:
+            reason = "crashed with a segmentation fault (SIGSEGV)"
+        elif number in set(signal.Signals):
+            reason = f"was killed by {signal.Signals(number).name}"
+        else:
+            reason = f"exited unexpectedly (status {code})"
+        stderr = self._stderr_tail.decode("utf-8", "replace").strip()  # bwrap errors, Python's fatal errors
+        if "Fatal Python error" in stderr:
+            reason += ":\n" + "\n".join(stderr[stderr.index("Fatal Python error"):].splitlines()[:12])
+        elif stderr:
+            reason += ":\n" + "\n".join(stderr.splitlines()[-5:])
+        self._reason = reason
+        return reason
+
+
+@atexit.register
+def _kill_live_sessions() -> None:
+    for session in list(_LIVE):
+        session.kill()

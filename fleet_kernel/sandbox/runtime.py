@@ -1,0 +1,577 @@
+"""Fleet's in-sandbox runtime: the one module that runs model-written Python in every backend.
+
+Stdlib only, and it must not assume it runs as ``__main__``: the ``local`` backend runs it as a
+script under bubblewrap (``main_stdio``), other backends host ``serve(send, receive)`` over their
+own channel. The host speaks JSON-able dicts; see ``serve`` for the messages.
+
+Semantics: one persistent namespace; host tools are global stubs that block for the host's reply;
+``SUBMIT`` raises a ``BaseException`` so ``except Exception`` in model code cannot swallow it; the
+value of a trailing expression is shown after the printed output; printed output (Python level and,
+with ``capture_fds``, file-descriptor level) is coalesced into ``out`` messages at most ~20/s and
+capped per execution; an ``interrupt`` becomes ``KeyboardInterrupt`` on the thread running the code.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import codecs
+import io
+import itertools
+import json
+import linecache
+import os
+import queue
+import selectors
+import signal
+import sys
+import threading
+import time
+import traceback
+import types
+from collections.abc import Callable
+from typing import Any
+
+Message = dict[str, Any]
+FLUSH_INTERVAL_S = 0.05  # at most ~20 out messages per second while output trickles
+BUFFER_CAP = 8 * 1024  # flush early when this much is pending
+MAX_CHUNK = 256 * 1024  # no single out message carries more text than this
+
+
+def _spawn(target: Callable[[], None], name: str) -> None:
+    """Start a runtime thread with a small stack: reserved address space counts against RLIMIT_AS."""
+    previous = threading.stack_size(512 * 1024)
+    try:
+        threading.Thread(target=target, name=name, daemon=True).start()
+    finally:
+        threading.stack_size(previous)
+
+
+class Submission(BaseException):
+    """Raised by ``SUBMIT``; a ``BaseException`` so model code's ``except Exception`` lets it through."""
+
+    def __init__(self, value: dict[str, Any]) -> None:
+        super().__init__("SUBMIT")
+        self.value = value
+
+
+def _json_default(obj: Any) -> Any:
+    """Best effort for values that are not JSON: numpy scalars/arrays, sets, bytes, else repr."""
+    for attr in ("tolist", "item"):
+        if callable(getattr(obj, attr, None)):
+            return getattr(obj, attr)()
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    if isinstance(obj, (bytes, bytearray)):
+        return obj.decode("utf-8", "replace")
+    return repr(obj)
+
+
+def jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=_json_default))
+
+
+class Output:
+    """Coalesces stdout/stderr text into ``out`` messages and keeps this execution's capped copy."""
+
+    def __init__(self, send: Callable[[Message], None], limit: int, flusher: bool) -> None:
+        self._send, self._limit = send, limit
+        self._lock = threading.Lock()
+        self._pending: list[tuple[str, str]] = []
+        self._pending_size = 0
+        self._captured: list[str] = []
+        self._total = 0
+        self._truncated = False
+        self._last_flush = time.monotonic()
+        self._wake = threading.Event()
+        self._flush_on_write = not flusher  # without a flusher thread, writes flush when it is time
+        if flusher:
+            _spawn(self._flush_loop, "fleet-output")
+
+    def begin(self) -> None:
+        with self._lock:
+            self._captured, self._total, self._truncated = [], 0, False
+
+    def write(self, stream: str, text: str) -> None:
+        if not text:
+            return
+        with self._lock:
+            if self._total >= self._limit:
+                if self._truncated:
+                    return
+                self._truncated = True
+                text = f"\n[output truncated: more than {self._limit} characters]\n"
+            elif self._total + len(text) > self._limit:
+                text = text[: self._limit - self._total]
+            self._total += len(text)
+            self._captured.append(text)
+            if self._pending and self._pending[-1][0] == stream:
+                self._pending[-1] = (stream, self._pending[-1][1] + text)
+            else:
+                self._pending.append((stream, text))
+            self._pending_size += len(text)
+            due = self._flush_on_write and time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S
+            if self._pending_size >= BUFFER_CAP or due:
+                self._flush_locked()
+            else:
+                self._wake.set()
+
+    def flush(self, *, blocking: bool = True) -> None:
+        """Send what is pending; ``blocking=False`` (a signal handler) skips it while a write holds the lock."""
+        if not self._lock.acquire(blocking=blocking):
+            return
+        try:
+            self._flush_locked()
+        finally:
+            self._lock.release()
+
+    def end(self) -> str:
+        """Flush what is pending and return everything this execution printed (capped)."""
+        with self._lock:
+            self._flush_locked()
+            return "".join(self._captured)
+
+    def _flush_locked(self) -> None:
+        if not self._pending:  # an idle tick must not delay the next write's immediate flush
+            return
+        pending, self._pending, self._pending_size = self._pending, [], 0
+        self._last_flush = time.monotonic()
+        for stream, text in pending:
+            for start in range(0, len(text), MAX_CHUNK):
+                self._send({"type": "out", "stream": stream, "text": text[start : start + MAX_CHUNK]})
+
+    def _flush_loop(self) -> None:
+        while True:
+            self._wake.wait()
+            time.sleep(FLUSH_INTERVAL_S)
+            self._wake.clear()
+            self.flush()
+
+
+class Stream(io.TextIOBase):
+    """``sys.stdout``/``sys.stderr`` replacement feeding ``Output``; ``fileno`` is the captured fd."""
+
+    def __init__(self, output: Output, name: str, fd: int | None) -> None:
+        self._output, self._name, self._fd = output, name, fd
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return "utf-8"
+
+    @property
+    def buffer(self) -> io.BufferedIOBase:
+        return _BinaryStream(self)
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        if self._fd is None:
+            raise io.UnsupportedOperation("fileno")
+        return self._fd
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        self._output.write(self._name, text)
+        return len(text)
+
+
+class _BinaryStream(io.BufferedIOBase):
+    def __init__(self, text: Stream) -> None:
+        self._text = text
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self._text.write(bytes(data).decode("utf-8", "replace"))
+        return len(data)
+
+
+class FdCapture:
+    """Points fds 1 and 2 at pipes so ``os.system``, subprocesses and C code are captured too."""
+
+    def __init__(self, output: Output) -> None:
+        self._output = output
+        self._lock = threading.Lock()
+        self._selector = selectors.DefaultSelector()
+        for fd, stream in ((1, "stdout"), (2, "stderr")):
+            read_end, write_end = os.pipe()
+            os.dup2(write_end, fd)
+            os.close(write_end)
+            os.set_blocking(read_end, False)
+            decoder = codecs.getincrementaldecoder("utf-8")("replace")
+            self._selector.register(read_end, selectors.EVENT_READ, (stream, decoder))
+        _spawn(self._read_loop, "fleet-fd-capture")
+
+    def _read_loop(self) -> None:
+        while True:
+            for key, _ in self._selector.select():
+                self._read(key)
+
+    def _read(self, key: selectors.SelectorKey) -> bool:
+        with self._lock:
+            try:
+                data = os.read(key.fd, 65536)
+            except BlockingIOError:
+                return False
+            stream, decoder = key.data
+            self._output.write(stream, decoder.decode(data))
+            return bool(data)
+
+    def drain(self) -> None:
+        """Read what is already in the pipes, so output precedes the ``done`` message."""
+        for key in self._selector.get_map().values():
+            while self._read(key):
+                pass
+
+
+class _QueuedSender:
+    """Sends from one thread, so a ``KeyboardInterrupt`` in the code's thread never cuts a message."""
+
+    def __init__(self, send: Callable[[Message], None]) -> None:
+        self._queue: queue.SimpleQueue[Message] = queue.SimpleQueue()
+        self._send = send
+        _spawn(self._loop, "fleet-send")
+
+    def __call__(self, message: Message) -> None:
+        self._queue.put(message)
+
+    def _loop(self) -> None:
+        while True:
+            self._send(self._queue.get())
+
+
+class Runtime:
+    """The persistent namespace and one execution at a time; driven by ``serve``."""
+
+    def __init__(self, send: Callable[[Message], None], receive: Callable[[], Message] | None,
+                 *, max_output_bytes: int, threaded: bool, capture_fds: bool, reap: bool) -> None:
+        self._send = _QueuedSender(send) if threaded else send
+        self._receive = receive  # only for waiting on tool replies when there are no threads
+        self.output = Output(self._send, max_output_bytes, flusher=threaded)
+        self._capture = FdCapture(self.output) if capture_fds else None
+        out_fd, err_fd = (1, 2) if capture_fds else (None, None)
+        self.streams = Stream(self.output, "stdout", out_fd), Stream(self.output, "stderr", err_fd)
+        sys.stdout, sys.stderr = self.streams
+        self.module = types.ModuleType("__main__")
+        self.module.__dict__["__builtins__"] = builtins
+        sys.modules["__main__"] = self.module
+        self._tools: set[str] = set()
+        self._output_fields: list[dict[str, Any]] | None = None
+        self._injected: dict[str, Any] = {}
+        self._pending: dict[int, queue.SimpleQueue[Message | None]] = {}
+        self._ids = itertools.count(1)
+        self._cells = itertools.count(1)
+        self._pid = os.getpid()
+        self._reap = reap
+        self.running: Any = None  # id of the execution in progress
+        self.interruptible = False  # read by the SIGINT handler, on the code's thread
+        if capture_fds:
+            os.register_at_fork(after_in_child=_print_to_fds)
+
+    # -- tools and SUBMIT -------------------------------------------------------------------------
+
+    def configure(self, tools: list[str], output_fields: list[dict[str, Any]] | None) -> None:
+        namespace = self.module.__dict__
+        for name in self._tools - set(tools):
+            if getattr(namespace.get(name), "_fleet_tool", False):
+                del namespace[name]
+        for name in tools:
+            namespace[name] = self._stub(name)
+        self._tools = set(tools)
+        self._output_fields = output_fields
+        namespace["SUBMIT"] = self.submit
+
+    def _stub(self, name: str) -> Callable[..., Any]:
+        def tool(*args: Any, **kwargs: Any) -> Any:
+            return self.call_tool(name, args, kwargs)
+
+        tool.__name__ = tool.__qualname__ = name
+        tool._fleet_tool = True  # type: ignore[attr-defined]
+        return tool
+
+    def call_tool(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        call_id = next(self._ids)
+        request = {"type": "tool_call", "id": call_id, "name": name, "args": jsonable(list(args)),
+                   "kwargs": jsonable(kwargs)}
+        if self._receive is not None:
+            reply: Message | None = self._wait_inline(request)
+        else:
+            waiter: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
+            self._pending[call_id] = waiter
+            try:
+                self._send(request)
+                reply = waiter.get()
+            finally:
+                self._pending.pop(call_id, None)
+        if reply is None:
+            raise EOFError("the host went away during a tool call")
+        if reply["type"] == "tool_error":
+            raise _tool_exception(reply.get("error") or {})
+        return reply.get("value")
+
+    def _wait_inline(self, request: Message) -> Message:
+        assert self._receive is not None
+        self._send(request)
+        while True:
+            message = self._receive()
+            if message.get("type") == "interrupt":
+                raise KeyboardInterrupt
+            if message.get("type") in ("tool_result", "tool_error") and message.get("id") == request["id"]:
+                return message
+
+    def deliver(self, message: Message | None) -> None:
+        """Route a tool reply from the reader thread to the call waiting for it (stale ones are dropped)."""
+        if message is None:
+            for waiter in list(self._pending.values()):
+                waiter.put(None)
+            return
+        pending = self._pending.get(message.get("id"))  # type: ignore[arg-type]
+        if pending is not None:
+            pending.put(message)
+
+    def submit(self, *args: Any, **kwargs: Any) -> None:
+        fields = [f["name"] for f in self._output_fields or []]
+        if args and kwargs:
+            raise TypeError("SUBMIT takes either positional or keyword values, not both")
+        if not fields:
+            if len(args) == 1:
+                raise Submission({"output": jsonable(args[0])})
+            if not kwargs:
+                raise TypeError("SUBMIT takes exactly one value")
+            raise Submission(jsonable(kwargs))
+        if len(args) > len(fields):
+            raise TypeError(f"SUBMIT takes {len(fields)} value(s): SUBMIT({', '.join(fields)})")
+        values = dict(zip(fields, args, strict=False)) if args else dict(kwargs)
+        missing, unknown = [f for f in fields if f not in values], [k for k in values if k not in fields]
+        if missing or unknown:
+            detail = f"missing {missing}" if missing else f"unknown {unknown}"
+            raise TypeError(f"SUBMIT fields do not match ({detail}); expected SUBMIT({', '.join(fields)})")
+        raise Submission(jsonable(values))
+
+    # -- execution --------------------------------------------------------------------------------
+
+    def execute(self, request: Message) -> Message:
+        """Run one cell and return its ``done`` message (also sent to the host)."""
+        if "tools" in request or "output_fields" in request:
+            self.configure(request.get("tools", sorted(self._tools)), request.get("output_fields"))
+        sys.stdout, sys.stderr = self.streams  # in case earlier code replaced them and never put them back
+        namespace = self.module.__dict__
+        for name, value in self._injected.items():
+            if namespace.get(name) is not value:  # model code rebound an input: restore it, as dspy does
+                namespace[name] = value
+        variables = request.get("variables") or {}
+        namespace.update(variables)
+        self._injected.update(variables)
+        self.output.begin()
+        try:
+            done = self._run(str(request.get("code", "")))
+        finally:
+            if os.getpid() != self._pid:  # a fork of this process finished the cell: never reply twice
+                os._exit(0)
+        if done["kind"] in ("error", "interrupted") and self._reap:
+            _reap_strays()
+        if self._capture is not None:
+            self._capture.drain()
+        done.update(type="done", id=request.get("id"), output=self.output.end())
+        self._send(done)
+        return done
+
+    def _run(self, code: str) -> Message:
+        filename = f"<cell {next(self._cells)}>"
+        try:
+            tree = ast.parse(code, filename, "exec")
+        except SyntaxError as exc:
+            text = "".join(traceback.format_exception_only(type(exc), exc))
+            return {"kind": "syntax", "value": None, "error": _error(exc, text)}
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        last = tree.body[-1] if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        if last is not None:
+            tree.body.pop()
+        namespace = self.module.__dict__
+        try:
+            self.interruptible = True
+            try:
+                exec(compile(tree, filename, "exec"), namespace)
+                value = eval(compile(ast.Expression(last.value), filename, "eval"), namespace) if last else None
+            finally:
+                self.interruptible = False
+        except Submission as submission:
+            return {"kind": "final", "value": submission.value, "error": None}
+        except KeyboardInterrupt as exc:
+            return {"kind": "interrupted", "value": None, "error": _error(exc, _format(exc))}
+        except BaseException as exc:  # SystemExit too: exit() must not end the REPL
+            return {"kind": "error", "value": None, "error": _error(exc, _format(exc))}
+        return {"kind": "result", "value": None if value is None else _repr(value), "error": None}
+
+
+def _repr(value: Any) -> str:
+    try:
+        return repr(value)
+    except Exception as exc:  # a broken __repr__ is the model's bug, not ours
+        return f"<unprintable {type(value).__name__}: {exc!r}>"
+
+
+def _print_to_fds() -> None:
+    """In a forked child (no runtime threads there): print straight to the captured fds."""
+    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+
+
+def _tool_exception(error: dict[str, Any]) -> Exception:
+    """Rebuild a host tool's exception: the builtin type when there is one, else RuntimeError."""
+    name, message = str(error.get("type") or "Error"), str(error.get("message") or "")
+    cls = getattr(builtins, name, None)
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            return cls(message)
+        except Exception:
+            pass
+    return RuntimeError(f"{name}: {message}")
+
+
+def _error(exc: BaseException, text: str) -> dict[str, str]:
+    return {"type": type(exc).__name__, "message": str(exc), "traceback": text}
+
+
+_THIS_FILE = _repr.__code__.co_filename
+
+
+def _format(exc: BaseException) -> str:
+    """The traceback without this module's frames, so the model sees only its own code."""
+    te = traceback.TracebackException.from_exception(exc)
+    seen: set[int] = set()
+    stack: list[traceback.TracebackException | None] = [te]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        node.stack = traceback.StackSummary.from_list([f for f in node.stack if f.filename != _THIS_FILE])
+        stack += [node.__cause__, node.__context__]
+    return "".join(te.format())
+
+
+def _reap_strays() -> None:
+    """Kill every other process in this pid namespace (stray children, fork bombs) and reap our zombies."""
+    if os.getppid() != 1:  # only as the direct child of the namespace's init, never on a shared host
+        return
+    for _ in range(100):
+        try:
+            os.kill(-1, signal.SIGKILL)  # everyone but init and ourselves
+        except OSError:
+            return  # nobody left
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        time.sleep(0.005)
+
+
+def serve(send: Callable[[Message], None], receive: Callable[[], Message], *, max_output_bytes: int = 1_000_000,
+          threaded: bool = True, capture_fds: bool = False, reap: bool = False,
+          flush_signal: int | None = None) -> None:
+    """Answer the host until it sends ``shutdown`` or ``receive`` raises ``EOFError``.
+
+    Host to sandbox: ``execute{id, code, variables, tools?, output_fields?}``, ``tool_result{id, value}``,
+    ``tool_error{id, error: {type, message}}``, ``interrupt``, ``shutdown``. Sandbox to host: ``ready``,
+    ``out{stream, text}``, ``tool_call{id, name, args, kwargs}``, ``done{id, kind, value, output, error}``
+    with ``kind`` one of result, final, syntax, error, interrupted.
+
+    ``threaded`` needs the main thread (SIGINT lands there); without threads (Pyodide) tool replies are
+    read inline and the host interrupts by its own means. ``reap`` is only safe in a private pid namespace.
+    ``flush_signal`` (no threads, so no flusher): the host raises this signal while code runs, and each
+    one sends the output buffered so far (Pyodide raises it through its interrupt buffer).
+    """
+    runtime = Runtime(send, None if threaded else receive, max_output_bytes=max_output_bytes,
+                      threaded=threaded, capture_fds=capture_fds, reap=reap)
+    requests: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if runtime.interruptible:  # a late interrupt must never break the runtime's own code
+            raise KeyboardInterrupt
+
+    if threaded or flush_signal is not None:
+        signal.signal(signal.SIGINT, on_sigint)
+    if flush_signal is not None:
+        signal.signal(flush_signal, lambda signum, frame: runtime.output.flush(blocking=False))
+    if threaded:
+        main = threading.main_thread()
+
+        def read_loop() -> None:
+            try:
+                while True:
+                    message = receive()
+                    kind = message.get("type")
+                    if kind in ("tool_result", "tool_error"):
+                        runtime.deliver(message)
+                    elif kind == "interrupt":
+                        if runtime.running is not None and message.get("id") in (None, runtime.running):
+                            signal.pthread_kill(main.ident or 0, signal.SIGINT)
+                    else:
+                        requests.put(message)
+            except (EOFError, OSError, ValueError):
+                pass
+            runtime.deliver(None)
+            requests.put(None)
+
+        _spawn(read_loop, "fleet-receive")
+    runtime._send({"type": "ready", "pid": os.getpid(), "python": sys.version.split()[0]})
+    while True:
+        try:
+            message = requests.get() if threaded else receive()
+        except EOFError:
+            return
+        if message is None or message.get("type") == "shutdown":
+            return
+        if message.get("type") == "execute":
+            runtime.running = message.get("id")
+            try:
+                runtime.execute(message)
+            finally:
+                runtime.running = None
+
+
+def main_stdio(argv: list[str] | None = None) -> None:
+    """Entry point for process backends: protocol on private copies of stdin/stdout, JSON lines."""
+    import faulthandler
+    import resource
+
+    args = iter(argv if argv is not None else sys.argv[1:])
+    options = dict(zip(args, args, strict=False))
+    protocol_in = os.fdopen(os.dup(0), "rb", buffering=1 << 20)  # big variables arrive as one line
+    protocol_out = os.fdopen(os.dup(1), "wb", buffering=1 << 16)
+    crash_log = os.fdopen(os.dup(2), "w")  # the host reads fatal errors (segfaults) here
+    faulthandler.enable(crash_log)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)  # input() sees EOF instead of eating protocol bytes
+    os.close(null)
+    if "--nproc" in options:
+        limit = int(options["--nproc"])
+        resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+
+    def send(message: Message) -> None:
+        protocol_out.write(json.dumps(message, default=_json_default).encode() + b"\n")
+        protocol_out.flush()
+
+    def receive() -> Message:
+        line = protocol_in.readline()
+        if not line:  # the host closed the channel or died: nobody is left to answer, even mid-execution
+            os._exit(0)
+        message: Message = json.loads(line)
+        return message
+
+    serve(send, receive, max_output_bytes=int(options.get("--max-output-bytes", 1_000_000)),
+          capture_fds=True, reap=options.get("--reap") == "1")
+    os._exit(0)  # do not wait for threads the model's code left running
+
+
+if __name__ == "__main__":
+    main_stdio()
