@@ -164,6 +164,24 @@ def test_one_warm_sandbox_per_session(settings: Settings, workspace: Workspace, 
     assert len(fake.sandboxes) == 2
 
 
+def test_stopped_sandboxes_restart_and_deleted_ones_are_replaced(settings: Settings, workspace: Workspace,
+                                                                  client, fake: FakeDaytona) -> None:
+    factory = daytona.open_daytona(settings, workspace.root)
+    factory().execute("open('/workspace/artifacts/kept.txt', 'w').write('on the volume')")
+    factory.close()
+    first = next(iter(fake.sandboxes))
+    client.get(first).stop()  # Daytona's auto-stop between turns
+    factory = daytona.open_daytona(settings, workspace.root)
+    assert factory().execute("print(open('/workspace/artifacts/kept.txt').read())") == "on the volume"
+    factory.close()
+    assert list(fake.sandboxes) == [first] and fake.sandboxes[first].state == "started"
+    client.delete(client.get(first), wait=True)
+    factory = daytona.open_daytona(settings, workspace.root)
+    assert factory().execute("print(open('/workspace/artifacts/kept.txt').read())") == "on the volume"
+    factory.close()
+    assert len(fake.sandboxes) == 1 and first not in fake.sandboxes
+
+
 def test_workspace_syncs_both_ways(settings: Settings, workspace: Workspace) -> None:
     (workspace.root / "files" / "data.csv").write_text("a,b\n1,2\n")
     (workspace.root / "artifacts" / "old.txt").write_text("to be deleted by the code")
