@@ -27,7 +27,7 @@ if [[ ! -x .venv/bin/python ]]; then
   say "Creating .venv with $($PYTHON --version)"
   $PYTHON -m venv .venv
 fi
-extras="daytona,pyodide"
+extras="daytona,pyodide,lab"
 [[ "${FLEET_SETUP_TEST:-0}" == 1 ]] && extras="$extras,test"
 say "Installing fleet-kernel[$extras] into .venv"
 .venv/bin/python -m pip install -q --upgrade pip
