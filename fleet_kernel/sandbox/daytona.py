@@ -180,16 +180,16 @@ def acquire(settings: Settings, workspace: Path) -> DaytonaBox:
             box = _boxes.get(key)
         if box is not None and box.ensure_running():
             return box
+        box = _find(client, store, session_id, url)
         with _lock:
             first = (url, store) not in _cleaned
             _cleaned.add((url, store))
-            keep = {b.id for b in _boxes.values()}
-        if first:
+            keep = {b.id for b in [*_boxes.values(), box] if b is not None}
+        if first:  # once per process and store: what earlier processes left stopped or broken
             try:
                 cleanup_stale(client, store, keep=keep)
             except sdk.DaytonaError as exc:
                 logger.warning("Daytona: cleaning up stale sandboxes failed: %s", exc)
-        box = _find(client, store, session_id, url)
         if box is None:
             box = DaytonaBox(client, _create(client, settings, store, session_id), session_id=session_id, api_url=url)
         _daytona_sync.ensure_remote_dirs(box)
