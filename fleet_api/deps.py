@@ -32,13 +32,24 @@ class FleetState:
         now = time.monotonic()
         if self._sandbox is None or now - self._sandbox[0] > SANDBOX_CHECK_TTL_S:
             try:
-                ok, detail = True, self.runner.sandbox_name()
+                ok, detail = _probe(self.runner.sandbox_name())
             except FleetError as exc:
                 ok, detail = False, exc.message
             except ImportError as exc:
                 ok, detail = False, f"the sandbox package cannot be imported: {exc}"
             self._sandbox = (now, ok, detail)
         return self._sandbox[1], self._sandbox[2]
+
+
+def _probe(backend: str) -> tuple[bool, str]:
+    """Whether ``backend`` can start here; only the local (bubblewrap) one can be probed cheaply."""
+    if backend == "local":
+        from fleet_kernel.sandbox import probe_bwrap
+
+        reason = probe_bwrap()
+        if reason is not None:
+            return False, f"local: {reason}"
+    return True, backend
 
 
 def get_state(request: Request) -> FleetState:

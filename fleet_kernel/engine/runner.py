@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 0.5
 CANCEL_GRACE_S = 1.0
+ANNOUNCE_WAIT_S = 0.25
 MAX_TASK_CHARS = 100_000
 
 
@@ -209,6 +210,7 @@ class TurnRunner:
         turn = running.turn
         started = time.perf_counter()
         try:
+            await self._announced(turn.turn_id)
             job = await self._prepare(running)
             running.job = job
             if running.cancel_requested.is_set():
@@ -221,6 +223,15 @@ class TurnRunner:
 
             outcome = Outcome("failed", error={"type": type(exc).__name__, "message": str(exc)[:2000]})
         await self._finish(running, outcome, (time.perf_counter() - started) * 1000)
+
+    async def _announced(self, turn_id: str) -> None:
+        """Let ``turn.started`` reach the store and its watchers before the turn's heavy start-up
+        (history, workspace, dspy, sandbox) competes with the event writer for this process."""
+        assert self._writer is not None
+        try:
+            await asyncio.wait_for(self._writer.wait_committed(turn_id, 1), ANNOUNCE_WAIT_S)
+        except TimeoutError:
+            pass  # a slow store must not hold the turn back
 
     async def _prepare(self, running: _Running) -> TurnJob:
         from fleet_kernel.engine.turn import TurnJob

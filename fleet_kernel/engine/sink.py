@@ -59,6 +59,8 @@ class EventWriter:
         self._queue: asyncio.Queue[Event | None] = asyncio.Queue()
         self._task = self._loop.create_task(self._run(), name="fleet-event-writer")
         self._flushed: dict[str, asyncio.Event] = {}
+        self._last_seq: dict[str, int] = {}  # committed so far, for turns still open
+        self._progress: dict[str, asyncio.Event] = {}
 
     def put(self, event: Event) -> None:
         """Thread-safe: queue an event for commit."""
@@ -98,8 +100,19 @@ class EventWriter:
                 await asyncio.sleep(0.1 * (attempt + 1))
         self.hub.publish(batch)
         for event in batch:
-            if event.terminal and event.turn_id in self._flushed:
-                self._flushed.pop(event.turn_id).set()
+            self._last_seq[event.turn_id] = max(self._last_seq.get(event.turn_id, 0), event.seq)
+            if event.terminal:
+                self._last_seq.pop(event.turn_id, None)
+                if event.turn_id in self._flushed:
+                    self._flushed.pop(event.turn_id).set()
+        for turn_id in {event.turn_id for event in batch}:
+            if turn_id in self._progress:
+                self._progress.pop(turn_id).set()
+
+    async def wait_committed(self, turn_id: str, seq: int) -> None:
+        """Return once event ``seq`` of an open turn is committed and delivered."""
+        while self._last_seq.get(turn_id, 0) < seq:
+            await self._progress.setdefault(turn_id, asyncio.Event()).wait()
 
     def terminal_committed(self, turn_id: str) -> asyncio.Event:
         """An asyncio event set once the turn's terminal event is committed and delivered."""

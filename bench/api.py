@@ -1,0 +1,257 @@
+"""Benchmark of the HTTP front door: latency and throughput of turns and their SSE streams.
+
+    .venv/bin/python bench/api.py            # full run, prints a table
+    .venv/bin/python bench/api.py --quick    # fewer samples
+
+Two `fleet serve` processes share one store (SQLite in a temp FLEET_HOME, or FLEET_BENCH_DATABASE_URL):
+A serves every watcher; turns run on A ("in-process": events reach watchers through A's in-memory
+hub) or on B ("cross-process": A tails them from the store). The LM is the scripted one from
+tests/, so numbers measure Fleet, not a provider. Turns run in the configured sandbox (local
+bubblewrap by default).
+
+Latency "commit -> delivery" is measured from the event's own ``ts`` (stamped when it is emitted,
+a few ms before its commit) to its arrival at the client, so it is an upper bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from scripted_lm import ScriptedLM, step  # noqa: E402
+
+from fleet_api.server import spawn_sidecar  # noqa: E402
+
+TARGET_FIRST_EVENT_MS = 20.0
+TARGET_CROSS_P95_MS = 100.0
+
+
+# ---------------------------------------------------------------------- SSE client
+
+
+@dataclass
+class Watch:
+    started: float
+    connected_wall: float = field(default_factory=time.time)
+    arrivals: list[float] = field(default_factory=list)
+    lags_ms: list[float] = field(default_factory=list)
+    last_type: str = ""
+
+
+def _ts(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+async def consume(response: httpx.Response, watch: Watch) -> Watch:
+    """Read frames until the stream ends, noting each event's arrival and lag behind its ``ts``."""
+    import json
+
+    async for line in response.aiter_lines():
+        if line.startswith("data: "):
+            now = time.time()
+            envelope = json.loads(line[6:])
+            watch.arrivals.append(time.perf_counter())
+            emitted = _ts(envelope["ts"])
+            if emitted >= watch.connected_wall:  # live, not replayed from before the watcher connected
+                watch.lags_ms.append((now - emitted) * 1000)
+            watch.last_type = envelope["type"]
+    return watch
+
+
+async def watch_turn(client: httpx.AsyncClient, session_id: str, turn_id: str) -> Watch:
+    watch = Watch(time.perf_counter())
+    async with client.stream("GET", f"/api/sessions/{session_id}/turns/{turn_id}/events") as response:
+        return await consume(response, watch)
+
+
+async def new_session(client: httpx.AsyncClient) -> str:
+    return str((await client.post("/api/sessions", json={"title": "bench"})).json()["session_id"])
+
+
+async def start_async(client: httpx.AsyncClient, session_id: str, task: str) -> str:
+    response = await client.post(
+        f"/api/sessions/{session_id}/turns", json={"task": task}, headers={"Prefer": "respond-async"}
+    )
+    response.raise_for_status()
+    return str(response.json()["turn_id"])
+
+
+def script(iterations: int, *, delay_s: float = 0.0, lines: int = 1) -> list[dict[str, object]]:
+    code = "\n".join(f"print('line {i}')" for i in range(lines))
+    steps = [{"delay": delay_s, **step(f"Step {i}.", code)} if delay_s else step(f"Step {i}.", code)
+             for i in range(iterations)]
+    return [*steps, step("Done.", "SUBMIT(answer='ok')")]
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+# ---------------------------------------------------------------------- measurements
+
+
+async def first_event(a: httpx.AsyncClient, lm: ScriptedLM, samples: int) -> list[float]:
+    """Milliseconds from sending POST .../turns to reading its first event (turn.started)."""
+    latencies = []
+    for i in range(samples):
+        task = f"first-event sample {i}"
+        lm.add(task, script(0))
+        session_id = await new_session(a)
+        sent = time.perf_counter()
+        async with a.stream("POST", f"/api/sessions/{session_id}/turns", json={"task": task}) as response:
+            watch = Watch(sent)
+            async for line in response.aiter_lines():
+                if line.startswith("data: ") and not watch.arrivals:
+                    watch.arrivals.append(time.perf_counter())
+        latencies.append((watch.arrivals[0] - sent) * 1000)
+    return latencies
+
+
+async def fan_out(a: httpx.AsyncClient, lm: ScriptedLM, watchers: int, iterations: int) -> tuple[float, float, int]:
+    """Events/s delivered to ``watchers`` clients of one turn: live (while it runs) and replayed after."""
+    task = f"fan-out to {watchers}"
+    lm.add(task, script(iterations, lines=3))
+    session_id = await new_session(a)
+    turn_id = await start_async(a, session_id, task)
+    live = await asyncio.gather(*(watch_turn(a, session_id, turn_id) for _ in range(watchers)))
+    delivered = sum(len(w.arrivals) for w in live)
+    live_rate = delivered / (max(w.arrivals[-1] for w in live) - min(w.started for w in live))
+    begin = time.perf_counter()
+    replay = await asyncio.gather(*(watch_turn(a, session_id, turn_id) for _ in range(watchers)))
+    replay_rate = sum(len(w.arrivals) for w in replay) / (time.perf_counter() - begin)
+    return live_rate, replay_rate, len(live[0].arrivals)
+
+
+async def concurrent_turns(
+    runner: httpx.AsyncClient, watcher: httpx.AsyncClient, lm: ScriptedLM, label: str, turns: int
+) -> dict[str, float]:
+    """``turns`` turns on as many sessions at once, each with a 50 ms LM, watched through ``watcher``."""
+    sessions = [await new_session(watcher) for _ in range(turns)]
+    tasks = [f"{label} concurrent turn {i}" for i in range(turns)]
+    for task in tasks:
+        lm.add(task, script(4, delay_s=0.05))
+    begin = time.perf_counter()
+    turn_ids = await asyncio.gather(*(start_async(runner, s, t) for s, t in zip(sessions, tasks, strict=True)))
+    watches = await asyncio.gather(*(watch_turn(watcher, s, t) for s, t in zip(sessions, turn_ids, strict=True)))
+    elapsed = time.perf_counter() - begin
+    lags = [lag for w in watches for lag in w.lags_ms]
+    completed = sum(w.last_type == "turn.completed" for w in watches)
+    return {
+        "turns_per_s": completed / elapsed,
+        "events_per_s": sum(len(w.arrivals) for w in watches) / elapsed,
+        "p50_ms": pct(lags, 0.50),
+        "p95_ms": pct(lags, 0.95),
+        "max_ms": max(lags),
+        "completed": completed,
+        "elapsed_s": elapsed,
+    }
+
+
+# ---------------------------------------------------------------------- driver
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def run(url_a: str, url_b: str, lm: ScriptedLM, quick: bool) -> list[tuple[str, str, str]]:
+    limits = httpx.Limits(max_connections=400, max_keepalive_connections=400)
+    rows: list[tuple[str, str, str]] = []
+    async with (
+        httpx.AsyncClient(base_url=url_a, timeout=120, limits=limits) as a,
+        httpx.AsyncClient(base_url=url_b, timeout=120, limits=limits) as b,
+    ):
+        for client, name in ((a, "warm-up A"), (b, "warm-up B")):  # dspy import, first sandbox
+            lm.add(name, script(1))
+            await watch_turn(client, sid := await new_session(client), await start_async(client, sid, name))
+
+        first = await first_event(a, lm, 10 if quick else 30)
+        ok = pct(first, 0.5) < TARGET_FIRST_EVENT_MS
+        rows.append((
+            "request -> first event (POST .../turns)",
+            f"p50 {pct(first, 0.5):.1f} ms, p95 {pct(first, 0.95):.1f} ms, max {max(first):.1f} ms",
+            f"< {TARGET_FIRST_EVENT_MS:g} ms: {'met' if ok else 'MISSED'}",
+        ))
+        for n in (1, 10, 100):
+            live, replay, events = await fan_out(a, lm, n, 10 if quick else 20)
+            rows.append((
+                f"{n} SSE watcher(s) of one turn ({events} events)",
+                f"live {live:,.0f} events/s, replay {replay:,.0f} events/s",
+                "",
+            ))
+        count = 10 if quick else 20
+        for label, runner in (("in-process", a), ("cross-process", b)):
+            result = await concurrent_turns(runner, a, lm, label, count)
+            target = ""
+            if label == "cross-process":
+                met = result["p95_ms"] < TARGET_CROSS_P95_MS
+                target = f"p95 < {TARGET_CROSS_P95_MS:g} ms: {'met' if met else 'MISSED'}"
+            rows.append((
+                f"{count} concurrent turns, 50 ms LM, {label}",
+                f"{result['completed']:.0f} done in {result['elapsed_s']:.2f} s: {result['turns_per_s']:.1f} turns/s, "
+                f"{result['events_per_s']:,.0f} events/s; commit->delivery p50 {result['p50_ms']:.1f} ms, "
+                f"p95 {result['p95_ms']:.1f} ms, max {result['max_ms']:.1f} ms",
+                target,
+            ))
+    return rows
+
+
+def print_table(rows: list[tuple[str, str, str]], store: str) -> None:
+    head = ("measurement", f"result ({store})", "target")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(3)]
+    line = "+-" + "-+-".join("-" * w for w in widths) + "-+"
+    print(line)
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)) + " |")
+    print(line)
+    for row in rows:
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
+    print(line)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer samples")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="fleet-bench-") as home, ScriptedLM() as lm:
+        env = {"FLEET_HOME": home, "LITELLM_LOCAL_MODEL_COST_MAP": "True", **lm.env()}
+        if os.environ.get("FLEET_BENCH_DATABASE_URL"):
+            env["FLEET_DATABASE_URL"] = os.environ["FLEET_BENCH_DATABASE_URL"]
+            from fleet_kernel.store import migrate
+
+            migrate.upgrade(env["FLEET_DATABASE_URL"])
+        for var in [v for v in os.environ if v.startswith("FLEET_") and v not in env]:
+            os.environ.pop(var)
+        port_a, port_b = free_port(), free_port()
+        servers = [spawn_sidecar(port_a, env=env), spawn_sidecar(port_b, env=env)]
+        try:
+            rows = asyncio.run(run(f"http://127.0.0.1:{port_a}", f"http://127.0.0.1:{port_b}", lm, args.quick))
+        finally:
+            for server in servers:
+                server.terminate()
+            for server in servers:
+                server.wait(30)
+        store = "postgresql" if "FLEET_DATABASE_URL" in env else "sqlite"
+        print_table(rows, store)
+
+
+if __name__ == "__main__":
+    main()
