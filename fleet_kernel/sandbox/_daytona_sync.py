@@ -87,7 +87,10 @@ def ensure_remote_dirs(box: DaytonaBox) -> None:
 
 def push(box: DaytonaBox, root: Path) -> None:
     """Before a turn: upload local changes, delete what was deleted locally, fetch what only the sandbox has."""
-    local, remote = local_files(root), remote_files(box)
+    local = local_files(root)
+    if box.baseline and box.baseline == {rel: digest for rel, (_, digest) in local.items()}:
+        return  # nothing changed here since the last sync with this sandbox
+    remote = remote_files(box)
     uploads = [rel for rel, (_, digest) in local.items() if remote.get(rel, (0, ""))[1] != digest]
     deletes = [rel for rel in remote if rel not in local and rel in box.baseline]
     fetches = [rel for rel in remote if rel not in local and rel not in box.baseline]
