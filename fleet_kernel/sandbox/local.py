@@ -129,16 +129,16 @@ def bwrap_argv(workspace: Path, limits: SandboxLimits, command: list[str], *, se
             argv += ["--symlink", os.readlink(path), str(path)]
         elif path.is_dir():
             argv += ["--ro-bind", str(path), str(path)]
-    for prefix in _python_paths():
-        argv += ["--ro-bind", prefix, prefix]
     support = _support_dir()
     argv += ["--ro-bind", str(support / "etc"), "/etc", "--ro-bind", str(support / "runtime.pyc"), SANDBOX_RUNTIME]
     for name in _ETC_BINDS:
         argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(64 * mib), "--tmpfs", "/dev/shm",
              "--size", str(max(64, limits.memory_mb // 4) * mib), "--tmpfs", "/tmp",
-             "--bind", str(workspace), "/workspace", "--chdir", "/workspace", "--remount-ro", "/dev",
-             "--remount-ro", "/"]
+             "--bind", str(workspace), "/workspace", "--chdir", "/workspace"]
+    for prefix in _python_paths():  # after /tmp's tmpfs, which would hide a venv that lives under /tmp
+        argv += ["--ro-bind", prefix, prefix]
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
     if _supports_disable_userns():
         argv.append("--disable-userns")
     if seccomp_fd is not None:
