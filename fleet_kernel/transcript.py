@@ -28,6 +28,8 @@ KEEP_OUTPUT_CHARS = 64_000
 """Output kept per iteration in memory; the store keeps all of it."""
 SHOW_OUTPUT_CHARS = 4_000
 """Output shown per iteration in a transcript."""
+OPEN_ITERATIONS = 3
+"""A transcript with this many iterations or fewer shows them expanded; longer ones start collapsed."""
 INLINE_IMAGE_MIMES = ("image/png", "image/jpeg")
 MAX_INLINE_IMAGE_BYTES = 5 * 1024 * 1024
 KERNELSPEC = {"name": "fleet", "display_name": "Fleet RLM", "language": "markdown"}
@@ -271,8 +273,9 @@ def render_html(view: TurnView) -> str:
     """The transcript as self-contained HTML; every model-written string is escaped."""
     esc = html.escape
     out = [f'<div class="fleet-transcript"><p style="opacity:.75"><em>{esc(_header(view))}</em></p>']
+    opened = " open" if len(view.iterations) <= OPEN_ITERATIONS else ""
     for it in view.iterations:
-        out.append(f"<details><summary><b>{esc(it.label)}</b>{esc(iteration_note(it))}</summary>")
+        out.append(f"<details{opened}><summary><b>{esc(it.label)}</b>{esc(iteration_note(it))}</summary>")
         out.append(iteration_html(it))
         out.append("</details>")
     for line in _artifact_lines(view, ""):

@@ -135,9 +135,9 @@ async def cmd_output(ctx: KernelContext, args: list[str]) -> Reply:
         if args[0] not in OUTPUTS:
             raise _usage_error("usage: %fleet output text|rich")
         ctx.explicit_output = args[0]  # type: ignore[assignment]
-    mode = ctx.output_mode()
-    what = "plain text streams (for terminals)" if mode == "text" else "a live view, then the transcript"
-    return Reply(f"Output: {mode}: turns are shown as {what}.")
+    mode, live = ctx.output_mode(), ctx.live_mode()
+    what = {"text": "text streams", "widgets": "a live widget card", "plain": "live displays"}[live]
+    return Reply(f"Output: {mode}. Here, turns are shown as {what} ({live}), then as their transcript.")
 
 
 async def cmd_status(ctx: KernelContext, args: list[str]) -> Reply:

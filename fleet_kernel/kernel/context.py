@@ -44,6 +44,8 @@ class KernelContext:
         self.runner: TurnRunner | None = None
         self.session_id: str | None = None
         self.explicit_output: OutputMode | None = _env_output()
+        self.widgets_seen = False  # a widget manager (JupyterLab) opened its control comm
+        self.console_seen = False  # a terminal asked for its up-arrow history before any cell ran
         self._open_lock = asyncio.Lock()
         self.warm = threading.Event()
         self._warm_started = False
@@ -137,6 +139,13 @@ class KernelContext:
             return self.settings.policy.kernel.output
         except Exception:  # noqa: BLE001 - a config error is reported by the turn, not here
             return "rich"
+
+    def live_mode(self) -> str:
+        """How a turn is shown live: ``widgets``, ``plain`` displays, or ``text`` streams."""
+        mode = self.output_mode()
+        if mode == "text" or (self.explicit_output is None and self.console_seen and not self.widgets_seen):
+            return "text"
+        return "widgets" if self.widgets_seen else "plain"
 
     def workspace_root(self) -> Path:
         assert self.session_id is not None

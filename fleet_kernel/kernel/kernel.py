@@ -48,8 +48,6 @@ class FleetKernel(Kernel):
         self.ctx = KernelContext()
         self._active: Any = None  # the running TurnHandle
         self._interrupted = threading.Event()
-        self._widgets_seen = False
-        self._console_seen = False
         self._executed = False
         self._wire_comms()
 
@@ -66,7 +64,7 @@ class FleetKernel(Kernel):
 
     def _comm_open(self, stream: Any, ident: Any, msg: dict[str, Any]) -> None:
         if msg["content"].get("target_name") == WIDGET_CONTROL_TARGET:
-            self._widgets_seen = True  # a widget manager (JupyterLab) is attached
+            self.ctx.widgets_seen = True
         self.comm_manager.comm_open(stream, ident, msg)
 
     def _register_widget_target(self) -> None:
@@ -155,7 +153,7 @@ class FleetKernel(Kernel):
             reply = await commands.run_line(self.ctx, line)
             if silent:
                 continue
-            if self.ctx.output_mode() == "text":
+            if self.ctx.live_mode() == "text":
                 pub.stream("stdout", reply.text.rstrip("\n") + "\n")
             else:
                 data = {"text/plain": reply.text}
@@ -163,12 +161,6 @@ class FleetKernel(Kernel):
                     data["text/markdown"] = reply.markdown
                 pub.display(data)
         return self._ok()
-
-    def _live_mode(self) -> str:
-        mode = self.ctx.output_mode()
-        if mode == "text" or (self.ctx.explicit_output is None and self._console_seen and not self._widgets_seen):
-            return "text"
-        return "widgets" if self._widgets_seen else "plain"
 
     async def _turn(self, task: str, parent: dict[str, Any]) -> dict[str, Any]:
         from fleet_kernel.kernel.display import PlainLive, Publisher, TextLive, WidgetLive, finish_turn
@@ -181,7 +173,7 @@ class FleetKernel(Kernel):
         self._active = handle
         if self._interrupted.is_set():
             handle.cancel("interrupted")
-        pub, view, mode = Publisher(self, parent), TurnView(), self._live_mode()
+        pub, view, mode = Publisher(self, parent), TurnView(), self.ctx.live_mode()
         if mode == "widgets":
             live: Any = WidgetLive(pub, view, lambda: handle.cancel("stopped from the notebook"))
         else:
@@ -235,7 +227,7 @@ class FleetKernel(Kernel):
         from fleet_kernel.kernel.history import history
 
         if not self._executed and hist_access_type == "tail":
-            self._console_seen = True  # terminals ask for their up-arrow history at start; notebooks do not
+            self.ctx.console_seen = True  # terminals ask for their up-arrow history at start; notebooks do not
         try:
             await self.ctx.open()
             assert self.ctx.store is not None

@@ -1,0 +1,115 @@
+"""JupyterLab in a real browser (Debian chromium via playwright-python): a cell's live card, then its transcript."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import nbformat
+import pytest
+from kernel_harness import KERNEL
+from scripted_lm import step
+
+pytestmark = pytest.mark.browser
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", "--no-first-run", "--disable-quic"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def lab(tmp_path: Path, fleet_env: dict[str, str]) -> Iterator[tuple[str, Path]]:
+    """A JupyterLab server on loopback over ``tmp_path``; yields its base URL (with token) and folder."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    pytest.importorskip("playwright.sync_api")
+    lab_bin = Path(sys.executable).parent / "jupyter-lab"
+    if not lab_bin.exists():
+        pytest.skip("jupyterlab is not installed")
+    port, token = _free_port(), secrets.token_hex(8)
+    env = {**os.environ, **fleet_env}
+    log = (tmp_path / "lab.log").open("wb")
+    server = subprocess.Popen(
+        [str(lab_bin), "--allow-root", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         f"--ServerApp.token={token}", f"--ServerApp.root_dir={tmp_path}", "--LabApp.news_url=None"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=1)  # noqa: S310 - loopback
+                break
+            except OSError:
+                time.sleep(0.3)
+        else:
+            pytest.fail(f"JupyterLab did not start: {(tmp_path / 'lab.log').read_text()[-2000:]}")
+        yield f"{base}/lab/tree/t.ipynb?token={token}", tmp_path
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+def test_lab_shows_the_live_card_then_the_transcript(lab: tuple[str, Path], scripted_lm) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    url, folder = lab
+    ticks = "import time\nfor i in range(8):\n    print('tick', i, flush=True)\n    time.sleep(0.5)"
+    scripted_lm.add("count", [step("count slowly", ticks), step("done", "SUBMIT(answer='counted to **eight**')")])
+    cells = [nbformat.v4.new_code_cell("%fleet output"), nbformat.v4.new_code_cell("count to eight")]
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": KERNEL, "display_name": "Fleet RLM (test)", "language": "markdown"}
+    nbformat.write(nb, folder / "t.ipynb")
+    shots = folder / "screenshots"
+    shots.mkdir()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(url)
+            expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_attached(timeout=60_000)
+            first, second = page.locator(".jp-Cell").nth(0), page.locator(".jp-Cell").nth(1)
+            deadline = time.monotonic() + 30
+            while "(widgets)" not in (first.locator(".jp-OutputArea-output").all_inner_texts() or [""])[0]:
+                # the widget manager connects to a new kernel shortly after it is idle: ask until it has
+                assert time.monotonic() < deadline, "the kernel never saw JupyterLab's widget manager"
+                first.locator(".cm-content").click()
+                page.keyboard.press("Control+Enter")
+                page.wait_for_timeout(700)
+            second.locator(".cm-content").click()
+            page.keyboard.press("Control+Enter")
+            output = second.locator(".jp-OutputArea-output").first
+            # live: the widget card with its Stop button, the code's output appearing while it runs
+            expect(page.locator(".widget-button", has_text="Stop")).to_be_visible(timeout=60_000)
+            expect(output).to_contain_text("tick 1", timeout=30_000)
+            page.screenshot(path=str(shots / "live.png"))
+            assert "counted to" not in output.inner_text()
+            # final: the card is replaced by the transcript
+            expect(page.locator(".fleet-transcript")).to_contain_text("counted to eight", timeout=60_000)
+            expect(page.locator(".widget-button")).to_have_count(0)
+            page.screenshot(path=str(shots / "final.png"))
+        except BaseException:
+            page.screenshot(path=str(shots / "failure.png"))
+            raise
+        finally:
+            browser.close()
+            if os.environ.get("KERNEL_TEST_SCREENSHOTS"):
+                shutil.copytree(shots, os.environ["KERNEL_TEST_SCREENSHOTS"], dirs_exist_ok=True)
