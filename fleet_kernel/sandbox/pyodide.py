@@ -79,6 +79,11 @@ def find_cache(home: Path | None = None) -> Path | None:
     return next((path for path in cache_candidates(home) if _cached(path)), None)
 
 
+def snapshot_path(deno_dir: Path) -> Path:
+    """Pyodide's memory after start-up, made by ``ensure_pyodide()``: starts take ~0.6 s instead of ~3 s."""
+    return deno_dir / "fleet" / f"pyodide-{PYODIDE_VERSION}.snapshot"
+
+
 def _deno_env(deno_dir: Path, *, fetch: bool = False) -> dict[str, str]:
     """Deno's environment: minimal at run time (no secret can leak in); the whole one to fetch (proxies, CAs)."""
     env = {"DENO_DIR": str(deno_dir), "DENO_NO_PACKAGE_JSON": "1", "DENO_NO_UPDATE_CHECK": "1", "NO_COLOR": "1"}
@@ -99,11 +104,13 @@ def ensure_pyodide(deno_dir: Path | None = None, *, timeout: float = 600) -> Pat
         SandboxUnavailableError: Deno is missing or the fetch failed (the message has Deno's error).
     """
     target = (deno_dir or default_cache_dir()).absolute()
-    if _cached(target):
-        return target
     deno = find_deno()
     if deno is None:
         raise SandboxUnavailableError("Deno is not installed: pip install 'fleet-kernel[pyodide]' (the deno wheel)")
+    if _cached(target):
+        if not _usable_snapshot(target):
+            _make_snapshot(deno, target, timeout)
+        return target
     target.mkdir(parents=True, exist_ok=True)
     try:
         done = subprocess.run([deno, "cache", *_DENO_FLAGS, PYODIDE_SPEC], env=_deno_env(target, fetch=True),
@@ -114,7 +121,35 @@ def ensure_pyodide(deno_dir: Path | None = None, *, timeout: float = 600) -> Pat
         detail = (done.stderr.strip() or done.stdout.strip()).splitlines()[-3:]
         raise SandboxUnavailableError(f"Could not fetch Pyodide {PYODIDE_VERSION} from the npm registry into "
                                       f"{target}: {' '.join(detail) or f'deno exited with {done.returncode}'}")
+    _make_snapshot(deno, target, timeout)
     return target
+
+
+def _usable_snapshot(deno_dir: Path) -> bool:
+    """Whether the snapshot looks like one (Pyodide's magic bytes); the runner falls back if it still fails."""
+    try:
+        with snapshot_path(deno_dir).open("rb") as handle:
+            return handle.read(4) == b"\x00snp"
+    except OSError:
+        return False
+
+
+def _make_snapshot(deno: str, deno_dir: Path, timeout: float) -> None:
+    """Start Pyodide once and save its memory (the one Deno run allowed to write, into the cache only)."""
+    path = snapshot_path(deno_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    argv = [deno, "run", "--cached-only", "--no-prompt", *_DENO_FLAGS,
+            f"--allow-read={os.path.realpath(RUNNER)},{os.path.realpath(deno_dir)}",
+            f"--allow-write={os.path.realpath(path.parent)}", os.path.realpath(RUNNER),
+            json.dumps({"make_snapshot": os.path.realpath(path)})]
+    try:
+        done = subprocess.run(argv, env=_deno_env(deno_dir), capture_output=True, text=True, timeout=timeout,
+                              check=False)
+        failure = None if done.returncode == 0 and path.is_file() else done.stderr.strip()[-500:]
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        failure = str(exc)
+    if failure is not None:  # the sandbox still works, it only starts slower
+        logger.warning("could not make the Pyodide start-up snapshot: %s", failure)
 
 
 def probe_pyodide(home: Path | None = None) -> str | None:
@@ -149,6 +184,8 @@ class PyodideSession:
         config = {"runtime": os.path.realpath(RUNTIME), "workspace": os.path.realpath(self._workspace.root),
                   "max_output_bytes": self._limits.max_output_bytes,
                   "max_file_bytes": self._limits.max_file_mb * 1024 * 1024}
+        if _usable_snapshot(self._deno_dir):
+            config["snapshot"] = os.path.realpath(snapshot_path(self._deno_dir))
         # Deno matches permissions against real paths (denoland/deno#9607).
         allow = ",".join(os.path.realpath(path) for path in readable)
         return [self._deno, "run", "--cached-only", "--no-prompt", *_DENO_FLAGS, f"--allow-read={allow}",

@@ -25,7 +25,7 @@ from dspy.utils import DummyLM
 from fleet_kernel.config import Limits, Policy, Settings, load_settings
 from fleet_kernel.errors import SandboxUnavailableError
 from fleet_kernel.sandbox import SandboxFactory, SandboxInterpreter, observer
-from fleet_kernel.sandbox.pyodide import PREFETCH_COMMAND, open_pyodide, probe_pyodide
+from fleet_kernel.sandbox.pyodide import PREFETCH_COMMAND, find_cache, open_pyodide, probe_pyodide, snapshot_path
 
 if (_missing := probe_pyodide()) is not None:
     pytest.skip(f"pyodide sandbox unavailable: {_missing}", allow_module_level=True)
@@ -244,6 +244,18 @@ def test_dspy_rlm_with_dummy_lm(workspace: Path) -> None:
         factory.close()
     assert result.answer == "45"
     assert result.trajectory[0]["output"] == "45"
+
+
+def test_unusable_snapshot_falls_back_to_a_normal_start(tmp_path: Path) -> None:
+    deno_dir = tmp_path / "deno"
+    shutil.copytree(find_cache() or "", deno_dir, ignore=shutil.ignore_patterns("fleet"))
+    snapshot_path(deno_dir).parent.mkdir()
+    snapshot_path(deno_dir).write_bytes(b"not a snapshot")
+    factory = open_pyodide(make_settings(tmp_path / "home"), tmp_path / "workspace", deno_dir=deno_dir)
+    try:
+        assert factory().execute("6 * 7") == "42"
+    finally:
+        factory.close()
 
 
 def test_missing_cache_says_how_to_prefetch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
