@@ -389,7 +389,8 @@ def main() -> None:
         path = ensure_pyodide(Path(sys.argv[1]) if len(sys.argv) > 1 else None)
     except SandboxUnavailableError as exc:
         sys.exit(f"error: {exc.message}")
-    print(f"Pyodide {PYODIDE_VERSION} is cached in {path}")
+    snapshot = "with" if _usable_snapshot(path) else "without"
+    print(f"Pyodide {PYODIDE_VERSION} is cached in {path} ({snapshot} a start-up snapshot)")
 
 
 if __name__ == "__main__":
