@@ -69,6 +69,7 @@ def lab(tmp_path: Path, fleet_env: dict[str, str]) -> Iterator[tuple[str, Path]]
 
 
 def test_lab_shows_the_live_card_then_the_transcript(lab: tuple[str, Path], scripted_lm) -> None:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import expect, sync_playwright
 
     url, folder = lab
@@ -91,7 +92,13 @@ def test_lab_shows_the_live_card_then_the_transcript(lab: tuple[str, Path], scri
             while "(widgets)" not in (first.locator(".jp-OutputArea-output").all_inner_texts() or [""])[0]:
                 # the widget manager connects to a new kernel shortly after it is idle: ask until it has
                 assert time.monotonic() < deadline, "the kernel never saw JupyterLab's widget manager"
-                first.locator(".cm-content").click()
+                dialog = page.locator(".jp-Dialog .jp-mod-accept")
+                if dialog.count():  # Lab sometimes asks to confirm the notebook's kernel: keep it
+                    dialog.first.click()
+                try:
+                    first.locator(".cm-content").click(timeout=3000)
+                except PlaywrightTimeout:
+                    continue
                 page.keyboard.press("Control+Enter")
                 page.wait_for_timeout(700)
             second.locator(".cm-content").click()
