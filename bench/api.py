@@ -9,8 +9,11 @@ hub) or on B ("cross-process": A tails them from the store). The LM is the scrip
 tests/, so numbers measure Fleet, not a provider. Turns run in the configured sandbox (local
 bubblewrap by default).
 
-Latency "commit -> delivery" is measured from the event's own ``ts`` (stamped when it is emitted,
-a few ms before its commit) to its arrival at the client, so it is an upper bound.
+Event latency is reported two ways. "emit->delivery" runs from the event's own ``ts`` (stamped when
+the engine emits it, before its batch is committed) to its arrival at the client: what a user feels,
+and an upper bound of commit->delivery. "commit->delivery" runs from the moment a separate
+"commit clock" process, polling the SQLite file every 2 ms, first sees the row, to its arrival (SQLite
+only; a slight underestimate by at most the polling period).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class Watch:
     connected_wall: float = field(default_factory=time.time)
     arrivals: list[float] = field(default_factory=list)
     lags_ms: list[float] = field(default_factory=list)
+    live: list[tuple[str, int, float]] = field(default_factory=list)  # (turn_id, seq, arrival wall time)
     last_type: str = ""
 
 
@@ -68,6 +72,7 @@ async def consume(response: httpx.Response, watch: Watch) -> Watch:
             emitted = _ts(envelope["ts"])
             if emitted >= watch.connected_wall:  # live, not replayed from before the watcher connected
                 watch.lags_ms.append((now - emitted) * 1000)
+                watch.live.append((envelope["turn_id"], envelope["seq"], now))
             watch.last_type = envelope["type"]
     return watch
 
@@ -140,7 +145,8 @@ async def fan_out(a: httpx.AsyncClient, lm: ScriptedLM, watchers: int, iteration
 
 
 async def concurrent_turns(
-    runner: httpx.AsyncClient, watcher: httpx.AsyncClient, lm: ScriptedLM, label: str, turns: int
+    runner: httpx.AsyncClient, watcher: httpx.AsyncClient, lm: ScriptedLM, label: str, turns: int,
+    clock: CommitClock | None,
 ) -> dict[str, float]:
     """``turns`` turns on as many sessions at once, each with a 50 ms LM, watched through ``watcher``."""
     sessions = [await new_session(watcher) for _ in range(turns)]
@@ -153,7 +159,11 @@ async def concurrent_turns(
     elapsed = time.perf_counter() - begin
     lags = [lag for w in watches for lag in w.lags_ms]
     completed = sum(w.last_type == "turn.completed" for w in watches)
+    seen = clock.read() if clock is not None else {}
+    commit_lags = [(t - seen[(turn, seq)]) * 1000 for w in watches for turn, seq, t in w.live if (turn, seq) in seen]
     return {
+        "commit_p50_ms": pct(commit_lags, 0.50),
+        "commit_p95_ms": pct(commit_lags, 0.95),
         "turns_per_s": completed / elapsed,
         "events_per_s": sum(len(w.arrivals) for w in watches) / elapsed,
         "p50_ms": pct(lags, 0.50),
@@ -162,6 +172,50 @@ async def concurrent_turns(
         "completed": completed,
         "elapsed_s": elapsed,
     }
+
+
+# ---------------------------------------------------------------------- commit clock
+
+CLOCK_CODE = """
+import json, signal, sqlite3, sys, time
+db, out = sys.argv[1], sys.argv[2]
+seen, last, running = {}, 0, True
+def stop(*_):
+    global running
+    running = False
+signal.signal(signal.SIGTERM, stop)
+conn = sqlite3.connect(db, timeout=30)
+while running:
+    try:
+        rows = conn.execute("SELECT rowid, turn_id, seq FROM events WHERE rowid > ? ORDER BY rowid", (last,)).fetchall()
+    except sqlite3.OperationalError:
+        rows = []
+    now = time.time()
+    for rowid, turn, seq in rows:
+        seen[f"{turn} {seq}"] = now
+        last = rowid
+    time.sleep(0.002)
+json.dump(seen, open(out, "w"))
+"""
+
+
+class CommitClock:
+    """A separate process that notes when each event row first becomes visible in the SQLite file."""
+
+    def __init__(self, db_path: str, out: Path) -> None:
+        import subprocess
+
+        self.out = out
+        self.process = subprocess.Popen([sys.executable, "-c", CLOCK_CODE, db_path, str(out)])
+
+    def read(self) -> dict[tuple[str, int], float]:
+        import json
+
+        self.process.terminate()
+        self.process.wait(30)
+        raw = json.loads(self.out.read_text())
+        found = {(key.split(" ")[0], int(key.split(" ")[1])): t for key, t in raw.items()}
+        return found
 
 
 # ---------------------------------------------------------------------- driver
@@ -173,7 +227,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def run(url_a: str, url_b: str, lm: ScriptedLM, quick: bool) -> list[tuple[str, str, str]]:
+async def run(
+    url_a: str, url_b: str, lm: ScriptedLM, quick: bool, db_path: str | None
+) -> list[tuple[str, str, str]]:
     limits = httpx.Limits(max_connections=400, max_keepalive_connections=400)
     rows: list[tuple[str, str, str]] = []
     async with (
@@ -200,17 +256,29 @@ async def run(url_a: str, url_b: str, lm: ScriptedLM, quick: bool) -> list[tuple
             ))
         count = 10 if quick else 20
         for label, runner in (("in-process", a), ("cross-process", b)):
-            result = await concurrent_turns(runner, a, lm, label, count)
+            clock = CommitClock(db_path, Path(tempfile.mktemp(suffix=".json"))) if db_path else None
+            result = await concurrent_turns(runner, a, lm, label, count, clock)
+            measured = "commit_p95_ms" if clock is not None else "p95_ms"
             target = ""
             if label == "cross-process":
-                met = result["p95_ms"] < TARGET_CROSS_P95_MS
-                target = f"p95 < {TARGET_CROSS_P95_MS:g} ms: {'met' if met else 'MISSED'}"
+                met = result[measured] < TARGET_CROSS_P95_MS
+                target = f"commit->delivery p95 < {TARGET_CROSS_P95_MS:g} ms: {'met' if met else 'MISSED'}"
             rows.append((
                 f"{count} concurrent turns, 50 ms LM, {label}",
                 f"{result['completed']:.0f} done in {result['elapsed_s']:.2f} s: {result['turns_per_s']:.1f} turns/s, "
-                f"{result['events_per_s']:,.0f} events/s; commit->delivery p50 {result['p50_ms']:.1f} ms, "
-                f"p95 {result['p95_ms']:.1f} ms, max {result['max_ms']:.1f} ms",
-                target,
+                f"{result['events_per_s']:,.0f} events/s",
+                "",
+            ))
+            rows.append((
+                "  commit -> delivery",
+                f"p50 {result['commit_p50_ms']:.1f} ms, p95 {result['commit_p95_ms']:.1f} ms"
+                if clock is not None else "(SQLite only)",
+                target if clock is not None else "",
+            ))
+            rows.append((
+                "  emit -> delivery",
+                f"p50 {result['p50_ms']:.1f} ms, p95 {result['p95_ms']:.1f} ms, max {result['max_ms']:.1f} ms",
+                target if clock is None else "",
             ))
     return rows
 
@@ -241,9 +309,14 @@ def main() -> None:
         for var in [v for v in os.environ if v.startswith("FLEET_") and v not in env]:
             os.environ.pop(var)
         port_a, port_b = free_port(), free_port()
-        servers = [spawn_sidecar(port_a, env=env), spawn_sidecar(port_b, env=env)]
+        servers = []
         try:
-            rows = asyncio.run(run(f"http://127.0.0.1:{port_a}", f"http://127.0.0.1:{port_b}", lm, args.quick))
+            servers = [spawn_sidecar(port_a, env=env)]
+            servers.append(spawn_sidecar(port_b, env=env))
+            db_path = None if "FLEET_DATABASE_URL" in env else str(Path(home) / "fleet.db")
+            rows = asyncio.run(
+                run(f"http://127.0.0.1:{port_a}", f"http://127.0.0.1:{port_b}", lm, args.quick, db_path)
+            )
         finally:
             for server in servers:
                 server.terminate()

@@ -6,6 +6,8 @@ under ``fleet_api.routes``; errors are rendered by ``fleet_api.errors`` alone.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -19,16 +21,40 @@ from fleet_api.limits import BodyLimit
 from fleet_api.openapi import install_openapi
 from fleet_api.routes.attachments import UPLOAD_PATH
 from fleet_api.sse import HEARTBEAT_S
+from fleet_api.tail import StoreTail
 from fleet_kernel import __version__
 from fleet_kernel.config import Settings, load_settings
 from fleet_kernel.engine import TurnRunner
 from fleet_kernel.store import Store
 
+log = logging.getLogger("fleet_api")
+
+REAP_INTERVAL_S = 10.0
 DESCRIPTION = (
     "Sessions, turns and their event streams from Fleet's shared store: watch, continue or cancel a "
     "notebook session from any HTTP client. Errors are `{\"error\": {\"code\", \"message\"}}`. "
     "When FLEET_API_TOKEN is set, every route but /api/health needs `Authorization: Bearer <token>`."
 )
+
+
+async def _reap_forever(store: Store) -> None:
+    """Mark turns whose process died as interrupted, so their watchers get a terminal event."""
+    while True:
+        await asyncio.sleep(REAP_INTERVAL_S)
+        try:
+            await store.reap_stale_turns()
+        except Exception:  # noqa: BLE001 - the store may be down for a moment; try again later
+            log.warning("reaping stale turns failed", exc_info=True)
+
+
+def _warm_up(state: FleetState) -> None:
+    """In a thread at start-up: probe the sandbox and import the engine's dspy side, so neither the
+    first health check nor the first turn pays for it."""
+    state.probe_sandbox()
+    try:
+        import fleet_kernel.engine.turn  # noqa: F401
+    except ImportError:
+        log.warning("the engine cannot be imported; turns will fail", exc_info=True)
 
 
 def create_app(settings: Settings | None = None, *, heartbeat_s: float = HEARTBEAT_S) -> FastAPI:
@@ -40,10 +66,17 @@ def create_app(settings: Settings | None = None, *, heartbeat_s: float = HEARTBE
         store = await Store.open(settings.database_url)
         try:
             runner = await TurnRunner(store, settings).open()
-            app.state.fleet = FleetState(settings, store, runner, heartbeat_s)
+            tail = StoreTail(store, runner.hub)
+            app.state.fleet = FleetState(settings, store, runner, heartbeat_s, tail)
+            loop = asyncio.get_running_loop()
+            janitor = loop.create_task(_reap_forever(store), name="fleet-reaper")
+            warm = loop.create_task(asyncio.to_thread(_warm_up, app.state.fleet), name="fleet-warm-up")
             try:
                 yield
             finally:
+                janitor.cancel()
+                await asyncio.gather(warm, return_exceptions=True)
+                await tail.close()
                 await runner.close()
         finally:
             await store.close()

@@ -9,6 +9,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from fleet_api.tail import StoreTail
 from fleet_kernel.config import Settings
 from fleet_kernel.engine import TurnRunner
 from fleet_kernel.errors import FleetError, NotFoundError
@@ -25,20 +26,32 @@ class FleetState:
     store: Store
     runner: TurnRunner
     heartbeat_s: float
+    tail: StoreTail
     _sandbox: tuple[float, bool, str] | None = field(default=None, repr=False)
 
     def sandbox_status(self) -> tuple[bool, str]:
-        """Which sandbox turns would use, and whether it can start; cached because probing may spawn a process."""
-        now = time.monotonic()
-        if self._sandbox is None or now - self._sandbox[0] > SANDBOX_CHECK_TTL_S:
-            try:
-                ok, detail = _probe(self.runner.sandbox_name())
-            except FleetError as exc:
-                ok, detail = False, exc.message
-            except ImportError as exc:
-                ok, detail = False, f"the sandbox package cannot be imported: {exc}"
-            self._sandbox = (now, ok, detail)
+        """Which sandbox turns would use and whether it can start; ``(False, "checking ...")`` until known.
+
+        Probing imports the sandbox package (and dspy) and may start a process, so it runs in a thread
+        (``probe_sandbox``) and its answer is kept for ``SANDBOX_CHECK_TTL_S``.
+        """
+        if self._sandbox is None:
+            return False, "checking the sandbox backend"
         return self._sandbox[1], self._sandbox[2]
+
+    def sandbox_stale(self) -> bool:
+        """A known answer that has aged (the warm-up gives the first one)."""
+        return self._sandbox is not None and time.monotonic() - self._sandbox[0] > SANDBOX_CHECK_TTL_S
+
+    def probe_sandbox(self) -> None:
+        """Blocking: find the backend and whether it works; call it from a thread."""
+        try:
+            ok, detail = _probe(self.runner.sandbox_name())
+        except FleetError as exc:
+            ok, detail = False, exc.message
+        except ImportError as exc:
+            ok, detail = False, f"the sandbox package cannot be imported: {exc}"
+        self._sandbox = (time.monotonic(), ok, detail)
 
 
 def _probe(backend: str) -> tuple[bool, str]:

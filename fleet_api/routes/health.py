@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter
 
 from fleet_api.deps import State
@@ -15,6 +17,8 @@ router = APIRouter(tags=["health"])
 async def health(state: State) -> Health:
     store_ok = await state.store.ping()
     backend = "sqlite" if state.store.sqlite else state.store.engine.dialect.name
+    if state.sandbox_stale():
+        await asyncio.to_thread(state.probe_sandbox)
     sandbox_ok, sandbox_detail = state.sandbox_status()
     return Health(
         status="ok" if store_ok and sandbox_ok else "degraded",

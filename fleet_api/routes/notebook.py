@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from urllib.parse import quote
 
-import nbformat
 from fastapi import APIRouter, Response
 
 from fleet_api.deps import State, check_id
@@ -23,6 +22,8 @@ NOTEBOOK_MIME = "application/x-ipynb+json"
     responses={200: {"description": "an nbformat 4 notebook", "content": {NOTEBOOK_MIME: {}}}, **errors(404)},
 )
 async def session_notebook(session_id: str, state: State) -> Response:
+    import nbformat  # slow to import; only this route needs it
+
     session = await state.store.get_session(check_id(session_id, "session"))
     notebook = await build_notebook(state.store, session_id)
     name = re.sub(r"[^\w.-]+", "-", session.title).strip("-")[:80] or session_id

@@ -23,6 +23,9 @@ from fleet_kernel.store import TurnRow
 
 router = APIRouter(tags=["turns"])
 
+# The hub carries every event of a followed turn; the store is reread only after this long without one.
+QUIET_S = 1.0
+
 IdempotencyKey = Annotated[
     str | None,
     Header(
@@ -51,13 +54,23 @@ def _resume_from(last_event_id: str | None, after: int | None) -> int:
 
 
 async def _events(state: State, turn: TurnRow, after: int) -> AsyncIterator[Event]:
-    """The turn's events after ``after``; nothing at all when the client already has the terminal event."""
+    """The turn's events after ``after``; nothing at all when the client already has the terminal event.
+
+    A turn running here reaches the hub from the event writer; one running in another process from
+    the store tail. Either way the hub carries every event, so ``follow`` rereads the store only
+    after a gap or a long quiet spell.
+    """
     if turn.status != "running" and after >= turn.last_seq:
         tail = await state.store.events_after(turn.turn_id, max(turn.last_seq - 1, 0), limit=1)
         if tail and tail[0].terminal:
             return
-    async for event in state.runner.follow(turn.turn_id, after):
-        yield event
+    if turn.status != "running" or state.runner.is_running_here(turn.turn_id):
+        async for event in state.runner.follow(turn.turn_id, after, quiet_s=QUIET_S):
+            yield event
+        return
+    async with state.tail.tailing(turn.turn_id, turn.last_seq):
+        async for event in state.runner.follow(turn.turn_id, after, quiet_s=QUIET_S):
+            yield event
 
 
 def _wants_async(prefer: str | None) -> bool:

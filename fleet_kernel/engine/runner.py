@@ -180,8 +180,11 @@ class TurnRunner:
         handle = await self.start(session_id, task, idempotency_key=idempotency_key)
         return await handle.wait()
 
-    def follow(self, turn_id: str, after_seq: int = 0) -> AsyncIterator[Event]:
-        return follow(self.store, self.hub, turn_id, after_seq)
+    def follow(self, turn_id: str, after_seq: int = 0, *, quiet_s: float | None = None) -> AsyncIterator[Event]:
+        """Replay then tail a turn; ``quiet_s`` as in ``sink.follow`` (default: its polling interval)."""
+        if quiet_s is None:
+            return follow(self.store, self.hub, turn_id, after_seq)
+        return follow(self.store, self.hub, turn_id, after_seq, quiet_s=quiet_s)
 
     def cancel(self, turn_id: str, reason: str = "cancelled") -> bool:
         """Cancel a turn running in this process; thread-safe. Returns false if it does not run here."""

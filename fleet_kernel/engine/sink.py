@@ -163,13 +163,21 @@ class TurnEmitter:
 
 
 async def follow(
-    store: Store, hub: EventHub | None, turn_id: str, after_seq: int = 0, *, idle_timeout_s: float = 5.0
+    store: Store,
+    hub: EventHub | None,
+    turn_id: str,
+    after_seq: int = 0,
+    *,
+    idle_timeout_s: float = 5.0,
+    quiet_s: float = POLL_INTERVAL_S,
 ) -> AsyncIterator[Event]:
     """Every event of a turn after ``after_seq``, in order, without gaps or duplicates, until the terminal one.
 
     Works for a turn running in this process (live from the hub), in another process (polling the store)
     or already finished (pure replay). A turn that is no longer running and has written nothing for
-    ``idle_timeout_s`` ends the stream, so a reader never waits for ever on a dead writer.
+    ``idle_timeout_s`` ends the stream, so a reader never waits for ever on a dead writer. The store is
+    read again whenever the hub stays quiet for ``quiet_s``: pass more than the default when something
+    feeds the hub with every event of the turn (the writer for local turns, a store tail for others).
     """
     queue = hub.subscribe(turn_id) if hub is not None else None
     last = after_seq
@@ -187,7 +195,7 @@ async def follow(
                 if batch:
                     idle = 0.0
                     continue  # there may be more than one page
-                idle += POLL_INTERVAL_S
+                idle += quiet_s if queue is not None else POLL_INTERVAL_S
                 if idle >= idle_timeout_s:
                     if (await store.get_turn(turn_id)).status != "running":
                         return
@@ -196,7 +204,7 @@ async def follow(
                 await asyncio.sleep(POLL_INTERVAL_S)
                 continue
             try:
-                event = await asyncio.wait_for(queue.get(), POLL_INTERVAL_S)
+                event = await asyncio.wait_for(queue.get(), quiet_s)
             except TimeoutError:
                 replay = True
                 continue

@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, event, func, select, text, update
+from sqlalchemy import and_, delete, event, func, or_, select, text, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
@@ -484,6 +484,18 @@ class Store:
                 .order_by(EventRow.seq)
                 .limit(limit)
             )
+            return [_event(r) for r in rows]
+
+    async def events_after_many(self, positions: dict[str, int], limit: int = 1000) -> list[Event]:
+        """Events after each turn's seq in ``positions`` (``{turn_id: seq}``), in one query.
+
+        One poll for every turn a process tails, however many turns and watchers there are.
+        """
+        if not positions:
+            return []
+        after = or_(*(and_(EventRow.turn_id == turn_id, EventRow.seq > seq) for turn_id, seq in positions.items()))
+        async with self._read() as s:
+            rows = await s.scalars(select(EventRow).where(after).order_by(EventRow.turn_id, EventRow.seq).limit(limit))
             return [_event(r) for r in rows]
 
     async def session_events(self, session_id: str) -> list[Event]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -15,7 +16,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_health(client: httpx.Client) -> None:
+    deadline = time.monotonic() + 30
     body = client.get("/api/health").json()
+    while body["sandbox"]["detail"].startswith("checking") and time.monotonic() < deadline:
+        time.sleep(0.1)  # the sandbox is probed in the background at start-up
+        body = client.get("/api/health").json()
     assert body["version"] == __version__
     assert body["store"]["ok"] is True
     assert set(body["sandbox"]) == {"ok", "detail"}

@@ -1,0 +1,72 @@
+"""One store poll per process for turns that run elsewhere (a notebook kernel, another API process).
+
+Without it every SSE watcher of such a turn polls the store on its own; with it, one task reads the
+new events of every tailed turn in a single query every ``TAIL_INTERVAL_S`` and publishes them to the
+runner's in-process hub, where ``follow`` picks them up exactly as it does for local turns. A hundred
+watchers of one turn cost one query per tick, and a short tick keeps cross-process delivery fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fleet_kernel.engine.sink import EventHub
+from fleet_kernel.store import Store
+
+log = logging.getLogger("fleet_api")
+
+TAIL_INTERVAL_S = 0.02
+
+
+class StoreTail:
+    """Tails the turns that watchers in this process follow but that do not run here."""
+
+    def __init__(self, store: Store, hub: EventHub, interval_s: float = TAIL_INTERVAL_S) -> None:
+        self.store = store
+        self.hub = hub
+        self.interval_s = interval_s
+        self._positions: dict[str, int] = {}  # turn_id -> last seq published
+        self._watchers: dict[str, int] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    @asynccontextmanager
+    async def tailing(self, turn_id: str, committed_seq: int) -> AsyncIterator[None]:
+        """Keep ``turn_id`` tailed while the block runs; ``committed_seq`` is its last seq already in the store."""
+        self._watchers[turn_id] = self._watchers.get(turn_id, 0) + 1
+        self._positions.setdefault(turn_id, committed_seq)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="fleet-store-tail")
+        try:
+            yield
+        finally:
+            self._watchers[turn_id] -= 1
+            if not self._watchers[turn_id]:
+                del self._watchers[turn_id]
+                self._positions.pop(turn_id, None)
+
+    async def _run(self) -> None:
+        while self._watchers:
+            try:
+                await self._poll()
+            except Exception:  # noqa: BLE001 - a store hiccup: watchers fall back to their own reads
+                log.warning("tailing the store failed; retrying", exc_info=True)
+                await asyncio.sleep(0.5)
+            await asyncio.sleep(self.interval_s)
+
+    async def _poll(self) -> None:
+        positions = dict(self._positions)
+        events = await self.store.events_after_many(positions)
+        if not events:
+            return
+        for event in events:
+            if event.turn_id in self._positions:
+                self._positions[event.turn_id] = max(self._positions[event.turn_id], event.seq)
+        self.hub.publish(events)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
