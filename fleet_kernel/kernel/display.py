@@ -17,11 +17,11 @@ from __future__ import annotations
 import asyncio
 import html
 import time
+import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleet_kernel.events import Event
-from fleet_kernel.store import Store
 from fleet_kernel.transcript import (
     TurnView,
     error_content,
@@ -32,6 +32,9 @@ from fleet_kernel.transcript import (
     iteration_note,
     transcript_bundle,
 )
+
+if TYPE_CHECKING:
+    from fleet_kernel.store import Store
 
 FLUSH_INTERVAL_S = 0.25
 TICK_S = 1.0
@@ -81,6 +84,10 @@ class _Live:
         self._ticker: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
 
+    def begin(self) -> None:
+        """Show the turn at once, before the engine has even claimed it; its first event also goes out at once."""
+        self.flush()
+
     def on_event(self, event: Event) -> None:
         self.view.apply(event)
         self.record(event)
@@ -115,16 +122,20 @@ class _Live:
     def on_tick(self) -> None:
         pass
 
-    async def finish(self) -> None:
-        """Deliver the last state now and stop the timers."""
+    def _stop_timers(self) -> None:
         for handle in (self._pending, self._ticker):
             if handle is not None:
                 handle.cancel()
         self._pending = self._ticker = None
+
+    async def finish(self) -> None:
+        """Deliver the last state now and stop the timers."""
+        self._stop_timers()
         self.flush()
 
     def close(self) -> None:
-        """Release what the live view holds (widgets)."""
+        """Stop the timers and release what the live view holds (widgets)."""
+        self._stop_timers()
 
 
 class TextLive(_Live):
@@ -132,7 +143,7 @@ class TextLive(_Live):
 
     def __init__(self, pub: Publisher, view: TurnView) -> None:
         super().__init__(pub, view)
-        self._chunks: list[tuple[str, str]] = []
+        self._chunks: list[tuple[str, str]] = [("stdout", "Fleet · ")]
 
     def _say(self, text: str, name: str = "stdout") -> None:
         if self._chunks and self._chunks[-1][0] == name:
@@ -144,7 +155,7 @@ class TextLive(_Live):
         data, view = event.data, self.view
         who = "" if event.agent_id == "root" else f"[{event.agent_id}] "
         if event.type == "turn.started":
-            self._say(f"Fleet · {data.get('model') or 'no model'} · sandbox {data.get('sandbox')} · "
+            self._say(f"{data.get('model') or 'no model'} · sandbox {data.get('sandbox')} · "
                       f"up to {data['limits']['max_iters']} iterations\n")
         elif event.type == "iteration.started":
             self._say(f"\n── {who}iteration {data['iteration']}/{data['max_iters']} " + "─" * 24 + "\n")
@@ -181,9 +192,10 @@ class PlainLive(_Live):
         self._shown: dict[int, str] = {}
         self._status_shown = False
         self._live_chars = 0
+        self._prefix = f"fleet-{uuid.uuid4().hex[:16]}"  # fresh per run: never reuse a display id
 
     def _id(self, index: int) -> str:
-        return f"fleet-{self.view.turn_id}-{index}"
+        return f"{self._prefix}-{index}"
 
     def record(self, event: Event) -> None:
         if event.type in ("reasoning", "code", "execution.finished"):
@@ -259,6 +271,7 @@ class WidgetLive(_Live):
         self.card.sync()
 
     def close(self) -> None:
+        super().close()
         if self.card is not None:
             self.card.close()
 

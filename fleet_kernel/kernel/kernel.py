@@ -48,6 +48,7 @@ class FleetKernel(Kernel):
         self.ctx = KernelContext()
         self._active: Any = None  # the running TurnHandle
         self._interrupted = threading.Event()
+        self._cancel_reason = "interrupted"
         self._executed = False
         self._wire_comms()
 
@@ -108,6 +109,7 @@ class FleetKernel(Kernel):
 
     def _cancel(self, reason: str) -> None:
         """Thread-safe: cancel the running turn, or the one about to start."""
+        self._cancel_reason = reason
         self._interrupted.set()
         handle = self._active
         if handle is not None:
@@ -167,17 +169,24 @@ class FleetKernel(Kernel):
         from fleet_kernel.transcript import TurnView
 
         self._interrupted.clear()
-        session_id = await self.ctx.ensure_session()
-        assert self.ctx.runner is not None
-        handle = await self.ctx.runner.start(session_id, task)
-        self._active = handle
-        if self._interrupted.is_set():
-            handle.cancel("interrupted")
         pub, view, mode = Publisher(self, parent), TurnView(), self.ctx.live_mode()
         if mode == "widgets":
-            live: Any = WidgetLive(pub, view, lambda: handle.cancel("stopped from the notebook"))
+            live: Any = WidgetLive(pub, view, lambda: self._cancel("stopped from the notebook"))
         else:
             live = (TextLive if mode == "text" else PlainLive)(pub, view)
+        live.begin()
+        try:
+            session_id = await self.ctx.ensure_session()
+            assert self.ctx.runner is not None
+            handle = await self.ctx.runner.start(session_id, task)
+        except BaseException:
+            live.close()
+            if mode != "text":
+                pub.clear()  # the error output that follows replaces the "starting" view
+            raise
+        self._active = handle
+        if self._interrupted.is_set():
+            handle.cancel(self._cancel_reason)
         try:
             async for event in handle.events():
                 live.on_event(event)

@@ -69,8 +69,10 @@ def _output_html(it: IterationView) -> str:
 
 def status_line(view: TurnView, started: float) -> str:
     """``iteration i/max · LM calls · tokens · cost · elapsed``, plus the outcome once known."""
+    if not view.turn_id:
+        return "starting the turn…"
     current = view.current
-    iteration = f"iteration {current.iteration}/{current.max_iters}" if current else "starting"
+    iteration = f"iteration {current.iteration}/{current.max_iters}" if current else "waiting for the model"
     elapsed = view.duration_ms / 1000 if view.duration_ms is not None else time.monotonic() - started
     parts = [iteration, f"{view.lm_calls} LM calls", f"{view.tokens:,} tokens", f"${view.cost_usd:.4f}", f"{elapsed:.1f} s"]
     state = "running" if not view.done else view.status

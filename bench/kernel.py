@@ -1,0 +1,139 @@
+"""Kernel benchmark: the ``fleet`` kernel side by side with a stock ``python3`` ipykernel, over ZMQ.
+
+    .venv/bin/python bench/kernel.py [--repeat 5]
+
+Measures, as a frontend sees them:
+- start to ready: launching the kernel process until its ``kernel_info_reply`` (what Lab/console wait for);
+- execute round trip: ``execute_request`` to ``execute_reply`` for a cell that does nothing costly
+  (``pass`` for python3; ``%fleet output`` for fleet, a command that never calls the model);
+- first streamed event: ``execute_request`` to the first output of the cell (``print`` for python3; the
+  first live display of a turn for fleet, on the scripted LM), on a warm kernel, and for the kernel's first turn.
+
+Targets: start within 1.3x of stock ipykernel; first event of a turn under 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from jupyter_client.manager import start_new_kernel  # noqa: E402
+from scripted_lm import ScriptedLM, step  # noqa: E402
+
+from fleet_kernel.kernel.install import install  # noqa: E402
+
+OUTPUTS = {"stream", "display_data", "execute_result", "update_display_data", "error"}
+
+
+def start(name: str, env: dict[str, str]) -> tuple[Any, Any, float]:
+    began = time.perf_counter()
+    km, kc = start_new_kernel(kernel_name=name, env=env, startup_timeout=60)
+    return km, kc, time.perf_counter() - began
+
+
+def execute(kc: Any, code: str) -> tuple[float, float | None, float | None]:
+    """``(round trip, first output, first output showing a turn event)`` of one cell, in seconds.
+
+    The fleet kernel shows "starting the turn…" at once; the third time is when the first event of the
+    turn (``turn.started``) is on screen.
+    """
+    began = time.perf_counter()
+    msg_id = kc.execute(code)
+    first = event = None
+    while True:
+        msg = kc.get_iopub_msg(timeout=120)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] in OUTPUTS:
+            now = time.perf_counter() - began
+            first = first if first is not None else now
+            if event is None and "starting the turn" not in str(msg["content"]):
+                event = now
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    while kc.get_shell_msg(timeout=60)["parent_header"].get("msg_id") != msg_id:
+        pass
+    return time.perf_counter() - began, first, event
+
+
+def wait_warm(kc: Any) -> None:
+    """Wait until the fleet kernel has loaded the engine in the background."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        msg_id = kc.execute("%fleet status", silent=False)
+        text = ""
+        while True:
+            msg = kc.get_iopub_msg(timeout=60)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "display_data":
+                text += msg["content"]["data"]["text/plain"]
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+        if "engine loaded: yes" in text:
+            return
+        time.sleep(0.2)
+
+
+def bench(name: str, env: dict[str, str], repeat: int, noop: str, first_output: str) -> dict[str, Any]:
+    starts, trips, firsts, events, cold, cold_event = [], [], [], [], None, None
+    for i in range(repeat):
+        km, kc, elapsed = start(name, env)
+        starts.append(elapsed)
+        try:
+            if i == 0:
+                _, cold, cold_event = execute(kc, first_output)
+                if name != "python3":
+                    wait_warm(kc)
+                for _ in range(10):
+                    trips.append(execute(kc, noop)[0])
+                for _ in range(5):
+                    _, first, event = execute(kc, first_output)
+                    firsts.append(first)
+                    events.append(event)
+        finally:
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+    return {"start": statistics.median(starts), "trip": statistics.median(trips),
+            "first": statistics.median(f for f in firsts if f is not None), "cold": cold,
+            "event": statistics.median(e for e in events if e is not None), "cold_event": cold_event}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=5, help="kernel starts per kernel")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, ScriptedLM(default=step("answer", "SUBMIT(answer='ok')")) as lm:
+        install(prefix=tmp, name="fleet-bench")
+        os.environ["JUPYTER_PATH"] = f"{tmp}/share/jupyter"
+        env = {**os.environ, "JUPYTER_PATH": f"{tmp}/share/jupyter", "FLEET_HOME": f"{tmp}/home", **lm.env()}
+        stock = bench("python3", env, args.repeat, "pass", "print('x')")
+        fleet = bench("fleet-bench", env, args.repeat, "%fleet output", "what is 2+2?")
+    rows = [
+        ("start to ready", "start", "within 1.3x of stock"),
+        ("execute round trip (no LM)", "trip", ""),
+        ("execute -> first output (warm)", "first", ""),
+        ("execute -> first turn event (warm)", "event", "fleet < 50 ms"),
+        ("execute -> first output (first cell)", "cold", ""),
+        ("execute -> first turn event (first cell)", "cold_event", ""),
+    ]
+    print(f"{'':42} {'python3':>10} {'fleet':>10} {'ratio':>7}  target")
+    for label, key, target in rows:
+        a, b = stock[key] * 1000, fleet[key] * 1000
+        print(f"{label:42} {a:8.1f}ms {b:8.1f}ms {b / a:6.2f}x  {target}")
+    ok_start = fleet["start"] <= 1.3 * stock["start"]
+    ok_first = fleet["event"] < 0.050
+    print(f"\nstart within 1.3x: {'yes' if ok_start else 'NO'}; first event under 50 ms: {'yes' if ok_first else 'NO'}")
+
+
+if __name__ == "__main__":
+    main()
