@@ -97,5 +97,6 @@ class Kernel:
         raise AssertionError(f"{needle!r} never appeared; got {[m['msg_type'] for m in seen]}")
 
     def close(self) -> None:
+        """A graceful shutdown: the kernel cancels its turn and stops the API it started."""
         self.kc.stop_channels()
-        self.km.shutdown_kernel(now=True)
+        self.km.shutdown_kernel(now=False)

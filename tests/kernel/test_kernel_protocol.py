@@ -6,6 +6,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
 from kernel_harness import Kernel
 from scripted_lm import step
 
@@ -151,3 +152,22 @@ def test_updates_are_throttled_and_the_last_state_arrives(kernel: Kernel, script
     assert per_second <= 14, per_second
     text = "".join(c["text"] for c in run.of("stream"))
     assert "line 0\n" in text and "line 199\n" in text
+
+
+@pytest.mark.parametrize(
+    ("env", "ename", "needle"),
+    [
+        ({"FLEET_LM_BASE_URL": "http://127.0.0.1:9/v1"}, "TurnFailed", "FLEET_LM_BASE_URL"),
+        ({"FLEET_SANDBOX": "daytona"}, "TurnFailed", "Daytona"),
+        ({"FLEET_SANDBOX": "nowhere"}, "ConfigError", "FLEET_SANDBOX"),
+    ],
+    ids=["provider-down", "sandbox-unavailable", "bad-config"],
+)
+def test_setup_errors_are_readable_without_tracebacks(start_kernel, env: dict[str, str], ename: str, needle: str) -> None:
+    kernel = start_kernel(**env)
+    run = kernel.run("hello?")
+    content = run.reply["content"]
+    assert content["status"] == "error" and content["ename"] == ename
+    assert needle in content["evalue"], content["evalue"]
+    assert "Traceback" not in run.text()
+    assert kernel.run("%fleet help").reply["content"]["status"] == "ok"  # and the kernel carries on

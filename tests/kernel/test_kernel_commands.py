@@ -1,0 +1,98 @@
+"""Tests for %fleet commands through a real kernel: sessions, attachments, export, the API sidecar, install."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import nbformat
+from kernel_harness import Kernel
+from scripted_lm import step
+
+
+def test_attach_puts_the_file_in_the_workspace_for_the_next_turn(kernel: Kernel, scripted_lm, tmp_path: Path,
+                                                                fleet_home: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the secret word is albatross\n")
+    run = kernel.run(f"%fleet attach {notes}")
+    assert "Attached notes.txt as /workspace/files/notes.txt" in run.text()
+    read = "print(open('files/notes.txt').read())"
+    scripted_lm.add("secret", [step("read it", read), step("done", "SUBMIT(answer='albatross')")])
+    turn = kernel.run("what is the secret word?")
+    assert "the secret word is albatross" in "".join(c["text"] for c in turn.of("stream"))
+    (workspace,) = (fleet_home / "workspaces").iterdir()
+    assert (workspace / "files" / "notes.txt").read_text() == "the secret word is albatross\n"
+
+
+def test_export_writes_the_session_as_a_notebook(kernel: Kernel, scripted_lm, tmp_path: Path) -> None:
+    scripted_lm.add("first", [step("done", "SUBMIT(answer='one')")])
+    kernel.run("the first task")
+    target = tmp_path / "out" / "session.ipynb"
+    run = kernel.run(f"%fleet export {target}")
+    assert "Wrote 1 turns" in run.text()
+    nb = nbformat.read(target, as_version=4)
+    assert nb.metadata.kernelspec.name == "fleet" and nb.cells[0].source == "the first task"
+
+
+def test_session_use_continues_a_session_with_its_history(start_kernel, scripted_lm) -> None:
+    first = start_kernel()
+    scripted_lm.add("colour", [step("done", "SUBMIT(answer='my favourite colour is teal')")])
+    first.run("remember my favourite colour")
+    session_id = first.run("%fleet session").text().split()[1].rstrip(":")
+    second = start_kernel()
+    assert "Using session" in second.run(f"%fleet session use {session_id}").text()
+    scripted_lm.add("which colour", [step("done", "SUBMIT(answer='teal')")])
+    run = second.run("which colour did I say?")
+    assert run.result["metadata"]["fleet"]["session_id"] == session_id
+    prompt = json.dumps(scripted_lm.requests[-1])
+    assert "my favourite colour is teal" in prompt  # the earlier turn fed this one
+    listing = second.run("%fleet session list").text()
+    assert session_id in listing and "remember my favourite colour" in listing
+
+
+def test_serve_starts_the_api_on_the_kernel_store(kernel: Kernel, scripted_lm) -> None:
+    scripted_lm.add("hello", [step("done", "SUBMIT(answer='hi')")])
+    kernel.run("say hello to the API")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    run = kernel.run(f"%fleet serve {port}", timeout=60)
+    assert run.reply["content"]["status"] == "ok", run.text()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/sessions", timeout=5) as response:  # noqa: S310
+        sessions = json.load(response)["sessions"]
+    assert [s["title"] for s in sessions] == ["say hello to the API"]
+
+
+def test_model_sandbox_and_output_commands(kernel: Kernel) -> None:
+    assert "openai/scripted" in kernel.run("%fleet model").text()
+    assert "replay/x.json" in kernel.run("%fleet model replay/x.json").text()
+    assert "unknown sandbox" in kernel.run("%fleet sandbox nowhere").reply["content"]["evalue"]
+    assert "text streams (text)" in kernel.run("%fleet output text").text()
+    help_run = kernel.run("%fleet help")
+    (display,) = help_run.of("stream")  # text mode now: commands answer as plain text
+    assert "%fleet export" in display["text"]
+
+
+def test_the_kernel_module_imports_nothing_heavy() -> None:
+    code = "import sys, fleet_kernel.kernel.kernel\nprint(sorted(m for m in ('dspy', 'litellm', 'sqlalchemy', 'pydantic') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_fleet_kernel_install_writes_a_spec_jupyter_reads(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    from fleet_kernel.cli import main
+
+    result = CliRunner().invoke(main, ["kernel", "install", "--prefix", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    manager = KernelSpecManager(kernel_dirs=[str(tmp_path / "share" / "jupyter" / "kernels")])
+    spec = manager.get_kernel_spec("fleet")
+    assert spec.display_name == "Fleet RLM" and spec.language == "markdown" and spec.interrupt_mode == "message"
+    assert spec.argv[:4] == [sys.executable, "-Xfrozen_modules=off", "-m", "fleet_kernel"]
+    assert (Path(spec.resource_dir) / "logo-64x64.png").is_file()
