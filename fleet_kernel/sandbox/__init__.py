@@ -94,4 +94,4 @@ def open_sandbox(settings: Settings, workspace: Path, *, cancel: threading.Event
     return SandboxFactory(
         functools.partial(ProcessSession, workspace, limits, isolated=isolated), backend=backend,
         execution_instructions=_instructions(root, exec_timeout_s, limits, isolated=isolated),
-        exec_timeout_s=exec_timeout_s, cancel=cancel)
+        exec_timeout_s=exec_timeout_s, cancel=cancel, max_output_bytes=limits.max_output_bytes)

@@ -233,7 +233,8 @@ def open_daytona(settings: Settings, workspace: Path, *, cancel: threading.Event
     max_file_bytes = int(settings.policy.storage.max_artifact_mb * 1024 * 1024)
     return SandboxFactory(new_session, backend="daytona", execution_instructions=_instructions(settings),
                           exec_timeout_s=limits.exec_timeout_s, cancel=cancel,
-                          on_close=functools.partial(_after_turn, box, workspace, max_file_bytes))
+                          on_close=functools.partial(_after_turn, box, workspace, max_file_bytes),
+                          max_output_bytes=settings.policy.sandbox.max_output_bytes)
 
 
 def _after_turn(box: Any, workspace: Path, max_file_bytes: int) -> None:

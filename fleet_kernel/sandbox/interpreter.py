@@ -20,8 +20,8 @@ import keyword
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator
+from typing import IO, Any, Protocol
 
 from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreterError, FinalOutput
 from dspy.utils.callback import BaseCallback, with_callbacks
@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 INTERRUPT_GRACE_S = 2.0  # after an interrupt, how long the code may take to stop before the worker is killed
 POLL_S = 0.1  # how often a waiting execute looks at the cancel flag and the clock
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # longest protocol line a host reader holds in memory
+OUTPUT_SLACK = 1024  # room past the output cap for the runtime's own truncation notice
 _STATE_LOST = "variables, imports and functions from earlier steps are gone (files in /workspace are kept)"
 
 
@@ -64,6 +66,21 @@ class SandboxSession(Protocol):
         """Stop the sandbox now and release its resources; idempotent."""
 
 
+def protocol_lines(stream: IO[bytes], limit: int = MAX_MESSAGE_BYTES) -> Iterator[bytes]:
+    """The lines of a sandbox's protocol stream, never holding more than ``limit`` bytes of one.
+
+    Sandboxed code can write to its end of the channel; without a bound, a line without a newline
+    would grow in the host's memory until the host ran out of it.
+
+    Raises:
+        ProtocolError: a line is longer than ``limit`` bytes.
+    """
+    while line := stream.readline(limit + 1):
+        if len(line) > limit:
+            raise ProtocolError(f"sent a message larger than {limit // (1024 * 1024)} MiB")
+        yield line
+
+
 def _to_json(value: Any) -> Any:
     """Values that cross the boundary must be JSON; convert pydantic models and the like, else repr."""
     try:
@@ -92,9 +109,11 @@ class SandboxInterpreter:
                  cancel: threading.Event, cancel_cause: Callable[[], TurnCancelled] = TurnCancelled,
                  tools: dict[str, Callable[..., Any]] | None = None,
                  output_fields: list[dict[str, Any]] | None = None,
-                 on_shutdown: Callable[[SandboxInterpreter], None] | None = None) -> None:
+                 on_shutdown: Callable[[SandboxInterpreter], None] | None = None,
+                 max_output_bytes: int | None = None) -> None:
         self._new_session = new_session
         self._exec_timeout_s = exec_timeout_s
+        self._max_output = max_output_bytes  # characters passed on per execution, like the runtime's cap
         self._cancel, self._cancel_cause = cancel, cancel_cause
         self._tools: dict[str, Callable[..., Any]] = dict(tools or {})
         self.output_fields = output_fields
@@ -217,6 +236,7 @@ class SandboxInterpreter:
         observer = current_observer()
         in_flight = _InFlight()
         chunks: list[str] = []
+        shown = 0  # characters of output passed on; the runtime caps them, code writing to the channel may not
         stop: str | None = None  # "cancel" | "timeout" | "fatal" once we asked the code to stop
         stopped_at = last_interrupt = 0.0
         used, last = 0.0, time.monotonic()
@@ -256,10 +276,17 @@ class SandboxInterpreter:
                 continue
             kind = message.get("type")
             if kind == "out":
-                chunks.append(message["text"])
+                text, cap = str(message.get("text") or ""), self._max_output
+                if cap is not None:
+                    if shown > cap + OUTPUT_SLACK:
+                        continue
+                    if shown + len(text) > cap + OUTPUT_SLACK:
+                        text = f"{text[:cap + OUTPUT_SLACK - shown]}\n[output truncated: more than {cap} characters]\n"
+                    shown += len(text)
+                chunks.append(text)
                 if observer is not None:
                     try:
-                        observer.on_output(message.get("stream", "stdout"), message["text"])
+                        observer.on_output(str(message.get("stream") or "stdout"), text)
                     except Exception:
                         logger.exception("sandbox observer failed in on_output")
             elif kind == "tool_call":
@@ -347,12 +374,13 @@ class SandboxFactory:
 
     def __init__(self, new_session: Callable[[], SandboxSession], *, backend: str, execution_instructions: str,
                  exec_timeout_s: float, cancel: threading.Event | None = None,
-                 on_close: Callable[[], None] | None = None) -> None:
+                 on_close: Callable[[], None] | None = None, max_output_bytes: int | None = None) -> None:
         self.backend = backend
         self.execution_instructions = execution_instructions
         self.cancel = cancel if cancel is not None else threading.Event()
         self._new_session = new_session
         self._exec_timeout_s = exec_timeout_s
+        self._max_output_bytes = max_output_bytes
         self._on_close = on_close
         self._cause: TurnCancelled | None = None
         self._interpreters: set[SandboxInterpreter] = set()
@@ -361,7 +389,8 @@ class SandboxFactory:
 
     def __call__(self) -> SandboxInterpreter:
         interpreter = SandboxInterpreter(self._new_session, exec_timeout_s=self._exec_timeout_s, cancel=self.cancel,
-                                         cancel_cause=self._cancel_cause, on_shutdown=self._forget)
+                                         cancel_cause=self._cancel_cause, on_shutdown=self._forget,
+                                         max_output_bytes=self._max_output_bytes)
         with self._lock:
             if self._closed:
                 raise CodeInterpreterError(f"The {self.backend} sandbox has been closed.")

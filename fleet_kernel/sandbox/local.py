@@ -30,7 +30,7 @@ from typing import Any
 
 from fleet_kernel.config import SandboxLimits
 from fleet_kernel.sandbox import _confine
-from fleet_kernel.sandbox.interpreter import ProtocolError, SessionClosed
+from fleet_kernel.sandbox.interpreter import ProtocolError, SessionClosed, protocol_lines
 
 logger = logging.getLogger(__name__)
 
@@ -254,13 +254,18 @@ class ProcessSession:
 
     def _read_stdout(self, stream: io.BufferedReader) -> None:
         with contextlib.suppress(OSError, ValueError):  # ValueError: kill() closed the pipe
-            for line in stream:
-                try:
-                    message = json.loads(line)
-                except ValueError:
-                    self._messages.put(ProtocolError(f"not a JSON message: {line[:200]!r}"))
-                    return
-                self._messages.put(message if isinstance(message, dict) else ProtocolError(f"not a message: {line!r}"))
+            try:
+                for line in protocol_lines(stream):  # bounded: code can write to this channel
+                    try:
+                        message = json.loads(line)
+                    except ValueError:
+                        self._messages.put(ProtocolError(f"not a JSON message: {line[:200]!r}"))
+                        return
+                    self._messages.put(message if isinstance(message, dict)
+                                       else ProtocolError(f"not a message: {line[:200]!r}"))
+            except ProtocolError as exc:
+                self._messages.put(exc)
+                return
         self._messages.put(_EOF)
 
     def _read_stderr(self, stream: io.BufferedReader) -> None:

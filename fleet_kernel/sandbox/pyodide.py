@@ -28,7 +28,13 @@ from typing import Any
 
 from fleet_kernel.config import SandboxLimits, Settings
 from fleet_kernel.errors import SandboxUnavailableError
-from fleet_kernel.sandbox.interpreter import ProtocolError, SandboxFactory, SessionClosed
+from fleet_kernel.sandbox.interpreter import (
+    MAX_MESSAGE_BYTES,
+    ProtocolError,
+    SandboxFactory,
+    SessionClosed,
+    protocol_lines,
+)
 from fleet_kernel.workspace import Workspace
 
 logger = logging.getLogger(__name__)
@@ -233,13 +239,19 @@ class PyodideSession:
 
     def _read_stdout(self) -> None:
         assert self._process is not None and self._process.stdout is not None
-        for line in self._process.stdout:
-            try:
-                message = json.loads(line)
-            except ValueError:
-                self._messages.put(ProtocolError(f"not a JSON message: {line[:200]!r}"))
-                return
-            self._messages.put(message if isinstance(message, dict) else ProtocolError(f"bad message {message!r}"))
+        limit = max(MAX_MESSAGE_BYTES, self._limits.max_file_mb * 1024 * 1024 * 4 // 3 + 1024 * 1024)  # base64 files
+        try:
+            for line in protocol_lines(self._process.stdout, limit):  # bounded: code can write to this channel
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    self._messages.put(ProtocolError(f"not a JSON message: {line[:200]!r}"))
+                    return
+                self._messages.put(message if isinstance(message, dict)
+                                   else ProtocolError(f"bad message {str(message)[:200]!r}"))
+        except ProtocolError as exc:
+            self._messages.put(exc)
+            return
         self._messages.put(_EOF)
 
     def _read_stderr(self) -> None:
@@ -380,7 +392,7 @@ def open_pyodide(settings: Settings, workspace: Path, *, cancel: threading.Event
         return PyodideSession(deno, cache, workspace, limits)
 
     return SandboxFactory(new_session, backend="pyodide", execution_instructions=execution_instructions(
-        exec_timeout_s), exec_timeout_s=exec_timeout_s, cancel=cancel)
+        exec_timeout_s), exec_timeout_s=exec_timeout_s, cancel=cancel, max_output_bytes=limits.max_output_bytes)
 
 
 def main() -> None:

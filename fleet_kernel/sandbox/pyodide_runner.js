@@ -161,12 +161,14 @@ async function runWorker({ config, control, data, interrupt }) {
   const stdout = new StdoutWriter();
   const mirror = new WorkspaceMirror(pyodide.FS, config.workspace, config.max_file_bytes, (m) => stdout.send(m));
   // C-level writes to fds 1 and 2 arrive here without the GIL, so they cannot go through the runtime's
-  // streams: they are streamed as they are (os.write, the common case, is rerouted in BOOTSTRAP).
+  // streams: they are streamed as they are (os.write, the common case, is rerouted in BOOTSTRAP),
+  // capped per execution like the runtime's own output (sys.__stdout__ reaches this path).
+  const rawOutput = new CappedOutput(config.max_output_bytes ?? 1000000, (m) => stdout.send(m));
   for (const [fd, name] of [[1, "stdout"], [2, "stderr"]]) {
     const decoder = new TextDecoder();
     const write = (bytes) => {
       const text = decoder.decode(bytes, { stream: true });
-      if (Atomics.load(control, RUNNING) === 1) stdout.send({ type: "out", stream: name, text });
+      if (Atomics.load(control, RUNNING) === 1) rawOutput.write(name, text);
       else console.error(text);
       return bytes.length;
     };
@@ -182,6 +184,7 @@ async function runWorker({ config, control, data, interrupt }) {
     receive: (inToolCall) => receive(control, data, interrupt, inToolCall),
     begin_execution: () => {
       Atomics.store(interrupt, 0, 0); // an interrupt meant for an earlier execution
+      rawOutput.reset();
       mirror.syncIn();
       Atomics.store(control, RUNNING, 1);
     },
@@ -245,6 +248,36 @@ class StdoutWriter {
   write(text) {
     let bytes = this.encoder.encode(text + "\n");
     while (bytes.length) bytes = bytes.subarray(Deno.stdout.writeSync(bytes));
+  }
+}
+
+/** "out" messages for C-level output: at most `limit` characters per execution, in chunks of 256 KiB. */
+class CappedOutput {
+  static CHUNK = 256 * 1024;
+
+  constructor(limit, send) {
+    this.limit = limit;
+    this.send = send;
+    this.reset();
+  }
+
+  reset() {
+    this.total = 0;
+    this.truncated = false;
+  }
+
+  write(stream, text) {
+    if (this.total >= this.limit) {
+      if (this.truncated) return;
+      this.truncated = true;
+      text = `\n[output truncated: more than ${this.limit} characters]\n`;
+    } else if (this.total + text.length > this.limit) {
+      text = text.slice(0, this.limit - this.total);
+    }
+    this.total += text.length;
+    for (let start = 0; start < text.length; start += CappedOutput.CHUNK) {
+      this.send({ type: "out", stream, text: text.slice(start, start + CappedOutput.CHUNK) });
+    }
   }
 }
 
