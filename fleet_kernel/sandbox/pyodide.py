@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -49,6 +50,7 @@ START_TIMEOUT_S = 60.0  # a cold start is ~3 s on an idle machine, several times
 DENO_BASELINE_MB = 384  # Deno + V8 + Pyodide before any user data; added to the memory limit
 WRITABLE = ("artifacts/", "memory/")  # what sandboxed code may change in the host workspace
 _DENO_FLAGS = ("--no-config", "--no-lock", "--node-modules-dir=false")
+MAX_DENIED_LINKS = 5000  # symbolic links in one workspace, each denied on Deno's command line
 _EOF = object()
 
 
@@ -194,7 +196,8 @@ class PyodideSession:
             config["snapshot"] = os.path.realpath(snapshot_path(self._deno_dir))
         # Deno matches permissions against real paths (denoland/deno#9607).
         allow = ",".join(os.path.realpath(path) for path in readable)
-        return [self._deno, "run", "--cached-only", "--no-prompt", *_DENO_FLAGS, f"--allow-read={allow}",
+        deny = [f"--deny-read={path}" for path in _symlinks_to_deny(self._workspace.root)]
+        return [self._deno, "run", "--cached-only", "--no-prompt", *_DENO_FLAGS, f"--allow-read={allow}", *deny,
                 os.path.realpath(RUNNER), json.dumps(config)]
 
     def start(self) -> None:
@@ -354,6 +357,36 @@ class PyodideSession:
             reason += ":\n" + "\n".join(lines)
         self._reason = reason
         return reason
+
+
+def _symlinks_to_deny(workspace: Path) -> list[str]:
+    """Every symbolic link in the workspace, as paths for ``--deny-read``.
+
+    Deno checks a path where the link is, not where it points, so a link that exists when Deno starts
+    (planted by code of another backend in the same session, say) would read any host file through
+    the workspace's read permission. Pyodide code cannot make links itself (no write permission). A
+    link whose path has a comma (Deno's list separator, with no escape) is denied by its closest
+    ancestor without one.
+
+    Raises:
+        SessionClosed: a link sits at the top of the workspace under a name with a comma, or there are
+            too many links to list.
+    """
+    root = os.path.realpath(workspace)
+    denied: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(root):  # never follows links
+        for name in (*dirnames, *filenames):
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                continue
+            parts = list(itertools.takewhile(lambda part: "," not in part, Path(path).relative_to(root).parts))
+            if not parts:
+                raise SessionClosed(f"could not be started: remove the symbolic link {path!r} from the workspace")
+            denied.add(os.path.join(root, *parts))
+            if len(denied) > MAX_DENIED_LINKS:
+                raise SessionClosed(f"could not be started: the workspace {root} holds more than "
+                                    f"{MAX_DENIED_LINKS} symbolic links; remove them")
+    return sorted(denied)
 
 
 # -- the factory ----------------------------------------------------------------------------------
