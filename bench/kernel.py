@@ -103,9 +103,14 @@ def bench(name: str, env: dict[str, str], repeat: int, noop: str, first_output: 
         finally:
             kc.stop_channels()
             km.shutdown_kernel(now=True)
-    return {"start": statistics.median(starts), "trip": statistics.median(trips),
-            "first": statistics.median(f for f in firsts if f is not None), "cold": cold,
-            "event": statistics.median(e for e in events if e is not None), "cold_event": cold_event}
+    return {
+        "start": statistics.median(starts),
+        "trip": statistics.median(trips),
+        "first": statistics.median(f for f in firsts if f is not None),
+        "cold": cold,
+        "event": statistics.median(e for e in events if e is not None),
+        "cold_event": cold_event,
+    }
 
 
 def main() -> None:

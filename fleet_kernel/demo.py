@@ -56,8 +56,12 @@ def run_quickstart(out: Path, kernel_name: str = KERNEL_NAME, timeout: int = 600
     notebook_path, html_path = out / "quickstart.ipynb", out / "quickstart.html"
     nb = nbformat.read(QUICKSTART, as_version=4)
     client = NotebookClient(
-        nb, kernel_name=kernel_name, timeout=timeout, resources={"metadata": {"path": str(out)}},
-        store_widget_state=True, coalesce_streams=True,
+        nb,
+        kernel_name=kernel_name,
+        timeout=timeout,
+        resources={"metadata": {"path": str(out)}},
+        store_widget_state=True,
+        coalesce_streams=True,
     )
     failure: str | None = None
     try:
@@ -82,8 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     if scripted:
         os.environ["FLEET_LM_MODEL"] = f"replay/{CASSETTE}"
     model = os.environ["FLEET_LM_MODEL"]
-    print(f"Running {QUICKSTART.name} through the fleet kernel on "
-          f"{'its cassette of scripted answers (offline)' if scripted else model} ...", flush=True)
+    print(
+        f"Running {QUICKSTART.name} through the fleet kernel on "
+        f"{'its cassette of scripted answers (offline)' if scripted else model} ...",
+        flush=True,
+    )
     try:
         ensure_kernelspec()
         notebook, html = run_quickstart(out)
@@ -97,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         f"\nExecuted notebook: {notebook}\nHTML transcript:   {html}\n"
         f"Store and logs:    {os.environ['FLEET_HOME']}\n\n"
         f"Open the transcript in a browser:\n  xdg-open {html}\n"
-        f"Open the notebook in JupyterLab (pick the \"Fleet RLM\" kernel to go on; `%fleet help` lists commands):\n"
+        f'Open the notebook in JupyterLab (pick the "Fleet RLM" kernel to go on; `%fleet help` lists commands):\n'
         f"{install}  {env} {lab} {notebook}"
     )
     return 0

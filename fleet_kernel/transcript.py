@@ -342,7 +342,9 @@ def _indent(text: str) -> str:
 def transcript_bundle(view: TurnView) -> tuple[dict[str, str], dict[str, Any]]:
     """The final output of a turn: ``(data, metadata)`` for an ``execute_result``."""
     data = {"text/markdown": render_markdown(view), "text/html": render_html(view), "text/plain": render_text(view)}
-    meta = {"fleet": {"session_id": view.session_id, "turn_id": view.turn_id, "status": view.status, "model": view.model}}
+    meta = {
+        "fleet": {"session_id": view.session_id, "turn_id": view.turn_id, "status": view.status, "model": view.model}
+    }
     return data, meta
 
 

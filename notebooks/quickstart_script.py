@@ -31,13 +31,28 @@ LABEL = (
 PORTS = ["Nantucket", "Valparaíso", "Callao", "Honolulu", "Papeete", "Lahaina", "Talcahuano", "Sydney"]
 WEATHER = ["fair", "fair", "fair", "rain", "fog", "calm", "squalls"]
 NOTES = {
-    "storm": ["Split the fore topsail; bent a new one at dawn.", "Heavy seas stove the starboard whaleboat.",
-              "Carried away the main topgallant yard.", "Pumps manned all night; six inches in the well.",
-              "Lay to under close-reefed main topsail."],
-    "port": ["Took on water and wood.", "Shipped two hands; one deserted.", "Traded for fresh fruit and yams.",
-             "Cooper at work on casks.", "Liberty for the larboard watch."],
-    "sea": ["Saw sperm whales to leeward; lowered, no luck.", "Tried out 40 barrels.", "Sighted a sail to windward.",
-            "Mending sails.", "Set a lookout at each masthead.", "Spoke the ship Essex bound home."],
+    "storm": [
+        "Split the fore topsail; bent a new one at dawn.",
+        "Heavy seas stove the starboard whaleboat.",
+        "Carried away the main topgallant yard.",
+        "Pumps manned all night; six inches in the well.",
+        "Lay to under close-reefed main topsail.",
+    ],
+    "port": [
+        "Took on water and wood.",
+        "Shipped two hands; one deserted.",
+        "Traded for fresh fruit and yams.",
+        "Cooper at work on casks.",
+        "Liberty for the larboard watch.",
+    ],
+    "sea": [
+        "Saw sperm whales to leeward; lowered, no luck.",
+        "Tried out 40 barrels.",
+        "Sighted a sail to windward.",
+        "Mending sails.",
+        "Set a lookout at each masthead.",
+        "Spoke the ship Essex bound home.",
+    ],
 }
 
 
@@ -64,60 +79,74 @@ def step(reasoning: str, code: str) -> dict[str, str]:
 
 
 FIRST = [
-    step("I should look at the attachment before parsing it: its size and first lines.",
-         'lines = open("files/ship_log.txt", encoding="utf-8").read().splitlines()\n'
-         'print(f"{len(lines)} entries")\n'
-         'print("\\n".join(lines[:4]))'),
-    step("Each line is `date | place | weather | note`. I'll parse every line, count the days in each port and "
-         "the storms in each month, printing the months as I go.",
-         "import time\nfrom collections import Counter\n\nports, storms = Counter(), Counter()\n"
-         "for line in lines:\n"
-         '    date, place, weather, note = [part.strip() for part in line.split("|")]\n'
-         '    if place.startswith("in port at "):\n'
-         '        ports[place.removeprefix("in port at ")] += 1\n'
-         '    if weather == "storm":\n'
-         "        storms[date[:7]] += 1\n"
-         "months = sorted({line[:7] for line in lines})\n"
-         "for month in months:\n"
-         '    print(month, "#" * storms[month], storms[month], flush=True)\n'
-         "    time.sleep(0.05)\n"
-         'print("most days in port:", ports.most_common(3))'),
-    step("The notes of the stormiest month tell what the storms did; a sub-model can sum them up.",
-         "worst = max(sorted(storms), key=storms.get)\n"
-         'notes = [l.split("|")[3].strip() for l in lines if l.startswith(worst) and "| storm |" in l]\n'
-         'summary = llm_query("In one sentence, what did these storms do to the ship?\\n" + "\\n".join(notes))\n'
-         'print(worst, "-", summary)'),
-    step("Now the chart, saved under artifacts/ so that it is shown to the user.",
-         'import os\nos.environ.setdefault("MPLCONFIGDIR", "/tmp/matplotlib")\nimport matplotlib\n'
-         'matplotlib.use("Agg")\nimport matplotlib.pyplot as plt\n\n'
-         "fig, ax = plt.subplots(figsize=(9, 3.5))\n"
-         'ax.bar(months, [storms[m] for m in months], color="#1f3a5f")\n'
-         'ax.set_title("Storms logged per month aboard the Albatross")\nax.set_ylabel("storm days")\n'
-         'ax.tick_params(axis="x", rotation=60, labelsize=8)\nfig.tight_layout()\n'
-         'fig.savefig("artifacts/storms_per_month.png", dpi=100)\nprint("saved artifacts/storms_per_month.png")'),
-    step("I have the counts, the summary and the chart: time to answer.",
-         "top, visits = ports.most_common(1)[0]\n"
-         'table = "\\n".join(f"| {m} | {storms[m]} |" for m in months)\n'
-         'SUBMIT(answer=f"The *Albatross* spent most days in port at **{top}** ({visits} days).\\n\\n"\n'
-         '       f"She logged {sum(storms.values())} storm days; the worst month was {worst}: {summary}\\n\\n"\n'
-         '       f"| month | storms |\\n|---|---|\\n{table}\\n\\n"\n'
-         '       "The chart is saved as `artifacts/storms_per_month.png`.")'),
+    step(
+        "I should look at the attachment before parsing it: its size and first lines.",
+        'lines = open("files/ship_log.txt", encoding="utf-8").read().splitlines()\n'
+        'print(f"{len(lines)} entries")\n'
+        'print("\\n".join(lines[:4]))',
+    ),
+    step(
+        "Each line is `date | place | weather | note`. I'll parse every line, count the days in each port and "
+        "the storms in each month, printing the months as I go.",
+        "import time\nfrom collections import Counter\n\nports, storms = Counter(), Counter()\n"
+        "for line in lines:\n"
+        '    date, place, weather, note = [part.strip() for part in line.split("|")]\n'
+        '    if place.startswith("in port at "):\n'
+        '        ports[place.removeprefix("in port at ")] += 1\n'
+        '    if weather == "storm":\n'
+        "        storms[date[:7]] += 1\n"
+        "months = sorted({line[:7] for line in lines})\n"
+        "for month in months:\n"
+        '    print(month, "#" * storms[month], storms[month], flush=True)\n'
+        "    time.sleep(0.05)\n"
+        'print("most days in port:", ports.most_common(3))',
+    ),
+    step(
+        "The notes of the stormiest month tell what the storms did; a sub-model can sum them up.",
+        "worst = max(sorted(storms), key=storms.get)\n"
+        'notes = [l.split("|")[3].strip() for l in lines if l.startswith(worst) and "| storm |" in l]\n'
+        'summary = llm_query("In one sentence, what did these storms do to the ship?\\n" + "\\n".join(notes))\n'
+        'print(worst, "-", summary)',
+    ),
+    step(
+        "Now the chart, saved under artifacts/ so that it is shown to the user.",
+        'import os\nos.environ.setdefault("MPLCONFIGDIR", "/tmp/matplotlib")\nimport matplotlib\n'
+        'matplotlib.use("Agg")\nimport matplotlib.pyplot as plt\n\n'
+        "fig, ax = plt.subplots(figsize=(9, 3.5))\n"
+        'ax.bar(months, [storms[m] for m in months], color="#1f3a5f")\n'
+        'ax.set_title("Storms logged per month aboard the Albatross")\nax.set_ylabel("storm days")\n'
+        'ax.tick_params(axis="x", rotation=60, labelsize=8)\nfig.tight_layout()\n'
+        'fig.savefig("artifacts/storms_per_month.png", dpi=100)\nprint("saved artifacts/storms_per_month.png")',
+    ),
+    step(
+        "I have the counts, the summary and the chart: time to answer.",
+        "top, visits = ports.most_common(1)[0]\n"
+        'table = "\\n".join(f"| {m} | {storms[m]} |" for m in months)\n'
+        'SUBMIT(answer=f"The *Albatross* spent most days in port at **{top}** ({visits} days).\\n\\n"\n'
+        '       f"She logged {sum(storms.values())} storm days; the worst month was {worst}: {summary}\\n\\n"\n'
+        '       f"| month | storms |\\n|---|---|\\n{table}\\n\\n"\n'
+        '       "The chart is saved as `artifacts/storms_per_month.png`.")',
+    ),
 ]
 SECOND = [
-    step("The sandbox may have restarted since the last turn, so I re-read the log and compare months.",
-         "from collections import Counter\n"
-         'lines = open("files/ship_log.txt", encoding="utf-8").read().splitlines()\n'
-         "storms, in_port, days = Counter(), Counter(), Counter()\n"
-         "for line in lines:\n"
-         '    date, place, weather, note = [p.strip() for p in line.split("|")]\n'
-         "    days[date[:7]] += 1\n"
-         '    storms[date[:7]] += weather == "storm"\n'
-         '    in_port[date[:7]] += place.startswith("in port at ")\n'
-         "calm = min(sorted(days), key=lambda m: (storms[m], -in_port[m]))\n"
-         'print(calm, "storms:", storms[calm], "days in port:", in_port[calm], "of", days[calm])'),
-    step("That answers it.",
-         'SUBMIT(answer=f"The calmest month was **{calm}**, with {storms[calm]} storm days; "\n'
-         '       f"the ship spent {in_port[calm]} of its {days[calm]} days in port and the rest at sea.")'),
+    step(
+        "The sandbox may have restarted since the last turn, so I re-read the log and compare months.",
+        "from collections import Counter\n"
+        'lines = open("files/ship_log.txt", encoding="utf-8").read().splitlines()\n'
+        "storms, in_port, days = Counter(), Counter(), Counter()\n"
+        "for line in lines:\n"
+        '    date, place, weather, note = [p.strip() for p in line.split("|")]\n'
+        "    days[date[:7]] += 1\n"
+        '    storms[date[:7]] += weather == "storm"\n'
+        '    in_port[date[:7]] += place.startswith("in port at ")\n'
+        "calm = min(sorted(days), key=lambda m: (storms[m], -in_port[m]))\n"
+        'print(calm, "storms:", storms[calm], "days in port:", in_port[calm], "of", days[calm])',
+    ),
+    step(
+        "That answers it.",
+        'SUBMIT(answer=f"The calmest month was **{calm}**, with {storms[calm]} storm days; "\n'
+        '       f"the ship spent {in_port[calm]} of its {days[calm]} days in port and the rest at sea.")',
+    ),
 ]
 SCRIPTS = {"Which port": FIRST, "calmest": SECOND}
 

@@ -2,8 +2,8 @@
 
 ``FLEET_LM_RECORD=<file>`` wraps the configured model: each request and its answer are appended to the
 cassette (a JSON file). ``FLEET_LM_MODEL=replay/<file>`` answers from the cassette without any network:
-a request is matched exactly, else with every digit run ignored (file sizes and timings in the prompt
-change between machines); a request the cassette does not hold is a clear error naming the nearest
+a request is matched exactly, else on its inputs with digit runs ignored (the system prompt, file sizes
+and timings change between machines); a request the cassette does not hold is a clear error naming the nearest
 recorded one. Both are dspy custom engines (``complete(Request) -> Response``), so dspy's adapters,
 callbacks and history work unchanged and nothing in dspy is patched.
 """
@@ -48,8 +48,12 @@ def exact_key(messages: list[dict[str, str]]) -> str:
 
 
 def loose_key(messages: list[dict[str, str]]) -> str:
-    """The key with digit runs masked: survives file sizes, durations and counts that drift."""
-    masked = [{"role": m["role"], "content": _DIGITS.sub("#", m["content"])} for m in messages]
+    """The key without the system prompt and with digit runs masked.
+
+    It survives what drifts between machines without changing what was asked: the sandbox's description
+    (Python version, installed packages) in the system prompt, file sizes and durations in the inputs.
+    """
+    masked = [{"role": m["role"], "content": _DIGITS.sub("#", m["content"])} for m in messages if m["role"] != "system"]
     return exact_key(masked)
 
 

@@ -77,8 +77,10 @@ async def cmd_session(ctx: KernelContext, args: list[str]) -> Reply:
         await ctx.use_session(args[1])
         assert ctx.store is not None
         session = await ctx.store.get_session(args[1])
-        return Reply(f"Using session {session.session_id} ({session.title or 'untitled'}, {session.turn_count} turns); "
-                     "its history feeds the next turn.")
+        return Reply(
+            f"Using session {session.session_id} ({session.title or 'untitled'}, {session.turn_count} turns); "
+            "its history feeds the next turn."
+        )
     if action == "list":
         return await _list_sessions(ctx)
     if action:
@@ -185,8 +187,12 @@ async def cmd_attach(ctx: KernelContext, args: list[str]) -> Reply:
     data = source.read_bytes()
     workspace = Workspace.for_session(ctx.settings.workspaces_dir, session_id)
     path = workspace.add_file(source.name, data)
-    await ctx.store.add_attachment(session_id=session_id, filename=source.name, path=path, mime=guess_mime(path), data=data)
-    return Reply(f"Attached {source.name} as /workspace/{path} ({len(data):,} bytes); the model sees it in /workspace/files.")
+    await ctx.store.add_attachment(
+        session_id=session_id, filename=source.name, path=path, mime=guess_mime(path), data=data
+    )
+    return Reply(
+        f"Attached {source.name} as /workspace/{path} ({len(data):,} bytes); the model sees it in /workspace/files."
+    )
 
 
 async def cmd_export(ctx: KernelContext, args: list[str]) -> Reply:
@@ -227,7 +233,11 @@ async def cmd_serve(ctx: KernelContext, args: list[str]) -> Reply:
     env = {**os.environ, "FLEET_HOME": str(settings.home), "FLEET_DATABASE_URL": settings.database_url}
     Sidecar.process = subprocess.Popen(
         [sys.executable, "-m", "fleet_kernel.cli", "serve", "--port", str(port)],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        env=env,
+        start_new_session=True,
     )
     Sidecar.port = port
     log.close()
@@ -249,7 +259,7 @@ def _serve_error(message: str) -> Exception:
 
 def _answers(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=1) as response:  # noqa: S310 - loopback only
+        with urllib.request.urlopen(url, timeout=1) as response:
             return bool(response.status == 200)
     except OSError:
         return False
@@ -290,7 +300,7 @@ def is_command(code: str) -> bool:
 async def run_line(ctx: KernelContext, line: str) -> Reply:
     """Run one ``%fleet ...`` line. Raises ``FleetError`` (usage errors included)."""
     try:
-        words = shlex.split(line.strip()[len(PREFIX):])
+        words = shlex.split(line.strip()[len(PREFIX) :])
     except ValueError as exc:
         raise _usage_error(f"cannot read the command: {exc}") from exc
     name, args = (words[0], words[1:]) if words else ("help", [])

@@ -64,7 +64,7 @@ class KernelContext:
             for name in WARM_MODULES:
                 try:
                     importlib.import_module(name)
-                except Exception:  # noqa: BLE001 - the turn that needs it will report the failure
+                except Exception:
                     log.warning("warming %s failed", name, exc_info=True)
                 if name == "nbformat":  # the store is what the first turn needs: open it while dspy loads
                     asyncio.run_coroutine_threadsafe(self._open_quietly(), loop)
@@ -75,7 +75,7 @@ class KernelContext:
     async def _open_quietly(self) -> None:
         try:
             await self.open()
-        except Exception:  # noqa: BLE001 - reported to the user by the first cell that needs it
+        except Exception:
             log.warning("opening the store in the background failed", exc_info=True)
 
     @property
@@ -137,7 +137,7 @@ class KernelContext:
             return self.explicit_output
         try:
             return self.settings.policy.kernel.output
-        except Exception:  # noqa: BLE001 - a config error is reported by the turn, not here
+        except Exception:
             return "rich"
 
     def live_mode(self) -> str:

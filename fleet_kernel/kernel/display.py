@@ -61,8 +61,14 @@ class Publisher:
             text = text[:MAX_STREAM_CHARS] + f"\n... ({len(text) - MAX_STREAM_CHARS:,} characters not shown)\n"
         self.send("stream", {"name": name, "text": text})
 
-    def display(self, data: dict[str, Any], metadata: dict[str, Any] | None = None, *, display_id: str | None = None,
-                update: bool = False) -> None:
+    def display(
+        self,
+        data: dict[str, Any],
+        metadata: dict[str, Any] | None = None,
+        *,
+        display_id: str | None = None,
+        update: bool = False,
+    ) -> None:
         content: dict[str, Any] = {"data": data, "metadata": metadata or {}}
         if display_id is not None:
             content["transient"] = {"display_id": display_id}
@@ -155,8 +161,10 @@ class TextLive(_Live):
         data, view = event.data, self.view
         who = "" if event.agent_id == "root" else f"[{event.agent_id}] "
         if event.type == "turn.started":
-            self._say(f"{data.get('model') or 'no model'} · sandbox {data.get('sandbox')} · "
-                      f"up to {data['limits']['max_iters']} iterations\n")
+            self._say(
+                f"{data.get('model') or 'no model'} · sandbox {data.get('sandbox')} · "
+                f"up to {data['limits']['max_iters']} iterations\n"
+            )
         elif event.type == "iteration.started":
             self._say(f"\n── {who}iteration {data['iteration']}/{data['max_iters']} " + "─" * 24 + "\n")
         elif event.type == "reasoning" and data["text"]:
@@ -199,8 +207,11 @@ class PlainLive(_Live):
 
     def record(self, event: Event) -> None:
         if event.type in ("reasoning", "code", "execution.finished"):
-            it = next(i for i in reversed(self.view.iterations) if i.iteration == event.data["iteration"]
-                      and i.agent_id == event.agent_id)
+            it = next(
+                i
+                for i in reversed(self.view.iterations)
+                if i.iteration == event.data["iteration"] and i.agent_id == event.agent_id
+            )
             index = self.view.iterations.index(it)
             if index not in self._shown:
                 self._shown[index] = self._id(index)
@@ -224,7 +235,11 @@ class PlainLive(_Live):
     def _iteration_bundle(self, index: int) -> dict[str, str]:
         it = self.view.iterations[index]
         note = iteration_note(it)
-        text = f"── {it.label}{note}\n" + (f"{it.reasoning}\n" if it.reasoning else "") + (fence(it.code, "python") if it.code else "")
+        text = (
+            f"── {it.label}{note}\n"
+            + (f"{it.reasoning}\n" if it.reasoning else "")
+            + (fence(it.code, "python") if it.code else "")
+        )
         body = f"<b>{html.escape(it.label)}</b>{html.escape(note)}"
         if it.reasoning:
             body += f'<div style="white-space:pre-wrap;font-style:italic">{html.escape(it.reasoning)}</div>'

@@ -55,10 +55,12 @@ async def history(
     if access == "search" and pattern:
         entries = [e for e in entries if fnmatch.fnmatchcase(_task(e), pattern)]
     if unique:
-        seen: set[str] = set()
-        entries = [e for e in reversed(entries) if not (_task(e) in seen or seen.add(_task(e)))][::-1]
+        newest_first: dict[str, HistoryEntry] = {}
+        for entry in reversed(entries):
+            newest_first.setdefault(_task(entry), entry)
+        entries = list(reversed(newest_first.values()))
     if n and access != "range":
-        entries = entries[-int(n):]
+        entries = entries[-int(n) :]
     return entries
 
 

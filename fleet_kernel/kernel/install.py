@@ -40,9 +40,7 @@ def _logo_dir() -> Path | None:
     return None
 
 
-def install(
-    user: bool = False, sys_prefix: bool = False, prefix: str | None = None, name: str = KERNEL_NAME
-) -> str:
+def install(user: bool = False, sys_prefix: bool = False, prefix: str | None = None, name: str = KERNEL_NAME) -> str:
     """Install the spec; returns the folder it was written to.
 
     Args:

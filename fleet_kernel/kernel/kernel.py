@@ -33,14 +33,14 @@ class FleetKernel(Kernel):
         f"Fleet RLM {__version__}: each cell is a turn; the model reasons, writes Python and runs it in a sandbox.\n"
         "Type a task, or %fleet help for commands."
     )
-    language_info = {
+    language_info = {  # noqa: RUF012 - the base class reads these class attributes
         "name": "markdown",
         "mimetype": "text/markdown",
         "file_extension": ".md",
         "pygments_lexer": "markdown",
         "codemirror_mode": "markdown",
     }
-    help_links = [{"text": "Fleet commands: %fleet help", "url": "https://dspy.ai/api/modules/RLM/"}]
+    help_links = [{"text": "DSPy RLM", "url": "https://dspy.ai/api/modules/RLM/"}]  # noqa: RUF012
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -73,7 +73,7 @@ class FleetKernel(Kernel):
             import ipywidgets
 
             ipywidgets.register_comm_target()
-        except Exception:  # noqa: BLE001 - without widgets the plain live view is used
+        except Exception:
             log.warning("ipywidgets is unavailable", exc_info=True)
 
     @property
@@ -105,6 +105,7 @@ class FleetKernel(Kernel):
     async def interrupt_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         """Message-mode interrupt (control thread): cancel the turn, signal nobody."""
         self._cancel("interrupted")
+        assert self.session is not None
         self.session.send(stream, "interrupt_reply", {"status": "ok"}, parent, ident=ident)
 
     def _cancel(self, reason: str) -> None:
@@ -117,7 +118,7 @@ class FleetKernel(Kernel):
 
     # ------------------------------------------------------------------ execute
 
-    async def do_execute(  # type: ignore[override]
+    async def do_execute(
         self,
         code: str,
         silent: bool,
@@ -141,7 +142,7 @@ class FleetKernel(Kernel):
             if silent:
                 return self._ok()  # extensions probing the kernel never start a paid turn
             return await self._turn(code, parent)
-        except Exception as exc:  # noqa: BLE001 - every failure becomes one readable error output
+        except Exception as exc:
             return self._fail(parent, *_describe(exc))
 
     async def _commands(self, text: str, parent: dict[str, Any], silent: bool) -> dict[str, Any]:
@@ -203,36 +204,54 @@ class FleetKernel(Kernel):
     # ------------------------------------------------------------------ replies
 
     def _ok(self, payload: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        return {"status": "ok", "execution_count": self.execution_count, "payload": payload or [], "user_expressions": {}}
+        return {
+            "status": "ok",
+            "execution_count": self.execution_count,
+            "payload": payload or [],
+            "user_expressions": {},
+        }
 
     def _fail(self, parent: dict[str, Any], ename: str, evalue: str) -> dict[str, Any]:
         content = {"ename": ename, "evalue": evalue, "traceback": [f"\x1b[0;31m{ename}\x1b[0m: {evalue}"]}
+        assert self.session is not None
         self.session.send(self.iopub_socket, "error", content, parent=parent, ident=self._topic("error"))
         return {"status": "error", "execution_count": self.execution_count, **content}
 
     # ------------------------------------------------------------------ the other requests
 
-    async def do_complete(self, code: str, cursor_pos: int) -> dict[str, Any]:  # type: ignore[override]
+    async def do_complete(self, code: str, cursor_pos: int) -> dict[str, Any]:
         try:
             matches, start, end = await commands.complete(self.ctx, code, cursor_pos)
-        except Exception:  # noqa: BLE001 - completion must never break typing
+        except Exception:
             log.warning("completion failed", exc_info=True)
             matches, start, end = [], cursor_pos, cursor_pos
         return {"status": "ok", "matches": matches, "cursor_start": start, "cursor_end": end, "metadata": {}}
 
-    async def do_is_complete(self, code: str) -> dict[str, Any]:  # type: ignore[override]
+    async def do_is_complete(self, code: str) -> dict[str, Any]:
         if code.rstrip(" ").endswith("\\") or code.count("```") % 2 == 1:
             return {"status": "incomplete", "indent": ""}
         return {"status": "complete"}
 
-    async def do_inspect(self, code: str, cursor_pos: int, detail_level: int = 0, omit_sections: Any = ()) -> dict[str, Any]:  # type: ignore[override]
+    async def do_inspect(
+        self, code: str, cursor_pos: int, detail_level: int = 0, omit_sections: Any = ()
+    ) -> dict[str, Any]:
         if commands.is_command(code):
             reply = await commands.cmd_help(self.ctx, [])
             return {"status": "ok", "found": True, "data": {"text/plain": reply.text}, "metadata": {}}
         return {"status": "ok", "found": False, "data": {}, "metadata": {}}
 
-    async def do_history(self, hist_access_type: str, output: bool, raw: bool, session: Any = None, start: Any = None,  # type: ignore[override]
-                         stop: Any = None, n: int | None = None, pattern: str | None = None, unique: bool = False) -> dict[str, Any]:
+    async def do_history(
+        self,
+        hist_access_type: str,
+        output: bool,
+        raw: bool,
+        session: Any = None,
+        start: Any = None,
+        stop: Any = None,
+        n: int | None = None,
+        pattern: str | None = None,
+        unique: bool = False,
+    ) -> dict[str, Any]:
         from fleet_kernel.kernel.history import history
 
         if not self._executed and hist_access_type == "tail":
@@ -240,19 +259,29 @@ class FleetKernel(Kernel):
         try:
             await self.ctx.open()
             assert self.ctx.store is not None
-            entries = await history(self.ctx.store, self.ctx.session_id, hist_access_type, n=n, pattern=pattern,
-                                    unique=unique, session=session, start=start, stop=stop, output=output)
-        except Exception:  # noqa: BLE001 - no history is better than a broken prompt
+            entries = await history(
+                self.ctx.store,
+                self.ctx.session_id,
+                hist_access_type,
+                n=n,
+                pattern=pattern,
+                unique=unique,
+                session=session,
+                start=start,
+                stop=stop,
+                output=output,
+            )
+        except Exception:
             log.warning("history failed", exc_info=True)
             entries = []
         return {"status": "ok", "history": entries}
 
-    async def do_shutdown(self, restart: bool) -> dict[str, Any]:  # type: ignore[override]
+    async def do_shutdown(self, restart: bool) -> dict[str, Any]:
         self._cancel("the kernel is shutting down")
         commands.stop_sidecar()
         try:
             await self.ctx.close()
-        except Exception:  # noqa: BLE001 - shut down regardless
+        except Exception:
             log.warning("closing the store failed", exc_info=True)
         return {"status": "ok", "restart": restart}
 

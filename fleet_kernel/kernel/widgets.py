@@ -59,8 +59,12 @@ def _output_html(it: IterationView) -> str:
     if it.output:
         text = it.output
         if len(text) > LIVE_OUTPUT_CHARS:
-            text = f"... ({len(text) - LIVE_OUTPUT_CHARS:,} earlier characters not shown live)\n" + text[-LIVE_OUTPUT_CHARS:]
-        parts.append(f'<pre style="border-left:3px solid #999;padding-left:6px;margin:0">{html.escape(clip(text, LIVE_OUTPUT_CHARS + 200, it.output_dropped))}</pre>')
+            text = (
+                f"... ({len(text) - LIVE_OUTPUT_CHARS:,} earlier characters not shown live)\n"
+                + text[-LIVE_OUTPUT_CHARS:]
+            )
+        shown = html.escape(clip(text, LIVE_OUTPUT_CHARS + 200, it.output_dropped))
+        parts.append(f'<pre style="border-left:3px solid #999;padding-left:6px;margin:0">{shown}</pre>')
     if it.error:
         message = f"{it.error.get('type', 'Error')}: {it.error.get('message', '')}"
         parts.append(f'<pre style="color:#b00">{html.escape(message)}</pre>')
@@ -74,7 +78,13 @@ def status_line(view: TurnView, started: float) -> str:
     current = view.current
     iteration = f"iteration {current.iteration}/{current.max_iters}" if current else "waiting for the model"
     elapsed = view.duration_ms / 1000 if view.duration_ms is not None else time.monotonic() - started
-    parts = [iteration, f"{view.lm_calls} LM calls", f"{view.tokens:,} tokens", f"${view.cost_usd:.4f}", f"{elapsed:.1f} s"]
+    parts = [
+        iteration,
+        f"{view.lm_calls} LM calls",
+        f"{view.tokens:,} tokens",
+        f"${view.cost_usd:.4f}",
+        f"{elapsed:.1f} s",
+    ]
     state = "running" if not view.done else view.status
     return f"{state} · " + " · ".join(parts)
 

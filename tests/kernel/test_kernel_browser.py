@@ -20,8 +20,15 @@ from scripted_lm import step
 
 pytestmark = pytest.mark.browser
 CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", "--no-first-run", "--disable-quic"]
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 
 
 def _free_port() -> int:
@@ -43,16 +50,27 @@ def lab(tmp_path: Path, fleet_env: dict[str, str]) -> Iterator[tuple[str, Path]]
     env = {**os.environ, **fleet_env}
     log = (tmp_path / "lab.log").open("wb")
     server = subprocess.Popen(
-        [str(lab_bin), "--allow-root", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         f"--ServerApp.token={token}", f"--ServerApp.root_dir={tmp_path}", "--LabApp.news_url=None"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            str(lab_bin),
+            "--allow-root",
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={port}",
+            f"--ServerApp.token={token}",
+            f"--ServerApp.root_dir={tmp_path}",
+            "--LabApp.news_url=None",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=1)  # noqa: S310 - loopback
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=1)
                 break
             except OSError:
                 time.sleep(0.3)

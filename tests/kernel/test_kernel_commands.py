@@ -14,8 +14,9 @@ from kernel_harness import Kernel
 from scripted_lm import step
 
 
-def test_attach_puts_the_file_in_the_workspace_for_the_next_turn(kernel: Kernel, scripted_lm, tmp_path: Path,
-                                                                fleet_home: Path) -> None:
+def test_attach_puts_the_file_in_the_workspace_for_the_next_turn(
+    kernel: Kernel, scripted_lm, tmp_path: Path, fleet_home: Path
+) -> None:
     notes = tmp_path / "notes.txt"
     notes.write_text("the secret word is albatross\n")
     run = kernel.run(f"%fleet attach {notes}")
@@ -62,7 +63,7 @@ def test_serve_starts_the_api_on_the_kernel_store(kernel: Kernel, scripted_lm) -
         port = sock.getsockname()[1]
     run = kernel.run(f"%fleet serve {port}", timeout=60)
     assert run.reply["content"]["status"] == "ok", run.text()
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/sessions", timeout=5) as response:  # noqa: S310
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/sessions", timeout=5) as response:
         sessions = json.load(response)["sessions"]
     assert [s["title"] for s in sessions] == ["say hello to the API"]
 
@@ -78,7 +79,8 @@ def test_model_sandbox_and_output_commands(kernel: Kernel) -> None:
 
 
 def test_the_kernel_module_imports_nothing_heavy() -> None:
-    code = "import sys, fleet_kernel.kernel.kernel\nprint(sorted(m for m in ('dspy', 'litellm', 'sqlalchemy', 'pydantic') if m in sys.modules))"
+    heavy = ("dspy", "litellm", "sqlalchemy", "pydantic")
+    code = f"import sys, fleet_kernel.kernel.kernel\nprint(sorted(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

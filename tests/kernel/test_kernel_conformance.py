@@ -11,7 +11,9 @@ from scripted_lm import ScriptedLM, step
 
 # Every turn of this class runs in one session, and the scripted LM picks scripts by text found anywhere in
 # the prompt (history included), so one step serves all: stdout, stderr, and an answer.
-EVERY_TURN = step("print and answer", "import sys\nprint('hello, world')\nprint('oh no', file=sys.stderr)\nSUBMIT(answer='forty-two')")
+EVERY_TURN = step(
+    "print and answer", "import sys\nprint('hello, world')\nprint('oh no', file=sys.stderr)\nSUBMIT(answer='forty-two')"
+)
 
 
 class FleetKernelTests(jupyter_kernel_test.KernelTests):

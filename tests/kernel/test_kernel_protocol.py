@@ -50,7 +50,12 @@ def test_a_turn_streams_then_ends_with_one_transcript(kernel: Kernel, scripted_l
     assert "tick 3" in result["data"]["text/plain"]
     fleet = result["metadata"]["fleet"]
     (turn,) = store_turns(fleet_home)
-    assert fleet == {"session_id": turn.session_id, "turn_id": turn.turn_id, "status": "completed", "model": "openai/scripted"}
+    assert fleet == {
+        "session_id": turn.session_id,
+        "turn_id": turn.turn_id,
+        "status": "completed",
+        "model": "openai/scripted",
+    }
     assert turn.status == "completed" and turn.task == "count to four"
 
 
@@ -163,7 +168,9 @@ def test_updates_are_throttled_and_the_last_state_arrives(kernel: Kernel, script
     ],
     ids=["provider-down", "sandbox-unavailable", "bad-config"],
 )
-def test_setup_errors_are_readable_without_tracebacks(start_kernel, env: dict[str, str], ename: str, needle: str) -> None:
+def test_setup_errors_are_readable_without_tracebacks(
+    start_kernel, env: dict[str, str], ename: str, needle: str
+) -> None:
     kernel = start_kernel(**env)
     run = kernel.run("hello?")
     content = run.reply["content"]

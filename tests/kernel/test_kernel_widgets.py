@@ -52,12 +52,16 @@ def test_the_stop_button_cancels_the_turn(kernel: Kernel, scripted_lm) -> None:
     msg_id = kernel.submit("a sleepy task")
     seen = []
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not any("sleeping" in str(m["content"]) for m in seen if m["msg_type"] == "comm_msg"):
+    while time.monotonic() < deadline and not any(
+        "sleeping" in str(m["content"]) for m in seen if m["msg_type"] == "comm_msg"
+    ):
         msg = kernel.kc.get_iopub_msg(timeout=30)
         if msg["parent_header"].get("msg_id") == msg_id:
             seen.append(msg)
     (button,) = [cid for cid, name in widget_models(seen).items() if name == "ButtonModel"]
-    click = kernel.kc.session.msg("comm_msg", {"comm_id": button, "data": {"method": "custom", "content": {"event": "click"}}})
+    click = kernel.kc.session.msg(
+        "comm_msg", {"comm_id": button, "data": {"method": "custom", "content": {"event": "click"}}}
+    )
     kernel.kc.shell_channel.send(click)
     run = kernel.collect(msg_id, timeout=15)
     assert run.reply["content"]["ename"] == "TurnCancelled"

@@ -35,7 +35,7 @@ def test_a_request_not_in_the_cassette_is_a_clear_error(scripted_lm, tmp_path: P
     cassette = tmp_path / "c.json"
     real = MeteredLM("openai/scripted", api_base=scripted_lm.base_url, api_key="sk-test", cache=False)
     _ask(recording(real, cassette), "is it recorded?")
-    with pytest.raises(Exception, match="has no answer for this request.*nearest recorded request differs"):
+    with pytest.raises(Exception, match=r"has no answer for this request.*nearest recorded request differs"):
         _ask(replay_lm(str(cassette)), "something never asked")
 
 

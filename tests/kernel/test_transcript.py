@@ -16,7 +16,9 @@ PNG = base64.b64decode(
 
 async def _turn(store, session_id: str, task: str, outcome: tuple[str, dict]) -> str:
     turn, _ = await store.claim_turn(session_id, task)
-    art = await store.add_artifact(session_id=session_id, turn_id=turn.turn_id, path="artifacts/p.png", mime="image/png", data=PNG)
+    art = await store.add_artifact(
+        session_id=session_id, turn_id=turn.turn_id, path="artifacts/p.png", mime="image/png", data=PNG
+    )
     limits = {"max_iters": 5, "max_llm_calls": 5, "timeout_s": 60, "exec_timeout_s": 10}
     steps = [
         ("turn.started", {"task": task, "run_id": turn.run_id, "model": "m", "sandbox": "local", "limits": limits}),
@@ -25,11 +27,25 @@ async def _turn(store, session_id: str, task: str, outcome: tuple[str, dict]) ->
         ("code", {"iteration": 1, "code": "print('<script>')"}),
         ("output", {"iteration": 1, "stream": "stdout", "text": "<script>\n"}),
         ("execution.finished", {"iteration": 1, "duration_ms": 12.0, "error": None}),
-        ("lm.finished", {"role": "root", "model": "m", "duration_ms": 5, "usage": {"prompt_tokens": 10, "completion_tokens": 5}}),
-        ("artifact", {"artifact_id": art.artifact_id, "path": art.path, "mime": art.mime, "size": art.size, "sha256": art.sha256}),
+        (
+            "lm.finished",
+            {"role": "root", "model": "m", "duration_ms": 5, "usage": {"prompt_tokens": 10, "completion_tokens": 5}},
+        ),
+        (
+            "artifact",
+            {
+                "artifact_id": art.artifact_id,
+                "path": art.path,
+                "mime": art.mime,
+                "size": art.size,
+                "sha256": art.sha256,
+            },
+        ),
         outcome,
     ]
-    events = [make_event(t, d, seq=i + 1, session_id=session_id, turn_id=turn.turn_id) for i, (t, d) in enumerate(steps)]
+    events = [
+        make_event(t, d, seq=i + 1, session_id=session_id, turn_id=turn.turn_id) for i, (t, d) in enumerate(steps)
+    ]
     await store.append_events(events)
     status = outcome[0].split(".")[1]
     await store.finish_turn(turn.turn_id, status, answer=outcome[1].get("answer"))
@@ -51,7 +67,9 @@ async def test_transcript_escapes_html_and_carries_metadata(store) -> None:
 
 async def test_session_notebook_is_valid_and_has_one_cell_per_turn(store) -> None:
     ses = await store.create_session("t")
-    await _turn(store, ses.session_id, "first task", ("turn.completed", {"answer": "one", "usage": {}, "duration_ms": 1}))
+    await _turn(
+        store, ses.session_id, "first task", ("turn.completed", {"answer": "one", "usage": {}, "duration_ms": 1})
+    )
     await _turn(store, ses.session_id, "second task", ("turn.cancelled", {"reason": "interrupted"}))
     nb = await session_notebook(store, ses.session_id)
     nbformat.validate(nb)
