@@ -224,8 +224,16 @@ def fence(text: str, lang: str = "") -> str:
     return f"{ticks}{lang}\n{text.rstrip(chr(10))}\n{ticks}"
 
 
+def _model_name(model: str | None) -> str:
+    """The model as shown: a replay cassette by its file name, not its path on this machine."""
+    if model and model.startswith("replay/"):
+        return "replay/" + model.rstrip("/").rsplit("/", 1)[-1]
+    return model or ""
+
+
 def _header(view: TurnView) -> str:
-    where = " · ".join(x for x in (view.model or "", f"sandbox {view.sandbox}" if view.sandbox else "") if x)
+    model = _model_name(view.model)
+    where = " · ".join(x for x in (model, f"sandbox {view.sandbox}" if view.sandbox else "") if x)
     return f"Fleet · {view.summary()}" + (f" · {where}" if where else "")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -44,7 +45,8 @@ def install(user: bool = False, sys_prefix: bool = False, prefix: str | None = N
     """Install the spec; returns the folder it was written to.
 
     Args:
-        user: into the user's Jupyter data folder (the default when not root and nothing else is given).
+        user: into the user's Jupyter data folder (the default when not root and nothing else is given;
+            as root, the default is the system-wide folder).
         sys_prefix: into this Python environment (``sys.prefix``).
         prefix: under this prefix (``PREFIX/share/jupyter/kernels/fleet``).
         name: the kernel name (tests install ``fleet-test``).
@@ -53,6 +55,8 @@ def install(user: bool = False, sys_prefix: bool = False, prefix: str | None = N
 
     if sys_prefix:
         prefix = sys.prefix
+    if not (user or prefix) and os.geteuid() != 0:
+        user = True  # a system-wide install needs root; default to the user's folder, as bash_kernel does
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "kernel.json").write_text(json.dumps(kernel_spec(), indent=1) + "\n")
         logos = _logo_dir()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -178,3 +180,14 @@ def test_setup_errors_are_readable_without_tracebacks(
     assert needle in content["evalue"], content["evalue"]
     assert "Traceback" not in run.text()
     assert kernel.run("%fleet help").reply["content"]["status"] == "ok"  # and the kernel carries on
+
+
+def test_a_sigint_to_the_kernel_also_cancels_the_turn(kernel: Kernel, scripted_lm, fleet_home: Path) -> None:
+    """The safety net for frontends that still signal (interrupt_mode "signal", a stray Ctrl-C)."""
+    scripted_lm.add("sleepy", [step("wait", "import time\nprint('sleeping', flush=True)\ntime.sleep(60)")])
+    msg_id = kernel.submit("a sleepy task")
+    kernel.wait_for_output(msg_id, "sleeping")
+    os.kill(kernel.km.provisioner.pid, signal.SIGINT)
+    run = kernel.collect(msg_id, timeout=15)
+    assert run.reply["content"]["ename"] == "TurnCancelled"
+    assert kernel.km.is_alive() and kernel.run("%fleet help").reply["content"]["status"] == "ok"
