@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 EXIT_WORDS = frozenset({"exit", "quit", "exit()", "quit()"})
 WIDGET_CONTROL_TARGET = "jupyter.widget.control"
+SHUTDOWN_GRACE_S = 4.0
 
 
 class FleetKernel(Kernel):
@@ -92,8 +93,9 @@ class FleetKernel(Kernel):
 
     def start(self) -> None:
         super().start()
+        self._main_loop = asyncio.get_event_loop()  # turns, the store and widgets live on this loop
         # Clients normally ask kernel_info first; warm up anyway if none does.
-        asyncio.get_event_loop().call_later(1.0, lambda: self.ctx.warm_up(asyncio.get_event_loop()))
+        self._main_loop.call_later(1.0, lambda: self.ctx.warm_up(self._main_loop))
 
     def pre_handler_hook(self) -> None:
         """A SIGINT while a handler runs cancels the turn instead of killing the kernel."""
@@ -277,10 +279,12 @@ class FleetKernel(Kernel):
         return {"status": "ok", "history": entries}
 
     async def do_shutdown(self, restart: bool) -> dict[str, Any]:
+        """On the control thread: cancel the turn, stop the API sidecar, close the store on the main loop."""
         self._cancel("the kernel is shutting down")
         commands.stop_sidecar()
+        closing = asyncio.run_coroutine_threadsafe(self.ctx.close(), self._main_loop)
         try:
-            await self.ctx.close()
+            await asyncio.wait_for(asyncio.wrap_future(closing), SHUTDOWN_GRACE_S)
         except Exception:
             log.warning("closing the store failed", exc_info=True)
         return {"status": "ok", "restart": restart}

@@ -99,4 +99,5 @@ class Kernel:
     def close(self) -> None:
         """A graceful shutdown: the kernel cancels its turn and stops the API it started."""
         self.kc.stop_channels()
-        self.km.shutdown_kernel(now=False)
+        if self.km.has_kernel:
+            self.km.shutdown_kernel(now=False)

@@ -191,3 +191,11 @@ def test_a_sigint_to_the_kernel_also_cancels_the_turn(kernel: Kernel, scripted_l
     run = kernel.collect(msg_id, timeout=15)
     assert run.reply["content"]["ename"] == "TurnCancelled"
     assert kernel.km.is_alive() and kernel.run("%fleet help").reply["content"]["status"] == "ok"
+
+
+def test_shutting_down_mid_turn_records_the_turn_cancelled(kernel: Kernel, scripted_lm, fleet_home: Path) -> None:
+    scripted_lm.add("sleepy", [step("wait", "import time\nprint('sleeping', flush=True)\ntime.sleep(60)")])
+    msg_id = kernel.submit("a sleepy task")
+    kernel.wait_for_output(msg_id, "sleeping")
+    kernel.km.shutdown_kernel(now=False)
+    assert [t.status for t in store_turns(fleet_home)] == ["cancelled"]
