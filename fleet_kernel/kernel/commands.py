@@ -1,14 +1,14 @@
 """``%fleet`` commands: a table of small async functions, each answering one line of the cell.
 
-    %fleet help                      this list
-    %fleet session [new [title] | use <id> | list]
-    %fleet model [name]              show or set the root model for the next turns
-    %fleet sandbox [name]            show or set the sandbox backend for the next turns
-    %fleet output [text|rich]        how turns are shown
-    %fleet status  (or usage)        session, model, sandbox, store, and what the turns used
-    %fleet attach <local file>       copy a file into the session workspace (/workspace/files/)
-    %fleet export <file.ipynb>       write the session as a notebook
-    %fleet serve [port]              start the HTTP API on this kernel's store
+    %fleet help                                      this list
+    %fleet session [new [title] | use <id> | list]   show, start, continue or list sessions
+    %fleet model [name]                              show or set the root model for the next turns
+    %fleet sandbox [name]                            show or set the sandbox backend for the next turns
+    %fleet output [text|rich]                        how turns are shown
+    %fleet status | usage                            session, model, sandbox, store, what the turns used
+    %fleet attach <local file>                       copy a file into the session workspace (files/)
+    %fleet export <file.ipynb>                       write the session as a notebook
+    %fleet serve [port]                              start the HTTP API on this kernel's store
 
 A command raises ``FleetError`` with advice when it cannot do what was asked; the kernel renders it once.
 """
@@ -59,7 +59,7 @@ async def cmd_help(ctx: KernelContext, args: list[str]) -> Reply:
     rows = []
     for line in lines:
         usage, _, what = line.partition("  ")
-        rows.append(f"| `{usage.strip()}` | {what.strip()} |")
+        rows.append(f"| `{usage.strip().replace('|', chr(92) + '|')}` | {what.strip()} |")
     markdown = "**Fleet commands** (each cell is a turn; `%fleet` lines are commands)\n\n| command | |\n|---|---|\n"
     return Reply(text, markdown + "\n".join(rows))
 

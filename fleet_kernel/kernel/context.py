@@ -7,6 +7,7 @@ background thread after the kernel said it is ready, so start-up stays close to 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import sys
@@ -59,8 +60,6 @@ class KernelContext:
         self._warm_started = True
 
         def work() -> None:
-            import importlib
-
             for name in WARM_MODULES:
                 try:
                     importlib.import_module(name)
@@ -98,6 +97,7 @@ class KernelContext:
         """Open the store and the runner (once). Raises ``ConfigError`` or ``StoreUnavailableError``."""
         async with self._open_lock:
             if self.runner is None:
+                await load_off_loop("fleet_kernel.engine.runner")
                 from fleet_kernel.engine.runner import TurnRunner
                 from fleet_kernel.store import Store
 
@@ -150,6 +150,12 @@ class KernelContext:
     def workspace_root(self) -> Path:
         assert self.session_id is not None
         return self.settings.workspaces_dir / self.session_id
+
+
+async def load_off_loop(module: str) -> None:
+    """Import ``module`` on a worker thread, so a cold import never freezes the kernel's loop."""
+    if module not in sys.modules:
+        await asyncio.to_thread(importlib.import_module, module)
 
 
 def _env_output() -> OutputMode | None:

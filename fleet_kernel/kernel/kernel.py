@@ -18,7 +18,7 @@ from ipykernel.kernelbase import Kernel
 
 from fleet_kernel import __version__
 from fleet_kernel.kernel import commands
-from fleet_kernel.kernel.context import KernelContext, route_output_to_log
+from fleet_kernel.kernel.context import KernelContext, load_off_loop, route_output_to_log
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +180,7 @@ class FleetKernel(Kernel):
         live.begin()
         try:
             session_id = await self.ctx.ensure_session()
+            await load_off_loop("fleet_kernel.sandbox")  # the runner names the sandbox; that package loads dspy
             assert self.ctx.runner is not None
             handle = await self.ctx.runner.start(session_id, task)
         except BaseException:
