@@ -208,11 +208,15 @@ class CommitClock:
         self.out = out
         self.process = subprocess.Popen([sys.executable, "-c", CLOCK_CODE, db_path, str(out)])
 
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(30)
+
     def read(self) -> dict[tuple[str, int], float]:
         import json
 
-        self.process.terminate()
-        self.process.wait(30)
+        self.stop()
         raw = json.loads(self.out.read_text())
         found = {(key.split(" ")[0], int(key.split(" ")[1])): t for key, t in raw.items()}
         return found
@@ -257,7 +261,11 @@ async def run(
         count = 10 if quick else 20
         for label, runner in (("in-process", a), ("cross-process", b)):
             clock = CommitClock(db_path, Path(tempfile.mktemp(suffix=".json"))) if db_path else None
-            result = await concurrent_turns(runner, a, lm, label, count, clock)
+            try:
+                result = await concurrent_turns(runner, a, lm, label, count, clock)
+            finally:
+                if clock is not None:
+                    clock.stop()
             measured = "commit_p95_ms" if clock is not None else "p95_ms"
             target = ""
             if label == "cross-process":
@@ -298,8 +306,10 @@ def print_table(rows: list[tuple[str, str, str]], store: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples")
+    parser.add_argument("--home", help="FLEET_HOME to use and keep (logs/api-*.log); default: a temporary one")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="fleet-bench-") as home, ScriptedLM() as lm:
+    with tempfile.TemporaryDirectory(prefix="fleet-bench-") as scratch, ScriptedLM() as lm:
+        home = args.home or scratch
         env = {"FLEET_HOME": home, "LITELLM_LOCAL_MODEL_COST_MAP": "True", **lm.env()}
         if os.environ.get("FLEET_BENCH_DATABASE_URL"):
             env["FLEET_DATABASE_URL"] = os.environ["FLEET_BENCH_DATABASE_URL"]

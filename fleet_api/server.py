@@ -24,6 +24,7 @@ from fleet_kernel.errors import ConfigError
 from fleet_kernel.store import Store
 
 GRACEFUL_SHUTDOWN_S = 5
+KEEP_ALIVE_S = 30
 
 
 def check_bind(host: str, settings: Settings) -> None:
@@ -55,6 +56,8 @@ def build_server(host: str, port: int, settings: Settings | None = None, **app_o
         log_level="info",
         access_log=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        # Longer than uvicorn's 5 s, so a client reusing an idle connection rarely races its close.
+        timeout_keep_alive=KEEP_ALIVE_S,
         lifespan="on",
     )
     return uvicorn.Server(config)
