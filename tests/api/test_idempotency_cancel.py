@@ -90,3 +90,22 @@ def test_busy_session_is_409_and_cancel_is_durable(
     scripted_lm.add("after the cancel", DONE)
     assert run_turn(client, session_id, "after the cancel")[-1].event == "turn.completed"
 
+
+
+def test_repeated_key_on_a_running_turn_gets_its_live_tail(
+    client: httpx.Client, session_id: str, scripted_lm: ScriptedLM
+) -> None:
+    scripted_lm.add("long running keyed", FOREVER)
+    first = start_async(client, session_id, "long running keyed", "live-key").json()
+    url = f"/api/sessions/{session_id}/turns"
+    headers = {"Idempotency-Key": "live-key"}
+    with client.stream("POST", url, json={"task": "long running keyed"}, headers=headers) as r:
+        assert r.headers["fleet-turn-id"] == first["turn_id"]
+        seen = frames_until(r, "code")
+        assert seen[0].envelope["turn_id"] == first["turn_id"] and seen[0].id == "1"
+        assert client.put(f"/api/runs/{first['run_id']}/cancellation").json()["state"] == "requested"
+        rest = events_of(r)
+    frames = seen + rest
+    assert frames[-1].event == "turn.cancelled"
+    assert [int(f.id) for f in frames] == list(range(1, len(frames) + 1))
+    assert client.get(f"/api/sessions/{session_id}").json()["turn_count"] == 1
