@@ -24,6 +24,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from fleet_kernel.sandbox.local import _python_paths
+
 WORKER = Path(__file__).with_name("fake_worker.py")
 HOME = "/home/daytona"
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -111,6 +113,8 @@ class FakeSandbox:
         for mount in self.mounts:
             mount.source.mkdir(parents=True, exist_ok=True)
             args += ["--bind", str(mount.source), mount.path]
+        for prefix in [*_python_paths(), str(WORKER.parent)]:  # the host's Python and the worker script,
+            args += ["--ro-bind", prefix, prefix]  # even where they live under an overridden /tmp
         (self.host_path(cwd)).mkdir(parents=True, exist_ok=True)
         return [*args, "--chdir", cwd, *argv], None
 
