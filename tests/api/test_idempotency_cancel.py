@@ -7,7 +7,7 @@ import time
 
 import httpx
 
-from conftest import assert_error, events_of, frames_until, run_turn
+from conftest import assert_error, events_of, frames_until, iter_frames, run_turn
 from scripted_lm import ScriptedLM, step
 
 DONE = [step("Answer.", "SUBMIT(answer='once')")]
@@ -101,10 +101,15 @@ def test_repeated_key_on_a_running_turn_gets_its_live_tail(
     headers = {"Idempotency-Key": "live-key"}
     with client.stream("POST", url, json={"task": "long running keyed"}, headers=headers) as r:
         assert r.headers["fleet-turn-id"] == first["turn_id"]
-        seen = frames_until(r, "code")
+        stream = iter_frames(r)
+        seen = []
+        for frame in stream:
+            seen += [frame] if frame.event else []
+            if frame.event == "code":
+                break
         assert seen[0].envelope["turn_id"] == first["turn_id"] and seen[0].id == "1"
         assert client.put(f"/api/runs/{first['run_id']}/cancellation").json()["state"] == "requested"
-        rest = events_of(r)
+        rest = [frame for frame in stream if frame.event]
     frames = seen + rest
     assert frames[-1].event == "turn.cancelled"
     assert [int(f.id) for f in frames] == list(range(1, len(frames) + 1))
