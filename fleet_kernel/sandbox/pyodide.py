@@ -381,11 +381,11 @@ def _symlinks_to_deny(workspace: Path) -> list[str]:
                 continue
             parts = list(itertools.takewhile(lambda part: "," not in part, Path(path).relative_to(root).parts))
             if not parts:
-                raise SessionClosed(f"could not be started: remove the symbolic link {path!r} from the workspace")
+                raise SessionClosed(f"remove the symbolic link {path!r} from the workspace (Deno cannot deny it)")
             denied.add(os.path.join(root, *parts))
             if len(denied) > MAX_DENIED_LINKS:
-                raise SessionClosed(f"could not be started: the workspace {root} holds more than "
-                                    f"{MAX_DENIED_LINKS} symbolic links; remove them")
+                raise SessionClosed(f"the workspace {root} holds more than {MAX_DENIED_LINKS} symbolic links; "
+                                    "remove them")
     return sorted(denied)
 
 
