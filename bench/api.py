@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import os
 import socket
-import statistics
 import sys
 import tempfile
 import time
@@ -35,9 +34,9 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from scripted_lm import ScriptedLM, step  # noqa: E402
+from scripted_lm import ScriptedLM, step
 
-from fleet_api.server import spawn_sidecar  # noqa: E402
+from fleet_api.server import spawn_sidecar
 
 TARGET_FIRST_EVENT_MS = 20.0
 TARGET_CROSS_P95_MS = 100.0
@@ -57,7 +56,7 @@ class Watch:
 
 
 def _ts(value: str) -> float:
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    return datetime.fromisoformat(value).timestamp()  # Python 3.11 reads the trailing Z
 
 
 async def consume(response: httpx.Response, watch: Watch) -> Watch:
@@ -97,8 +96,10 @@ async def start_async(client: httpx.AsyncClient, session_id: str, task: str) -> 
 
 def script(iterations: int, *, delay_s: float = 0.0, lines: int = 1) -> list[dict[str, object]]:
     code = "\n".join(f"print('line {i}')" for i in range(lines))
-    steps = [{"delay": delay_s, **step(f"Step {i}.", code)} if delay_s else step(f"Step {i}.", code)
-             for i in range(iterations)]
+    steps = [
+        {"delay": delay_s, **step(f"Step {i}.", code)} if delay_s else step(f"Step {i}.", code)
+        for i in range(iterations)
+    ]
     return [*steps, step("Done.", "SUBMIT(answer='ok')")]
 
 
@@ -106,7 +107,7 @@ def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 # ---------------------------------------------------------------------- measurements
@@ -145,7 +146,11 @@ async def fan_out(a: httpx.AsyncClient, lm: ScriptedLM, watchers: int, iteration
 
 
 async def concurrent_turns(
-    runner: httpx.AsyncClient, watcher: httpx.AsyncClient, lm: ScriptedLM, label: str, turns: int,
+    runner: httpx.AsyncClient,
+    watcher: httpx.AsyncClient,
+    lm: ScriptedLM,
+    label: str,
+    turns: int,
     clock: CommitClock | None,
 ) -> dict[str, float]:
     """``turns`` turns on as many sessions at once, each with a 50 ms LM, watched through ``watcher``."""
@@ -231,9 +236,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def run(
-    url_a: str, url_b: str, lm: ScriptedLM, quick: bool, db_path: str | None
-) -> list[tuple[str, str, str]]:
+async def run(url_a: str, url_b: str, lm: ScriptedLM, quick: bool, db_path: str | None) -> list[tuple[str, str, str]]:
     limits = httpx.Limits(max_connections=400, max_keepalive_connections=400)
     rows: list[tuple[str, str, str]] = []
     async with (
@@ -246,18 +249,22 @@ async def run(
 
         first = await first_event(a, lm, 10 if quick else 30)
         ok = pct(first, 0.5) < TARGET_FIRST_EVENT_MS
-        rows.append((
-            "request -> first event (POST .../turns)",
-            f"p50 {pct(first, 0.5):.1f} ms, p95 {pct(first, 0.95):.1f} ms, max {max(first):.1f} ms",
-            f"< {TARGET_FIRST_EVENT_MS:g} ms: {'met' if ok else 'MISSED'}",
-        ))
+        rows.append(
+            (
+                "request -> first event (POST .../turns)",
+                f"p50 {pct(first, 0.5):.1f} ms, p95 {pct(first, 0.95):.1f} ms, max {max(first):.1f} ms",
+                f"< {TARGET_FIRST_EVENT_MS:g} ms: {'met' if ok else 'MISSED'}",
+            )
+        )
         for n in (1, 10, 100):
             live, replay, events = await fan_out(a, lm, n, 10 if quick else 20)
-            rows.append((
-                f"{n} SSE watcher(s) of one turn ({events} events)",
-                f"live {live:,.0f} events/s, replay {replay:,.0f} events/s",
-                "",
-            ))
+            rows.append(
+                (
+                    f"{n} SSE watcher(s) of one turn ({events} events)",
+                    f"live {live:,.0f} events/s, replay {replay:,.0f} events/s",
+                    "",
+                )
+            )
         count = 10 if quick else 20
         for label, runner in (("in-process", a), ("cross-process", b)):
             clock = CommitClock(db_path, Path(tempfile.mktemp(suffix=".json"))) if db_path else None
@@ -271,23 +278,32 @@ async def run(
             if label == "cross-process":
                 met = result[measured] < TARGET_CROSS_P95_MS
                 target = f"commit->delivery p95 < {TARGET_CROSS_P95_MS:g} ms: {'met' if met else 'MISSED'}"
-            rows.append((
-                f"{count} concurrent turns, 50 ms LM, {label}",
-                f"{result['completed']:.0f} done in {result['elapsed_s']:.2f} s: {result['turns_per_s']:.1f} turns/s, "
-                f"{result['events_per_s']:,.0f} events/s",
-                "",
-            ))
-            rows.append((
-                "  commit -> delivery",
-                f"p50 {result['commit_p50_ms']:.1f} ms, p95 {result['commit_p95_ms']:.1f} ms"
-                if clock is not None else "(SQLite only)",
-                target if clock is not None else "",
-            ))
-            rows.append((
-                "  emit -> delivery",
-                f"p50 {result['p50_ms']:.1f} ms, p95 {result['p95_ms']:.1f} ms, max {result['max_ms']:.1f} ms",
-                target if clock is None else "",
-            ))
+            rows.append(
+                (
+                    f"{count} concurrent turns, 50 ms LM, {label}",
+                    (
+                        f"{result['completed']:.0f} done in {result['elapsed_s']:.2f} s: "
+                        f"{result['turns_per_s']:.1f} turns/s, {result['events_per_s']:,.0f} events/s"
+                    ),
+                    "",
+                )
+            )
+            rows.append(
+                (
+                    "  commit -> delivery",
+                    f"p50 {result['commit_p50_ms']:.1f} ms, p95 {result['commit_p95_ms']:.1f} ms"
+                    if clock is not None
+                    else "(SQLite only)",
+                    target if clock is not None else "",
+                )
+            )
+            rows.append(
+                (
+                    "  emit -> delivery",
+                    f"p50 {result['p50_ms']:.1f} ms, p95 {result['p95_ms']:.1f} ms, max {result['max_ms']:.1f} ms",
+                    target if clock is None else "",
+                )
+            )
     return rows
 
 
@@ -324,9 +340,7 @@ def main() -> None:
             servers = [spawn_sidecar(port_a, env=env)]
             servers.append(spawn_sidecar(port_b, env=env))
             db_path = None if "FLEET_DATABASE_URL" in env else str(Path(home) / "fleet.db")
-            rows = asyncio.run(
-                run(f"http://127.0.0.1:{port_a}", f"http://127.0.0.1:{port_b}", lm, args.quick, db_path)
-            )
+            rows = asyncio.run(run(f"http://127.0.0.1:{port_a}", f"http://127.0.0.1:{port_b}", lm, args.quick, db_path))
         finally:
             for server in servers:
                 server.terminate()

@@ -32,7 +32,7 @@ log = logging.getLogger("fleet_api")
 REAP_INTERVAL_S = 10.0
 DESCRIPTION = (
     "Sessions, turns and their event streams from Fleet's shared store: watch, continue or cancel a "
-    "notebook session from any HTTP client. Errors are `{\"error\": {\"code\", \"message\"}}`. "
+    'notebook session from any HTTP client. Errors are `{"error": {"code", "message"}}`. '
     "When FLEET_API_TOKEN is set, every route but /api/health needs `Authorization: Bearer <token>`."
 )
 
@@ -43,7 +43,7 @@ async def _reap_forever(store: Store) -> None:
         await asyncio.sleep(REAP_INTERVAL_S)
         try:
             await store.reap_stale_turns()
-        except Exception:  # noqa: BLE001 - the store may be down for a moment; try again later
+        except Exception:
             log.warning("reaping stale turns failed", exc_info=True)
 
 

@@ -23,7 +23,7 @@ from fleet_kernel.errors import ConflictError, FleetError
 log = logging.getLogger("fleet_api")
 
 # Exceptions that mean "the database is not there right now", not "this request is wrong".
-STORE_DOWN: tuple[type[BaseException], ...] = (
+STORE_DOWN: tuple[type[Exception], ...] = (
     OperationalError,
     InterfaceError,
     DisconnectionError,

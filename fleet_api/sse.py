@@ -39,7 +39,7 @@ async def _frames(events: AsyncIterator[Event]) -> AsyncIterator[ServerSentEvent
             yield frame(event)
             if event.terminal:
                 return
-    except Exception:  # noqa: BLE001 - the status line is sent; end the stream, the client resumes
+    except Exception:
         log.exception("a turn's event stream failed; the client can resume with Last-Event-ID")
     finally:
         aclose = getattr(events, "aclose", None)

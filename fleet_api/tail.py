@@ -51,7 +51,7 @@ class StoreTail:
         while self._watchers:
             try:
                 await self._poll()
-            except Exception:  # noqa: BLE001 - a store hiccup: watchers fall back to their own reads
+            except Exception:
                 log.warning("tailing the store failed; retrying", exc_info=True)
                 await asyncio.sleep(0.5)
             await asyncio.sleep(self.interval_s)

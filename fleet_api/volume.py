@@ -26,7 +26,9 @@ def _clean(relative: str) -> str:
     if "\x00" in text:
         raise ValidationError("the path contains a NUL byte", code="invalid_path")
     if text.startswith("/") or PurePosixPath(text).is_absolute() or (len(text) > 1 and text[1] == ":"):
-        raise ValidationError("paths are relative to the workspace root; absolute paths are refused", code="invalid_path")
+        raise ValidationError(
+            "paths are relative to the workspace root; absolute paths are refused", code="invalid_path"
+        )
     parts = [p for p in text.split("/") if p not in ("", ".")]
     if ".." in parts:
         raise ValidationError("'..' is not allowed in workspace paths", code="invalid_path")
@@ -61,7 +63,9 @@ def _entry(path: Path, rel: str, depth: int, st: os.stat_result) -> dict[str, ob
     }
 
 
-def list_tree(root: Path, relative: str = "", *, max_depth: int = 3, limit: int = 500) -> tuple[str, list[dict[str, object]], bool]:
+def list_tree(
+    root: Path, relative: str = "", *, max_depth: int = 3, limit: int = 500
+) -> tuple[str, list[dict[str, object]], bool]:
     """Breadth-first listing under ``relative``: ``(path, entries, truncated)``.
 
     Raises:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from fleet_api.deps import State, check_id
+from fleet_api.routes._content import content_response
 from fleet_api.routes._docs import errors
 from fleet_api.schemas import Artifact
-from fleet_api.routes._content import content_response
 
 router = APIRouter(tags=["artifacts"])
 

@@ -17,7 +17,7 @@ router = APIRouter(tags=["sessions"])
 
 @router.post("/sessions", status_code=201, response_model=Session, responses=errors())
 async def create_session(state: State, body: SessionCreate | None = None) -> Session:
-    row = await state.store.create_session((body or SessionCreate()).title)
+    row = await state.store.create_session(body.title if body is not None else "")
     return Session.model_validate(row.to_dict())
 
 
@@ -57,4 +57,3 @@ async def delete_session(session_id: str, state: State) -> Response:
 async def list_turns(session_id: str, state: State) -> TurnList:
     rows = await state.store.list_turns(check_id(session_id, "session"))
     return TurnList(turns=[turn_view(r) for r in rows])
-

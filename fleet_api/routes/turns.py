@@ -6,8 +6,9 @@ opens; after that the turn runs on its own, and dropping the stream never cancel
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Annotated
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing, nullcontext
+from typing import Annotated, cast
 
 from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import JSONResponse
@@ -49,7 +50,9 @@ def _resume_from(last_event_id: str | None, after: int | None) -> int:
     try:
         seq = parse_last_event_id(last_event_id)
     except ValueError:
-        raise ValidationError("Last-Event-ID must be the seq (a non-negative integer) of the last event received") from None
+        raise ValidationError(
+            "Last-Event-ID must be the seq (a non-negative integer) of the last event received"
+        ) from None
     return seq if seq is not None else (after or 0)
 
 
@@ -64,12 +67,11 @@ async def _events(state: State, turn: TurnRow, after: int) -> AsyncIterator[Even
         tail = await state.store.events_after(turn.turn_id, max(turn.last_seq - 1, 0), limit=1)
         if tail and tail[0].terminal:
             return
-    if turn.status != "running" or state.runner.is_running_here(turn.turn_id):
-        async for event in state.runner.follow(turn.turn_id, after, quiet_s=QUIET_S):
-            yield event
-        return
-    async with state.tail.tailing(turn.turn_id, turn.last_seq):
-        async for event in state.runner.follow(turn.turn_id, after, quiet_s=QUIET_S):
+    elsewhere = turn.status == "running" and not state.runner.is_running_here(turn.turn_id)
+    tailing = state.tail.tailing(turn.turn_id, turn.last_seq) if elsewhere else nullcontext()
+    follow = cast(AsyncGenerator[Event, None], state.runner.follow(turn.turn_id, after, quiet_s=QUIET_S))
+    async with tailing, aclosing(follow) as events:
+        async for event in events:
             yield event
 
 

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import pytest
@@ -29,7 +29,7 @@ class LiveServer:
         self.server = build_server("127.0.0.1", 0, settings, **{"heartbeat_s": HEARTBEAT_S, **app_options})
         self.thread = threading.Thread(target=self.server.run, name="fleet-api-test", daemon=True)
 
-    def __enter__(self) -> LiveServer:
+    def __enter__(self) -> Self:
         self.thread.start()
         deadline = time.monotonic() + 30
         while not self.server.started:
@@ -106,7 +106,7 @@ def iter_frames(response: httpx.Response) -> Iterator[Frame]:
             frame.comments.append(line[1:].strip())
         else:
             name, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
+            value = value.removeprefix(" ")
             if name == "id":
                 frame.id = value
             elif name == "event":

@@ -7,10 +7,10 @@ import base64
 import hashlib
 
 import httpx
-
 from conftest import assert_error, run_turn
-from fleet_kernel.config import Settings
 from scripted_lm import ScriptedLM, step
+
+from fleet_kernel.config import Settings
 
 # A 1x1 PNG.
 PNG = base64.b64decode(

@@ -6,8 +6,8 @@ import hashlib
 from pathlib import Path
 
 import httpx
-
 from conftest import LiveServer, assert_error
+
 from fleet_kernel.config import Settings, load_settings
 
 
@@ -41,7 +41,7 @@ def test_same_name_never_overwrites(client: httpx.Client, session_id: str, setti
 def test_hostile_filenames_stay_in_files(client: httpx.Client, session_id: str, settings: Settings) -> None:
     for name in ("../../escape.txt", "/etc/passwd", "..", "a/b/../../c.txt"):
         att = upload(client, session_id, name, name.encode(), "text/plain").json()
-        assert att["path"].startswith("files/") and "/" not in att["path"][len("files/"):]
+        assert att["path"].startswith("files/") and "/" not in att["path"][len("files/") :]
     assert not (settings.workspaces_dir / "escape.txt").exists()
 
 
@@ -67,7 +67,7 @@ def test_size_limit_is_413(fleet_env: dict[str, str], tmp_path: Path) -> None:
 
         # Streamed without a length: cut off while it arrives.
         def chunks():  # type: ignore[no-untyped-def]
-            yield b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"s.bin\"\r\n\r\n"
+            yield b'--b\r\nContent-Disposition: form-data; name="file"; filename="s.bin"\r\n\r\n'
             for _ in range(100):
                 yield b"y" * 10_000
 

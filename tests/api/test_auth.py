@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
 from conftest import LiveServer, assert_error
+
 from fleet_api.auth import is_loopback
 from fleet_api.server import check_bind
 from fleet_kernel.config import Settings
@@ -45,8 +45,16 @@ def test_no_token_on_loopback_is_open(client: httpx.Client) -> None:
 
 @pytest.mark.parametrize(
     ("host", "loopback"),
-    [("127.0.0.1", True), ("127.1.2.3", True), ("::1", True), ("localhost", True), ("0.0.0.0", False),
-     ("192.168.1.5", False), ("::", False), ("example.org", False)],
+    [
+        ("127.0.0.1", True),
+        ("127.1.2.3", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("192.168.1.5", False),
+        ("::", False),
+        ("example.org", False),
+    ],
 )
 def test_loopback(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-
 from conftest import LiveServer, assert_error, events_of, frames_until
-from fleet_api.server import spawn_sidecar
 from scripted_lm import ScriptedLM, step
+
+from fleet_api.server import spawn_sidecar
 
 FOREVER = [step("Wait.", "import time\nwhile True:\n    time.sleep(0.05)")]
 DONE = [step("Answer.", "SUBMIT(answer='once')")]
@@ -103,6 +103,7 @@ def test_serve_refuses_open_bind_without_token(fleet_env: dict[str, str]) -> Non
         capture_output=True,
         text=True,
         timeout=60,
+        check=False,
     )
     assert result.returncode != 0
     assert "FLEET_API_TOKEN" in result.stderr and "Traceback" not in result.stderr

@@ -4,8 +4,8 @@ and the process keeps serving after anything a client sends."""
 from __future__ import annotations
 
 import httpx
-
 from conftest import LiveServer, assert_error
+
 from fleet_kernel.store import Store
 
 UNREACHABLE = "postgresql+asyncpg://fleet:secret-password@127.0.0.1:1/fleet"
@@ -38,10 +38,22 @@ def test_keeps_serving_after_garbage(client: httpx.Client, session_id: str) -> N
     garbage = [
         ("POST", "/api/sessions", {"content": b"\xff\xfe\x00", "headers": {"content-type": "application/json"}}),
         ("POST", "/api/sessions", {"content": b"[]", "headers": {"content-type": "application/json"}}),
-        ("POST", "/api/sessions", {"content": b"title=x", "headers": {"content-type": "application/x-www-form-urlencoded"}}),
+        (
+            "POST",
+            "/api/sessions",
+            {"content": b"title=x", "headers": {"content-type": "application/x-www-form-urlencoded"}},
+        ),
         ("POST", f"/api/sessions/{session_id}/turns", {"json": {"task": 7}}),
-        ("POST", f"/api/sessions/{session_id}/turns", {"json": {"task": "x"}, "headers": {"Idempotency-Key": b"caf\xe9"}}),
-        ("POST", "/api/attachments", {"content": b"--x\r\n", "headers": {"content-type": "multipart/form-data; boundary=x"}}),
+        (
+            "POST",
+            f"/api/sessions/{session_id}/turns",
+            {"json": {"task": "x"}, "headers": {"Idempotency-Key": b"caf\xe9"}},
+        ),
+        (
+            "POST",
+            "/api/attachments",
+            {"content": b"--x\r\n", "headers": {"content-type": "multipart/form-data; boundary=x"}},
+        ),
         ("GET", "/api/volume/tree", {"params": {"session_id": session_id, "depth": "-1"}}),
         ("PATCH", f"/api/sessions/{session_id}", {"json": {"title": None}}),
     ]

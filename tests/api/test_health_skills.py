@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 import httpx
-
 from conftest import assert_error
+
 from fleet_api.openapi import render
 from fleet_kernel import __version__
 

@@ -6,7 +6,6 @@ import threading
 import time
 
 import httpx
-
 from conftest import assert_error, events_of, frames_until, iter_frames, run_turn
 from scripted_lm import ScriptedLM, step
 
@@ -89,7 +88,6 @@ def test_busy_session_is_409_and_cancel_is_durable(
     # The session is free again.
     scripted_lm.add("after the cancel", DONE)
     assert run_turn(client, session_id, "after the cancel")[-1].event == "turn.completed"
-
 
 
 def test_repeated_key_on_a_running_turn_gets_its_live_tail(

@@ -16,10 +16,7 @@ async def test_one_key_many_claimants_one_turn(store: Store, settings: Settings)
     other = await Store.open(settings.database_url)
     try:
         session = await store.create_session("race")
-        claims = [
-            s.claim_turn(session.session_id, "same task", idempotency_key="k")
-            for s in (store, other) * 6
-        ]
+        claims = [s.claim_turn(session.session_id, "same task", idempotency_key="k") for s in (store, other) * 6]
         results = await asyncio.gather(*claims)
         assert len({turn.turn_id for turn, _ in results}) == 1
         assert sum(created for _, created in results) == 1

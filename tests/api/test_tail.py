@@ -13,11 +13,18 @@ from fleet_kernel.store import Store
 async def add_turn(store: Store, events: int) -> tuple[str, str]:
     session = await store.create_session("tail")
     turn, _ = await store.claim_turn(session.session_id, "task")
-    await store.append_events([
-        make_event("reasoning", {"iteration": 1, "text": str(i)}, seq=i, session_id=session.session_id,
-                   turn_id=turn.turn_id)
-        for i in range(1, events + 1)
-    ])
+    await store.append_events(
+        [
+            make_event(
+                "reasoning",
+                {"iteration": 1, "text": str(i)},
+                seq=i,
+                session_id=session.session_id,
+                turn_id=turn.turn_id,
+            )
+            for i in range(1, events + 1)
+        ]
+    )
     return session.session_id, turn.turn_id
 
 
@@ -36,9 +43,9 @@ async def test_tail_publishes_new_events_once(store: Store) -> None:
     queue = hub.subscribe(turn_id)
     tail = StoreTail(store, hub, interval_s=0.01)
     async with tail.tailing(turn_id, committed_seq=2), tail.tailing(turn_id, committed_seq=2):
-        await store.append_events([
-            make_event("reasoning", {"iteration": 1, "text": "x"}, seq=3, session_id=session_id, turn_id=turn_id)
-        ])
+        await store.append_events(
+            [make_event("reasoning", {"iteration": 1, "text": "x"}, seq=3, session_id=session_id, turn_id=turn_id)]
+        )
         event = await asyncio.wait_for(queue.get(), 2)
         assert event.seq == 3
         await asyncio.sleep(0.1)

@@ -7,7 +7,6 @@ import time
 
 import httpx
 import nbformat
-
 from conftest import assert_error, events_of, iter_frames, run_turn
 from scripted_lm import ScriptedLM, step
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 import httpx
-
 from conftest import assert_error
+
 from fleet_kernel.config import Settings
 from fleet_kernel.workspace import Workspace
 
@@ -61,8 +61,20 @@ def test_path_escapes_refused(client: httpx.Client, session_id: str, settings: S
     (outside / "secret.txt").write_text("secret")
     os.symlink(outside, ws.root / "files" / "link-out")
     os.symlink("/etc/passwd", ws.root / "files" / "passwd")
-    for path in ("..", "../..", "files/../../", "/etc", "/", "files/../..", "..\\..", "C:/Windows", "files/link-out",
-                 "files/link-out/secret.txt", "files/passwd", "a\x00b"):
+    for path in (
+        "..",
+        "../..",
+        "files/../../",
+        "/etc",
+        "/",
+        "files/../..",
+        "..\\..",
+        "C:/Windows",
+        "files/link-out",
+        "files/link-out/secret.txt",
+        "files/passwd",
+        "a\x00b",
+    ):
         error = assert_error(tree(client, session_id, path=path), 422)
         assert error["code"] in ("invalid_path", "validation_error"), (path, error)
     listing = tree(client, session_id, path="files").json()["entries"]
