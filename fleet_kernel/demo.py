@@ -10,6 +10,7 @@ with it, on that model for real. Writes the executed notebook and an HTML transc
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import sys
@@ -49,6 +50,8 @@ def run_quickstart(out: Path, kernel_name: str = KERNEL_NAME, timeout: int = 600
         from nbconvert import HTMLExporter
     except ImportError as exc:
         raise DemoError(f"the demo needs nbclient and nbconvert: pip install nbclient nbconvert ({exc})") from exc
+    if importlib.util.find_spec("matplotlib") is None:
+        raise DemoError("the quickstart's sandbox code draws a chart with matplotlib: pip install matplotlib")
     if not QUICKSTART.is_file():
         raise DemoError(f"{QUICKSTART} is missing: run the demo from a checkout of the Fleet repository")
     out.mkdir(parents=True, exist_ok=True)

@@ -281,6 +281,7 @@ class FleetKernel(Kernel):
 
     async def do_shutdown(self, restart: bool) -> dict[str, Any]:
         """On the control thread: cancel the turn, stop the API sidecar, close the store on the main loop."""
+        log.info("shutting down (restart=%s)", restart)
         self._cancel("the kernel is shutting down")
         commands.stop_sidecar()
         closing = asyncio.run_coroutine_threadsafe(self.ctx.close(), self._main_loop)
@@ -288,6 +289,7 @@ class FleetKernel(Kernel):
             await asyncio.wait_for(asyncio.wrap_future(closing), SHUTDOWN_GRACE_S)
         except Exception:
             log.warning("closing the store failed", exc_info=True)
+        log.info("closed the store")
         return {"status": "ok", "restart": restart}
 
 

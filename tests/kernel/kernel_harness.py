@@ -96,8 +96,10 @@ class Kernel:
                 return seen
         raise AssertionError(f"{needle!r} never appeared; got {[m['msg_type'] for m in seen]}")
 
+    graceful = False
+    """Shut down with a shutdown_request (the kernel then cancels its turn and stops its API) instead of a kill."""
+
     def close(self) -> None:
-        """A graceful shutdown: the kernel cancels its turn and stops the API it started."""
         self.kc.stop_channels()
         if self.km.has_kernel:
-            self.km.shutdown_kernel(now=False)
+            self.km.shutdown_kernel(now=not self.graceful)

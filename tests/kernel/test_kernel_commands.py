@@ -56,6 +56,7 @@ def test_session_use_continues_a_session_with_its_history(start_kernel, scripted
 
 
 def test_serve_starts_the_api_on_the_kernel_store(kernel: Kernel, scripted_lm) -> None:
+    kernel.graceful = True  # so that the kernel stops the API it started
     scripted_lm.add("hello", [step("done", "SUBMIT(answer='hi')")])
     kernel.run("say hello to the API")
     with socket.socket() as sock:
