@@ -9,6 +9,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from fleet_api.frames import FrameCache
 from fleet_api.tail import StoreTail
 from fleet_kernel.config import Settings
 from fleet_kernel.engine import TurnRunner
@@ -27,6 +28,7 @@ class FleetState:
     runner: TurnRunner
     heartbeat_s: float
     tail: StoreTail
+    frames: FrameCache = field(default_factory=FrameCache)
     _sandbox: tuple[float, bool, str] | None = field(default=None, repr=False)
 
     def sandbox_status(self) -> tuple[bool, str]:

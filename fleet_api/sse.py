@@ -12,9 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 
-from sse_starlette import EventSourceResponse, ServerSentEvent
-
-from fleet_kernel.events import Event
+from sse_starlette import EventSourceResponse
 
 log = logging.getLogger("fleet_api")
 
@@ -29,30 +27,25 @@ SSE_RESPONSE_DOC = {
 }
 
 
-def frame(event: Event) -> ServerSentEvent:
-    return ServerSentEvent(event.to_json(), id=str(event.seq), event=event.type, sep="\n")
-
-
-async def _frames(events: AsyncIterator[Event]) -> AsyncIterator[ServerSentEvent]:
+async def _guarded(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     try:
-        async for event in events:
-            yield frame(event)
-            if event.terminal:
-                return
-    except Exception:
+        async for chunk in chunks:
+            yield chunk
+    except Exception:  # the status line is sent: end the stream; the client resumes with Last-Event-ID
         log.exception("a turn's event stream failed; the client can resume with Last-Event-ID")
     finally:
-        aclose = getattr(events, "aclose", None)
+        aclose = getattr(chunks, "aclose", None)
         if aclose is not None:
             await aclose()
 
 
 def event_stream(
-    events: AsyncIterator[Event], *, heartbeat_s: float = HEARTBEAT_S, headers: dict[str, str] | None = None
+    chunks: AsyncIterator[bytes], *, heartbeat_s: float = HEARTBEAT_S, headers: dict[str, str] | None = None
 ) -> EventSourceResponse:
-    """The SSE response for one turn's events (already positioned after the client's last seq)."""
+    """The SSE response for one turn: ``chunks`` are encoded frames, already after the client's last seq,
+    ending right after the terminal event."""
     return EventSourceResponse(
-        _frames(events),
+        _guarded(chunks),
         headers=headers,
         ping=heartbeat_s,
         sep="\n",

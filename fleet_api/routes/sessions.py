@@ -47,7 +47,9 @@ async def update_session(session_id: str, body: SessionUpdate, state: State) -> 
     summary="Delete a session with its turns, events, attachments, artifacts and workspace",
 )
 async def delete_session(session_id: str, state: State) -> Response:
-    await state.store.delete_session(check_id(session_id, "session"))
+    turns = await state.store.list_turns(check_id(session_id, "session"))
+    await state.store.delete_session(session_id)
+    state.frames.forget([t.turn_id for t in turns])
     workspace = state.settings.workspaces_dir / session_id
     await asyncio.to_thread(shutil.rmtree, workspace, ignore_errors=True)
     return Response(status_code=204)

@@ -56,23 +56,34 @@ def _resume_from(last_event_id: str | None, after: int | None) -> int:
     return seq if seq is not None else (after or 0)
 
 
-async def _events(state: State, turn: TurnRow, after: int) -> AsyncIterator[Event]:
-    """The turn's events after ``after``; nothing at all when the client already has the terminal event.
+async def _frames(state: State, turn: TurnRow, after: int) -> AsyncIterator[bytes]:
+    """The turn's frames after seq ``after``, ending with its terminal event (nothing if the client has it).
 
-    A turn running here reaches the hub from the event writer; one running in another process from
-    the store tail. Either way the hub carries every event, so ``follow`` rereads the store only
-    after a gap or a long quiet spell.
+    A finished turn is read once per process and then replayed from memory in one write. A running
+    one is followed: the hub carries every event (from the event writer when the turn runs here, from
+    the store tail when it runs in another process), so ``follow`` rereads the store only after a gap
+    or a long quiet spell.
     """
-    if turn.status != "running" and after >= turn.last_seq:
-        tail = await state.store.events_after(turn.turn_id, max(turn.last_seq - 1, 0), limit=1)
-        if tail and tail[0].terminal:
-            return
-    elsewhere = turn.status == "running" and not state.runner.is_running_here(turn.turn_id)
+    frames = state.frames.finished(turn.turn_id)
+    if frames is None and turn.status != "running":
+        frames = state.frames.keep_finished(await _whole_log(state, turn.turn_id))
+    if frames is not None:
+        if after < len(frames):
+            yield b"".join(frames[after:])
+        return
+    elsewhere = not state.runner.is_running_here(turn.turn_id)
     tailing = state.tail.tailing(turn.turn_id, turn.last_seq) if elsewhere else nullcontext()
     follow = cast(AsyncGenerator[Event, None], state.runner.follow(turn.turn_id, after, quiet_s=QUIET_S))
     async with tailing, aclosing(follow) as events:
         async for event in events:
-            yield event
+            yield state.frames.encode(event)
+
+
+async def _whole_log(state: State, turn_id: str) -> list[Event]:
+    events: list[Event] = []
+    while page := await state.store.events_after(turn_id, events[-1].seq if events else 0):
+        events.extend(page)
+    return events
 
 
 def _wants_async(prefer: str | None) -> bool:
@@ -117,7 +128,7 @@ async def start_turn(
         return JSONResponse(
             accepted.model_dump(), status_code=202, headers={**headers, "Preference-Applied": "respond-async"}
         )
-    return event_stream(_events(state, turn, after), heartbeat_s=state.heartbeat_s, headers=headers)
+    return event_stream(_frames(state, turn, after), heartbeat_s=state.heartbeat_s, headers=headers)
 
 
 @router.get("/sessions/{session_id}/turns/{turn_id}", response_model=Turn, responses=errors(404))
@@ -142,4 +153,4 @@ async def turn_events(
     row = await state.store.get_turn(check_id(turn_id, "turn"), check_id(session_id, "session"))
     seq = _resume_from(last_event_id, after)
     headers = {"Fleet-Turn-Id": row.turn_id, "Fleet-Run-Id": row.run_id}
-    return event_stream(_events(state, row, seq), heartbeat_s=state.heartbeat_s, headers=headers)
+    return event_stream(_frames(state, row, seq), heartbeat_s=state.heartbeat_s, headers=headers)
