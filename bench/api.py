@@ -25,6 +25,8 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -34,7 +36,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from scripted_lm import ScriptedLM, step
+from scripted_lm import step
 
 from fleet_api.server import spawn_sidecar
 
@@ -113,12 +115,11 @@ def pct(values: list[float], q: float) -> float:
 # ---------------------------------------------------------------------- measurements
 
 
-async def first_event(a: httpx.AsyncClient, lm: ScriptedLM, samples: int) -> list[float]:
+async def first_event(a: httpx.AsyncClient, samples: int) -> list[float]:
     """Milliseconds from sending POST .../turns to reading its first event (turn.started)."""
     latencies = []
     for i in range(samples):
         task = f"first-event sample {i}"
-        lm.add(task, script(0))
         session_id = await new_session(a)
         sent = time.perf_counter()
         async with a.stream("POST", f"/api/sessions/{session_id}/turns", json={"task": task}) as response:
@@ -130,10 +131,9 @@ async def first_event(a: httpx.AsyncClient, lm: ScriptedLM, samples: int) -> lis
     return latencies
 
 
-async def fan_out(a: httpx.AsyncClient, lm: ScriptedLM, watchers: int, iterations: int) -> tuple[float, float, int]:
+async def fan_out(a: httpx.AsyncClient, watchers: int) -> tuple[float, float, int]:
     """Events/s delivered to ``watchers`` clients of one turn: live (while it runs) and replayed after."""
     task = f"fan-out to {watchers}"
-    lm.add(task, script(iterations, lines=3))
     session_id = await new_session(a)
     turn_id = await start_async(a, session_id, task)
     live = await asyncio.gather(*(watch_turn(a, session_id, turn_id) for _ in range(watchers)))
@@ -148,7 +148,6 @@ async def fan_out(a: httpx.AsyncClient, lm: ScriptedLM, watchers: int, iteration
 async def concurrent_turns(
     runner: httpx.AsyncClient,
     watcher: httpx.AsyncClient,
-    lm: ScriptedLM,
     label: str,
     turns: int,
     clock: CommitClock | None,
@@ -156,8 +155,6 @@ async def concurrent_turns(
     """``turns`` turns on as many sessions at once, each with a 50 ms LM, watched through ``watcher``."""
     sessions = [await new_session(watcher) for _ in range(turns)]
     tasks = [f"{label} concurrent turn {i}" for i in range(turns)]
-    for task in tasks:
-        lm.add(task, script(4, delay_s=0.05))
     begin = time.perf_counter()
     turn_ids = await asyncio.gather(*(start_async(runner, s, t) for s, t in zip(sessions, tasks, strict=True)))
     watches = await asyncio.gather(*(watch_turn(watcher, s, t) for s, t in zip(sessions, turn_ids, strict=True)))
@@ -236,7 +233,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def run(url_a: str, url_b: str, lm: ScriptedLM, quick: bool, db_path: str | None) -> list[tuple[str, str, str]]:
+def plan(quick: bool) -> dict[str, list[dict[str, object]]]:
+    """Every turn's script, by task: the scripted LM runs in its own process and is given them up front."""
+    samples, iterations, count = (10, 10, 10) if quick else (30, 20, 20)
+    scripts = {name: script(1) for name in ("warm-up A", "warm-up B")}
+    scripts |= {f"first-event sample {i}": script(0) for i in range(samples)}
+    scripts |= {f"fan-out to {n}": script(iterations, lines=3) for n in (1, 10, 100)}
+    for label in ("in-process", "cross-process"):
+        scripts |= {f"{label} concurrent turn {i}": script(4, delay_s=0.05) for i in range(count)}
+    return scripts
+
+
+async def run(url_a: str, url_b: str, quick: bool, db_path: str | None) -> list[tuple[str, str, str]]:
     limits = httpx.Limits(max_connections=400, max_keepalive_connections=400)
     rows: list[tuple[str, str, str]] = []
     async with (
@@ -244,10 +252,9 @@ async def run(url_a: str, url_b: str, lm: ScriptedLM, quick: bool, db_path: str 
         httpx.AsyncClient(base_url=url_b, timeout=120, limits=limits) as b,
     ):
         for client, name in ((a, "warm-up A"), (b, "warm-up B")):  # dspy import, first sandbox
-            lm.add(name, script(1))
             await watch_turn(client, sid := await new_session(client), await start_async(client, sid, name))
 
-        first = await first_event(a, lm, 10 if quick else 30)
+        first = await first_event(a, 10 if quick else 30)
         ok = pct(first, 0.5) < TARGET_FIRST_EVENT_MS
         rows.append(
             (
@@ -257,7 +264,7 @@ async def run(url_a: str, url_b: str, lm: ScriptedLM, quick: bool, db_path: str 
             )
         )
         for n in (1, 10, 100):
-            live, replay, events = await fan_out(a, lm, n, 10 if quick else 20)
+            live, replay, events = await fan_out(a, n)
             rows.append(
                 (
                     f"{n} SSE watcher(s) of one turn ({events} events)",
@@ -269,7 +276,7 @@ async def run(url_a: str, url_b: str, lm: ScriptedLM, quick: bool, db_path: str 
         for label, runner in (("in-process", a), ("cross-process", b)):
             clock = CommitClock(db_path, Path(tempfile.mktemp(suffix=".json"))) if db_path else None
             try:
-                result = await concurrent_turns(runner, a, lm, label, count, clock)
+                result = await concurrent_turns(runner, a, label, count, clock)
             finally:
                 if clock is not None:
                     clock.stop()
@@ -319,14 +326,38 @@ def print_table(rows: list[tuple[str, str, str]], store: str) -> None:
     print(line)
 
 
+@contextmanager
+def scripted_lm(scripts: dict[str, list[dict[str, object]]], folder: str) -> Iterator[str]:
+    """The scripted LM in a process of its own, so serving the turns' LM calls does not slow the client."""
+    import json
+    import subprocess
+
+    spec = Path(folder) / "scripts.json"
+    spec.write_text(json.dumps({"scripts": scripts}))
+    server = ROOT / "tests" / "scripted_lm.py"
+    process = subprocess.Popen([sys.executable, str(server), str(spec)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        yield process.stdout.readline().strip()
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples")
     parser.add_argument("--home", help="FLEET_HOME to use and keep (logs/api-*.log); default: a temporary one")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="fleet-bench-") as scratch, ScriptedLM() as lm:
+    with tempfile.TemporaryDirectory(prefix="fleet-bench-") as scratch, scripted_lm(plan(args.quick), scratch) as url:
         home = args.home or scratch
-        env = {"FLEET_HOME": home, "LITELLM_LOCAL_MODEL_COST_MAP": "True", **lm.env()}
+        env = {
+            "FLEET_HOME": home,
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "FLEET_LM_MODEL": "openai/scripted",
+            "FLEET_LM_BASE_URL": url,
+            "FLEET_LM_API_KEY": "sk-scripted-bench-key",
+        }
         if os.environ.get("FLEET_BENCH_DATABASE_URL"):
             env["FLEET_DATABASE_URL"] = os.environ["FLEET_BENCH_DATABASE_URL"]
             from fleet_kernel.store import migrate
@@ -340,7 +371,7 @@ def main() -> None:
             servers = [spawn_sidecar(port_a, env=env)]
             servers.append(spawn_sidecar(port_b, env=env))
             db_path = None if "FLEET_DATABASE_URL" in env else str(Path(home) / "fleet.db")
-            rows = asyncio.run(run(f"http://127.0.0.1:{port_a}", f"http://127.0.0.1:{port_b}", lm, args.quick, db_path))
+            rows = asyncio.run(run(f"http://127.0.0.1:{port_a}", f"http://127.0.0.1:{port_b}", args.quick, db_path))
         finally:
             for server in servers:
                 server.terminate()
