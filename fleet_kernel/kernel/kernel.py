@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 EXIT_WORDS = frozenset({"exit", "quit", "exit()", "quit()"})
 WIDGET_CONTROL_TARGET = "jupyter.widget.control"
 SHUTDOWN_GRACE_S = 4.0
+TERMINAL_HISTORY_N = 100
 
 
 class FleetKernel(Kernel):
@@ -65,6 +66,7 @@ class FleetKernel(Kernel):
         self.shell_handlers["comm_open"] = self._comm_open
 
     def _comm_open(self, stream: Any, ident: Any, msg: dict[str, Any]) -> None:
+        log.info("comm_open for %s", msg["content"].get("target_name"))
         if msg["content"].get("target_name") == WIDGET_CONTROL_TARGET:
             self.ctx.widgets_seen = True
         self.comm_manager.comm_open(stream, ident, msg)
@@ -257,8 +259,10 @@ class FleetKernel(Kernel):
     ) -> dict[str, Any]:
         from fleet_kernel.kernel.history import history
 
-        if not self._executed and hist_access_type == "tail":
-            self.ctx.console_seen = True  # terminals ask for their up-arrow history at start; notebooks do not
+        if not self._executed and hist_access_type == "tail" and (n or 0) >= TERMINAL_HISTORY_N:
+            # jupyter console loads 1000 entries of up-arrow history at start; JupyterLab asks for 10.
+            log.info("a terminal frontend asked for %s history entries: text output", n)
+            self.ctx.console_seen = True
         try:
             await self.ctx.open()
             assert self.ctx.store is not None

@@ -12,46 +12,76 @@ import time
 from collections.abc import Callable
 
 import ipywidgets as w
+from ipywidgets.widgets.widget_string import HTMLStyle
 
 from fleet_kernel.transcript import IterationView, TurnView, clip, highlight_python
 
 LIVE_OUTPUT_CHARS = 32_000
+STATUS_REFRESH_S = 1.0
 WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+class _Shared:
+    """One layout and one HTML style for every plain widget of a card: fewer models, fewer comm messages."""
+
+    def __init__(self) -> None:
+        self.layout = w.Layout()
+        self.style = HTMLStyle()
+
+    def html(self, value: str = "") -> w.HTML:
+        return w.HTML(value=value, layout=self.layout, style=self.style)
 
 
 class _Section:
     """One iteration: a collapsible accordion holding its reasoning and code, and its output."""
 
-    def __init__(self, it: IterationView) -> None:
-        self.head = w.HTML()
-        self.output = w.HTML()
-        self.box = w.Accordion(children=[w.VBox([self.head, self.output])], titles=(it.label,), selected_index=0)
-        self.shown: tuple[str, str, int, float | None] = ("", "", -1, None)
-        self.frozen = False
+    def __init__(self, it: IterationView, shared: _Shared) -> None:
+        self.shown = _state(it)
+        self.head = shared.html(_head_html(it))
+        self.output = shared.html(_output_html(it))
+        self.inner = w.VBox([self.head, self.output], layout=shared.layout)
+        open_index = None if it.finished else 0
+        self.box = w.Accordion([self.inner], titles=(_title(it),), selected_index=open_index, layout=shared.layout)
+        self.frozen = it.finished
 
     def sync(self, it: IterationView) -> None:
-        state = (it.reasoning, it.code, len(it.output) + it.output_dropped, it.duration_ms)
+        state = _state(it)
         if state == self.shown:
             return
         if state[:2] != self.shown[:2]:
-            parts = []
-            if it.reasoning:
-                parts.append(f'<div style="white-space:pre-wrap;font-style:italic">{html.escape(it.reasoning)}</div>')
-            if it.code:
-                parts.append(highlight_python(it.code))
-            self.head.value = "\n".join(parts) or "<em>thinking…</em>"
+            self.head.value = _head_html(it)
         if state[2] != self.shown[2] or it.error:
             self.output.value = _output_html(it)
         if state[3] != self.shown[3]:
-            note = f" · ran {it.duration_ms / 1000:.2f} s" if it.duration_ms is not None else ""
-            note += f" · {it.error.get('type', 'error')}" if it.error else ""
-            self.box.titles = (it.label + note,)
+            self.box.titles = (_title(it),)
         self.shown = state
 
     def freeze(self, it: IterationView) -> None:
-        self.sync(it)
-        self.box.selected_index = None
+        with self.box.hold_sync():
+            self.sync(it)
+            self.box.selected_index = None
         self.frozen = True
+
+    def widgets(self) -> list[w.Widget]:
+        return [self.box, self.inner, self.head, self.output]
+
+
+def _state(it: IterationView) -> tuple[str, str, int, float | None]:
+    return (it.reasoning, it.code, len(it.output) + it.output_dropped, it.duration_ms)
+
+
+def _title(it: IterationView) -> str:
+    note = f" · ran {it.duration_ms / 1000:.2f} s" if it.duration_ms is not None else ""
+    return it.label + note + (f" · {it.error.get('type', 'error')}" if it.error else "")
+
+
+def _head_html(it: IterationView) -> str:
+    parts = []
+    if it.reasoning:
+        parts.append(f'<div style="white-space:pre-wrap;font-style:italic">{html.escape(it.reasoning)}</div>')
+    if it.code:
+        parts.append(highlight_python(it.code))
+    return "\n".join(parts) or "<em>thinking…</em>"
 
 
 def _output_html(it: IterationView) -> str:
@@ -95,13 +125,22 @@ class TurnCard:
     def __init__(self, view: TurnView, on_stop: Callable[[], None]) -> None:
         self.view = view
         self.started = time.monotonic()
-        self.status = w.HTML(value=self._status_html())
-        self.stop = w.Button(description="Stop", icon="stop", button_style="danger", tooltip="Cancel this turn")
-        self.stop.layout.width = "90px"
+        self.shared = _Shared()
+        self.status = self.shared.html(self._status_html())
+        self._status_counts, self._status_sent = "", time.monotonic()
+        self.stop = w.Button(
+            description="Stop",
+            icon="stop",
+            button_style="danger",
+            tooltip="Cancel this turn",
+            layout=w.Layout(width="90px"),
+        )
         self.stop.on_click(lambda _button: self._stop(on_stop))
         self.sections: list[tuple[IterationView, _Section]] = []
-        self.body = w.VBox([])
-        self.root = w.VBox([w.HBox([self.status, self.stop]), self.body])
+        self.body = w.VBox([], layout=self.shared.layout)
+        self.root = w.VBox(
+            [w.HBox([self.status, self.stop], layout=self.shared.layout), self.body], layout=self.shared.layout
+        )
 
     def _stop(self, on_stop: Callable[[], None]) -> None:
         self.stop.disabled = True
@@ -128,21 +167,26 @@ class TurnCard:
             if not section.frozen:
                 section.freeze(it) if it.finished else section.sync(it)
         for it in added:
-            section = _Section(it)
-            section.sync(it)
-            if it.finished:
-                section.freeze(it)
-            self.sections.append((it, section))
+            self.sections.append((it, _Section(it, self.shared)))
         if added:
             self.body.children = tuple(section.box for _, section in self.sections)
-        self.status.value = self._status_html()
+        self._sync_status()
         if self.view.done:
             self.stop.layout.display = "none"
 
+    def _sync_status(self) -> None:
+        """Resend the status when a count changes, and for the elapsed time at most once a second."""
+        value, now = self._status_html(), time.monotonic()
+        counts = value.rsplit(" · ", 1)[0]
+        if counts != self._status_counts or now - self._status_sent >= STATUS_REFRESH_S or self.view.done:
+            self.status.value = value
+            self._status_counts, self._status_sent = counts, now
+
     def close(self) -> None:
         """Close every widget (the card is replaced by the transcript)."""
-        for widget in (self.root, *self.root.children, self.status, self.stop):
-            widget.close()
+        widgets = [self.root, *self.root.children, self.status, self.stop, self.stop.layout, self.stop.style]
+        widgets += [self.shared.layout, self.shared.style]
         for _, section in self.sections:
-            for widget in (section.box, section.head, section.output, *section.box.children):
-                widget.close()
+            widgets += section.widgets()
+        for widget in widgets:
+            widget.close()

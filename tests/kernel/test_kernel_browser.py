@@ -138,3 +138,5 @@ def test_lab_shows_the_live_card_then_the_transcript(lab: tuple[str, Path], scri
             browser.close()
             if os.environ.get("KERNEL_TEST_SCREENSHOTS"):
                 shutil.copytree(shots, os.environ["KERNEL_TEST_SCREENSHOTS"], dirs_exist_ok=True)
+                for log in (folder / "lab.log", *folder.glob("fleet-home/logs/*.log")):
+                    shutil.copy(log, os.environ["KERNEL_TEST_SCREENSHOTS"])

@@ -199,3 +199,12 @@ def test_shutting_down_mid_turn_records_the_turn_cancelled(kernel: Kernel, scrip
     kernel.wait_for_output(msg_id, "sleeping")
     kernel.km.shutdown_kernel(now=False)
     assert [t.status for t in store_turns(fleet_home)] == ["cancelled"]
+
+
+@pytest.mark.parametrize(("n", "mode"), [(1000, "text"), (10, "plain")], ids=["console", "lab"])
+def test_a_terminal_asking_for_its_history_gets_text_output(kernel: Kernel, n: int, mode: str) -> None:
+    """jupyter console loads 1000 history entries before its first cell; JupyterLab asks for 10."""
+    msg_id = kernel.kc.history(hist_access_type="tail", n=n, output=False, raw=True)
+    while kernel.kc.get_shell_msg(timeout=10)["parent_header"].get("msg_id") != msg_id:
+        pass
+    assert f"({mode})" in kernel.run("%fleet output").text()

@@ -66,3 +66,20 @@ def test_the_stop_button_cancels_the_turn(kernel: Kernel, scripted_lm) -> None:
     run = kernel.collect(msg_id, timeout=15)
     assert run.reply["content"]["ename"] == "TurnCancelled"
     assert "stopped from the notebook" in run.reply["content"]["evalue"]
+
+
+def test_the_card_stays_under_the_message_budget(kernel: Kernel, scripted_lm) -> None:
+    attach_widget_manager(kernel)
+    chatty = "import time\nfor i in range(150):\n    print('line', i, flush=True)\n    time.sleep(0.01)"
+    scripted_lm.add("chatty", [step("print a lot", chatty), step("done", "SUBMIT(answer='done')")])
+    run = kernel.run("a chatty task")
+
+    def most_in_a_second(kinds: tuple[str, ...]) -> int:
+        times = [t for t, m in zip(run.times, run.messages, strict=True) if m["msg_type"] in kinds]
+        return max(sum(1 for t in times if start <= t < start + 1) for start in times)
+
+    assert most_in_a_second(("comm_msg",)) <= 10  # updates: the output four times a second, the status once
+    # widgets are only opened for new iterations, and every one is closed when the transcript replaces the card
+    assert run.types.count("comm_open") == run.types.count("comm_close") <= 20
+    values = [str(m["content"]["data"]["state"].get("value", "")) for m in run.messages if m["msg_type"] == "comm_msg"]
+    assert any("line 149" in value for value in values)  # the last state arrived
