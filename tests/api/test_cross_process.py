@@ -107,3 +107,51 @@ def test_serve_refuses_open_bind_without_token(fleet_env: dict[str, str]) -> Non
     )
     assert result.returncode != 0
     assert "FLEET_API_TOKEN" in result.stderr and "Traceback" not in result.stderr
+
+
+RUNNER = """
+import asyncio, sys
+from fleet_kernel.config import load_settings
+from fleet_kernel.engine import TurnRunner
+from fleet_kernel.store import Store
+
+async def main():
+    settings = load_settings()
+    store = await Store.open(settings.database_url)
+    runner = await TurnRunner(store, settings).open()
+    handle = await runner.start(sys.argv[1], sys.argv[2])
+    print(handle.turn_id, handle.run_id, flush=True)
+    print((await handle.wait()).status, flush=True)
+    await runner.close()
+    await store.close()
+
+asyncio.run(main())
+"""
+
+
+def test_watch_and_cancel_a_turn_in_a_kernel_like_process(
+    client: httpx.Client, session_id: str, scripted_lm: ScriptedLM, fleet_env: dict[str, str]
+) -> None:
+    """A bare TurnRunner in its own process, as a notebook kernel runs turns: the API watches and cancels it."""
+    scripted_lm.add("runs in a kernel", FOREVER)
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", RUNNER, session_id, "runs in a kernel"],
+        env={**os.environ, **fleet_env},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert kernel.stdout is not None
+        turn_id, run_id = kernel.stdout.readline().split()
+        url = f"/api/sessions/{session_id}/turns/{turn_id}/events"
+        with client.stream("GET", url) as r:
+            seen = frames_until(r, "code")
+        assert client.put(f"/api/runs/{run_id}/cancellation").json()["state"] == "requested"
+        with client.stream("GET", url, headers={"Last-Event-ID": seen[-1].id}) as r:
+            rest = events_of(r)
+        assert rest[-1].event == "turn.cancelled"
+        assert kernel.stdout.readline().strip() == "cancelled"
+        assert kernel.wait(30) == 0
+    finally:
+        if kernel.poll() is None:
+            kernel.kill()
