@@ -618,3 +618,49 @@ json.dumps(kills + [_attempt(lambda: _deno.exit(1)), _attempt(lambda: js.close()
     out = run(interp, "os.kill(os.getpid(), 9)")
     assert restarted(out) and ("killed" in out if box.backend == "local" else "exit(137)" in out), out
     still_works(interp, state_kept=False)
+
+
+# -- turning the host's own handling of the workspace against it ---------------------------------------
+
+
+def test_the_host_never_follows_a_link_the_code_made(box: Box, interp: SandboxInterpreter) -> None:
+    """Before each turn the host chmods the workspace's folders, it scans artifacts/ and it saves uploads in files/:
+    a link the code put in their place would have had it chmod, collect or overwrite host files. Runs last: it
+    rearranges the workspace the other tests share."""
+    victims = box.home.parent / "victims"
+    victims.mkdir()
+    (victims / "private.txt").write_text(MARKER)
+    (victims / "private.txt").chmod(0o600)
+    (victims / "ssh").mkdir(mode=0o700)
+    (victims / "ssh" / "id_rsa").write_text(MARKER)
+    upload_target = victims / "planted-upload.csv"
+    program = f"""
+import shutil
+found = {{}}
+found['memory'] = _attempt(lambda: (os.remove('/workspace/memory/MEMORIES.md'),
+                                    os.symlink({str(victims / "private.txt")!r}, '/workspace/memory/MEMORIES.md')))
+found['artifacts'] = _attempt(lambda: (shutil.rmtree('/workspace/artifacts'),
+                                       os.symlink({str(victims / "ssh")!r}, '/workspace/artifacts')))
+found['files'] = _attempt(lambda: os.symlink({str(upload_target)!r}, '/workspace/files/upload.csv'))
+found['shell'] = _attempt(lambda: subprocess.run(['ln', '-s', '/etc', '/workspace/files/etc'], capture_output=True,
+                                                 text=True).stderr)
+json.dumps(found)"""
+    found = json.loads(eval(run(interp, program)))
+    if box.backend == "local":  # seccomp: no symbolic links at all
+        for name in ("memory", "artifacts", "files"):
+            assert "PermissionError" in found[name] and "Operation not permitted" in found[name], (name, found)
+        assert "Operation not permitted" in found["shell"], found
+    else:  # links in Pyodide's in-memory file system, which never reach the host
+        assert found["memory"].startswith("OK") and found["files"].startswith("OK"), found
+    time.sleep(0.1)
+    workspace = Workspace(box.workspace).ensure()  # what the runner does before the next turn
+    artifacts = workspace.scan("artifacts")  # what becomes artifact records after a turn
+    saved = workspace.add_file("upload.csv", b"uploaded")  # what the API does with an upload
+    assert (victims / "private.txt").stat().st_mode & 0o777 == 0o600
+    assert (victims / "ssh").stat().st_mode & 0o777 == 0o700
+    assert not upload_target.exists() and (box.workspace / saved).read_bytes() == b"uploaded"
+    assert not any(MARKER in (box.workspace / path).read_text(errors="replace") for path in artifacts), artifacts
+    assert not any(os.path.islink(box.workspace / name) for name in ("files", "artifacts", "memory",
+                                                                      "memory/MEMORIES.md", saved))
+    interp.execute(PRELUDE)
+    still_works(interp)

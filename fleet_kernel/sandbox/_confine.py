@@ -33,6 +33,9 @@ _DENIED = (
     "io_uring_setup", "io_uring_enter", "io_uring_register", "kexec_load", "kexec_file_load",
     "init_module", "finit_module", "delete_module", "unshare", "setns", "open_by_handle_at",
     "name_to_handle_at", "swapon", "swapoff", "reboot", "acct", "quotactl", "syslog", "iopl", "ioperm",
+    # Symbolic links: one left in the workspace points wherever the code likes on the host, and the host
+    # follows it (preparing the next turn, scanning artifacts, saving an upload, Deno in Pyodide).
+    "symlink", "symlinkat",
 )
 _CLONE_NEW_FLAGS = (0x00000080, 0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000,
                     0x40000000)  # CLONE_NEWTIME, NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
