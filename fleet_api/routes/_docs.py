@@ -17,4 +17,4 @@ _TEXT = {
 
 
 def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    return {status: {"model": ErrorBody, "description": _TEXT[status]} for status in (*statuses, 422, 503)}
+    return {status: {"model": ErrorBody, "description": _TEXT[status]} for status in (401, *statuses, 422, 503)}
