@@ -109,6 +109,20 @@ def test_serve_refuses_open_bind_without_token(fleet_env: dict[str, str]) -> Non
     assert "FLEET_API_TOKEN" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_serve_without_a_store_fails_in_one_line(fleet_env: dict[str, str]) -> None:
+    env = {**os.environ, **fleet_env, "FLEET_DATABASE_URL": "postgresql+asyncpg://fleet:pw@127.0.0.1:1/fleet"}
+    result = subprocess.run(
+        [sys.executable, "-m", "fleet_kernel.cli", "serve", "--port", str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "database" in result.stderr and "Traceback" not in result.stderr and "pw@" not in result.stderr
+
+
 RUNNER = """
 import asyncio, sys
 from fleet_kernel.config import load_settings
