@@ -2,9 +2,10 @@
 
     python -m fleet_kernel.demo [--out DIR]
 
-Without ``FLEET_LM_MODEL`` the notebook runs on its cassette of scripted answers (no network, no key);
-with it, on that model for real. Writes the executed notebook and an HTML transcript into ``DIR``
-(default ``./quickstart-output``) and prints how to open them in JupyterLab.
+Without ``FLEET_LM_MODEL`` the notebook runs on its cassette of scripted answers (its first code cell
+is ``%fleet model default replay/quickstart.cassette.json``: no network, no key); with it, on that model
+for real. Writes the executed notebook and an HTML transcript into ``DIR`` (default
+``./quickstart-output``) and prints how to open them in JupyterLab.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def run_quickstart(out: Path, kernel_name: str = KERNEL_NAME, timeout: int = 600
         raise DemoError(f"{QUICKSTART} is missing: run the demo from a checkout of the Fleet repository")
     out.mkdir(parents=True, exist_ok=True)
     shutil.copytree(NOTEBOOKS / "data", out / "data", dirs_exist_ok=True)
+    shutil.copy(CASSETTE, out / CASSETTE.name)  # the notebook falls back to it when no model is configured
     notebook_path, html_path = out / "quickstart.ipynb", out / "quickstart.html"
     nb = nbformat.read(QUICKSTART, as_version=4)
     client = NotebookClient(
@@ -85,22 +87,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     os.environ.setdefault("FLEET_HOME", str(Path(".fleet").resolve()))
-    scripted = not os.environ.get("FLEET_LM_MODEL")
-    if scripted:
-        os.environ["FLEET_LM_MODEL"] = f"replay/{CASSETTE}"
-    model = os.environ["FLEET_LM_MODEL"]
-    print(
-        f"Running {QUICKSTART.name} through the fleet kernel on "
-        f"{'its cassette of scripted answers (offline)' if scripted else model} ...",
-        flush=True,
-    )
+    model = os.environ.get("FLEET_LM_MODEL")
+    where = model or "its cassette of scripted answers (offline; set FLEET_LM_MODEL to use a real model)"
+    print(f"Running {QUICKSTART.name} through the fleet kernel on {where} ...", flush=True)
     try:
         ensure_kernelspec()
         notebook, html = run_quickstart(out)
     except DemoError as exc:
         print(f"The demo failed: {exc}", file=sys.stderr)
         return 1
-    env = f"FLEET_HOME={os.environ['FLEET_HOME']}" + (f" FLEET_LM_MODEL={model}" if scripted else "")
+    env = f"FLEET_HOME={os.environ['FLEET_HOME']}"
     lab = Path(sys.executable).parent / "jupyter-lab"
     install = "" if lab.exists() else f"  {Path(sys.executable).parent / 'pip'} install jupyterlab\n"
     print(

@@ -2,7 +2,7 @@
 
     %fleet help                                      this list
     %fleet session [new [title] | use <id> | list]   show, start, continue or list sessions
-    %fleet model [name]                              show or set the root model for the next turns
+    %fleet model [[default] name]                    show or set the root model (default: only if none is set)
     %fleet sandbox [name]                            show or set the sandbox backend for the next turns
     %fleet output [text|rich]                        how turns are shown
     %fleet status | usage                            session, model, sandbox, store, what the turns used
@@ -15,6 +15,7 @@ A command raises ``FleetError`` with advice when it cannot do what was asked; th
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shlex
 import subprocess
@@ -25,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet_kernel.kernel.context import KernelContext
+from fleet_kernel.kernel.context import KernelContext, load_off_loop
 
 PREFIX = "%fleet"
 SANDBOXES = ("local", "pyodide", "daytona", "unsafe-local")
@@ -110,6 +111,13 @@ async def _list_sessions(ctx: KernelContext) -> Reply:
 
 
 async def cmd_model(ctx: KernelContext, args: list[str]) -> Reply:
+    if args[:1] == ["default"]:
+        # A notebook meant to run anywhere names its fallback model: used only when none is configured.
+        if len(args) != 2:
+            raise _usage_error("usage: %fleet model default <name> (used only when FLEET_LM_MODEL is not set)")
+        if ctx.settings.lm_model:
+            return Reply(f"The next turns use {ctx.settings.lm_model} (the configured model; {args[1]} is not needed).")
+        args = args[1:]
     if args:
         settings = ctx.update_settings(lm_model=args[0])
         return Reply(f"The next turns use {settings.lm_model}.")
@@ -126,6 +134,7 @@ async def cmd_sandbox(ctx: KernelContext, args: list[str]) -> Reply:
             raise _usage_error(f"unknown sandbox {args[0]!r}: use one of {', '.join(SANDBOXES)}")
         ctx.update_settings(sandbox=args[0])
         return Reply(f"The next turns run code in the {args[0]} sandbox.")
+    await load_off_loop("fleet_kernel.sandbox")
     from fleet_kernel.sandbox import default_backend
 
     chosen = ctx.settings.sandbox
@@ -184,9 +193,9 @@ async def cmd_attach(ctx: KernelContext, args: list[str]) -> Reply:
         raise PayloadTooLargeError(f"{source.name} is larger than storage.max_upload_mb ({limit_mb:g} MB)")
     session_id = await ctx.ensure_session()
     assert ctx.store is not None
-    data = source.read_bytes()
-    workspace = Workspace.for_session(ctx.settings.workspaces_dir, session_id)
-    path = workspace.add_file(source.name, data)
+    data = await asyncio.to_thread(source.read_bytes)
+    workspace = await asyncio.to_thread(Workspace.for_session, ctx.settings.workspaces_dir, session_id)
+    path = await asyncio.to_thread(workspace.add_file, source.name, data)
     await ctx.store.add_attachment(
         session_id=session_id, filename=source.name, path=path, mime=guess_mime(path), data=data
     )
@@ -221,8 +230,6 @@ class Sidecar:
 
 
 async def cmd_serve(ctx: KernelContext, args: list[str]) -> Reply:
-    import asyncio
-
     settings = ctx.settings
     port = int(args[0]) if args and args[0].isdigit() else settings.policy.kernel.api_port
     url = f"http://127.0.0.1:{port}"
@@ -287,7 +294,7 @@ COMMANDS: dict[str, Handler] = {
     "export": cmd_export,
     "serve": cmd_serve,
 }
-SUBCOMMANDS = {"session": ("new", "use", "list"), "output": OUTPUTS, "sandbox": SANDBOXES}
+SUBCOMMANDS = {"session": ("new", "use", "list"), "output": OUTPUTS, "sandbox": SANDBOXES, "model": ("default",)}
 
 
 # ---------------------------------------------------------------------------------------------- dispatch
