@@ -11,6 +11,7 @@ import importlib
 import logging
 import os
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -102,7 +103,15 @@ class KernelContext:
                 from fleet_kernel.store import Store
 
                 settings = self.settings
-                self.store = await Store.open(settings.database_url)
+                try:
+                    self.store = await Store.open(settings.database_url)
+                except OSError as exc:
+                    from fleet_kernel.errors import ConfigError
+
+                    raise ConfigError(
+                        f"cannot keep Fleet's state in {settings.home} ({exc.strerror or exc}): "
+                        "set FLEET_HOME to a folder you can write"
+                    ) from exc
                 self.runner = await TurnRunner(self.store, settings).open()
             return self.runner
 
@@ -170,10 +179,13 @@ def route_output_to_log(home: Path | None = None) -> Path:
     parent header (dropped by JupyterLab, shown in a console) or land in the next cell.
     """
     home = home or Path(os.environ.get("FLEET_HOME") or "~/.fleet").expanduser()
-    logs = home / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    path = logs / "kernel.log"
-    stream = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives as long as the process
+    try:
+        (home / "logs").mkdir(parents=True, exist_ok=True)
+        path = home / "logs" / "kernel.log"
+        stream = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives as long as the process
+    except OSError:  # an unwritable FLEET_HOME is reported by the first cell; the kernel must still start
+        path = Path(tempfile.gettempdir()) / f"fleet-kernel-{os.getpid()}.log"
+        stream = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
     for fd in (1, 2):
         os.dup2(stream.fileno(), fd)
     sys.stdout = sys.stderr = stream

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import signal
 import threading
+from pathlib import Path
 from typing import Any
 
 from ipykernel.kernelbase import Kernel
@@ -147,7 +148,7 @@ class FleetKernel(Kernel):
                 return self._ok()  # extensions probing the kernel never start a paid turn
             return await self._turn(code, parent)
         except Exception as exc:
-            return self._fail(parent, *_describe(exc))
+            return self._fail(parent, *_describe(exc, self.log_path))
 
     async def _commands(self, text: str, parent: dict[str, Any], silent: bool) -> dict[str, Any]:
         from fleet_kernel.kernel.display import Publisher
@@ -297,11 +298,11 @@ class FleetKernel(Kernel):
         return {"status": "ok", "restart": restart}
 
 
-def _describe(exc: Exception) -> tuple[str, str]:
+def _describe(exc: Exception, log_path: Path) -> tuple[str, str]:
     """``(ename, evalue)`` for an error raised outside the turn: Fleet errors by name, others logged."""
     from fleet_kernel.errors import FleetError
 
     if isinstance(exc, FleetError):
         return type(exc).__name__, exc.message
     log.error("unexpected kernel error", exc_info=exc)
-    return "InternalError", f"{type(exc).__name__}: {exc} (details in the kernel log under $FLEET_HOME/logs)"
+    return "InternalError", f"{type(exc).__name__}: {exc} (details in the kernel log, {log_path})"

@@ -208,3 +208,12 @@ def test_a_terminal_asking_for_its_history_gets_text_output(kernel: Kernel, n: i
     while kernel.kc.get_shell_msg(timeout=10)["parent_header"].get("msg_id") != msg_id:
         pass
     assert f"({mode})" in kernel.run("%fleet output").text()
+
+
+def test_an_unwritable_home_is_a_readable_error(start_kernel, tmp_path: Path) -> None:
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where FLEET_HOME should be")
+    kernel = start_kernel(FLEET_HOME=str(blocked))
+    run = kernel.run("hello?")
+    assert run.reply["content"]["status"] == "error" and "Traceback" not in run.text()
+    assert run.reply["content"]["ename"] == "ConfigError" and "set FLEET_HOME" in run.reply["content"]["evalue"]
