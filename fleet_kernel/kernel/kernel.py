@@ -53,6 +53,7 @@ class FleetKernel(Kernel):
         self._interrupted = threading.Event()
         self._cancel_reason = "interrupted"
         self._executed = False
+        self._warming = False
         self._wire_comms()
 
     # ------------------------------------------------------------------ ipykernel 7 fixes
@@ -88,17 +89,21 @@ class FleetKernel(Kernel):
         return info
 
     async def kernel_info_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        """Answer, then (once) start loading the engine: the ready signal never waits for dspy."""
         await super().kernel_info_request(stream, ident, parent)
-        if not self.ctx._warm_started:
-            loop = asyncio.get_running_loop()
-            self.ctx.warm_up(loop)
-            loop.call_later(0.05, self._register_widget_target)
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        if not self._warming:
+            self._warming = True
+            self.ctx.warm_up(self._main_loop)
+            self._main_loop.call_later(0.05, self._register_widget_target)
 
     def start(self) -> None:
         super().start()
         self._main_loop = asyncio.get_event_loop()  # turns, the store and widgets live on this loop
         # Clients normally ask kernel_info first; warm up anyway if none does.
-        self._main_loop.call_later(1.0, lambda: self.ctx.warm_up(self._main_loop))
+        self._main_loop.call_later(1.0, self._warm_up)
 
     def pre_handler_hook(self) -> None:
         """A SIGINT while a handler runs cancels the turn instead of killing the kernel."""
