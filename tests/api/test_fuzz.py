@@ -9,8 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-schemathesis = pytest.importorskip("schemathesis", reason="the fuzz run needs schemathesis (pip install schemathesis)")
+import schemathesis
 from conftest import LiveServer
 from hypothesis import HealthCheck, settings
 from scripted_lm import ScriptedLM, step
