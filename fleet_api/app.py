@@ -43,7 +43,7 @@ async def _reap_forever(store: Store) -> None:
         await asyncio.sleep(REAP_INTERVAL_S)
         try:
             await store.reap_stale_turns()
-        except Exception:
+        except Exception:  # the store may be down for a moment; try again at the next round
             log.warning("reaping stale turns failed", exc_info=True)
 
 

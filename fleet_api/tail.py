@@ -51,7 +51,7 @@ class StoreTail:
         while self._watchers:
             try:
                 await self._poll()
-            except Exception:
+            except Exception:  # a store hiccup: watchers still reread the store when the hub is quiet
                 log.warning("tailing the store failed; retrying", exc_info=True)
                 await asyncio.sleep(0.5)
             await asyncio.sleep(self.interval_s)
