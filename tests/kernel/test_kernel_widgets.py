@@ -78,7 +78,9 @@ def test_the_card_stays_under_the_message_budget(kernel: Kernel, scripted_lm) ->
         times = [t for t, m in zip(run.times, run.messages, strict=True) if m["msg_type"] in kinds]
         return max(sum(1 for t in times if start <= t < start + 1) for start in times)
 
-    assert most_in_a_second(("comm_msg",)) <= 10  # updates: the output four times a second, the status once
+    # updates: the output four times a second and the status once (about 5/s), plus a few where an
+    # iteration ends and the next begins
+    assert most_in_a_second(("comm_msg",)) <= 12
     # widgets are only opened for new iterations, and every one is closed when the transcript replaces the card
     assert run.types.count("comm_open") == run.types.count("comm_close") <= 20
     values = [str(m["content"]["data"]["state"].get("value", "")) for m in run.messages if m["msg_type"] == "comm_msg"]
