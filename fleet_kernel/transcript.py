@@ -333,9 +333,14 @@ def highlight_python(code: str) -> str:
 
 
 def markdown_html(text: str) -> str:
-    """Markdown to HTML with raw HTML disabled, so the model's text cannot inject markup."""
-    from markdown_it import MarkdownIt
+    """Markdown to HTML with raw HTML disabled, so the model's text cannot inject markup.
 
+    Without markdown-it-py the text is shown as it is, escaped (``text/markdown`` still renders it).
+    """
+    try:
+        from markdown_it import MarkdownIt
+    except ImportError:
+        return f'<div style="white-space:pre-wrap">{html.escape(text)}</div>'
     return MarkdownIt("commonmark", {"html": False}).enable("table").render(text)
 
 

@@ -15,6 +15,7 @@ from fleet_kernel.demo import run_quickstart
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory: pytest.TempPathFactory, kernelspec: Path) -> nbformat.NotebookNode:
     """The quickstart, executed once on its cassette of scripted answers (no LM server at all)."""
+    pytest.importorskip("matplotlib", reason="the quickstart's chart needs matplotlib in the environment")
     out = tmp_path_factory.mktemp("quickstart")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("FLEET_HOME", str(out / "home"))
