@@ -190,7 +190,7 @@ def restarted(out: str) -> bool:
 
 def test_host_files_are_invisible(box: Box, interp: SandboxInterpreter) -> None:
     targets = {  # what the code asks for (a /workspace path, or a host path) -> where Deno would find it
-        str(Path.home()): None, "/etc/shadow": None, str(box.database): None, str(box.other): None,
+        str(Path.home()): None, "/etc/shadow": None, "/etc/hostname": None, str(box.database): None, str(box.other): None,
         str(box.other / "files" / "secret.txt"): None, "/root/.bash_history": None,
         "/workspace/files/db-link": box.host_path("/workspace/files/db-link"),
         "/workspace/files/other-session/files/secret.txt":
@@ -521,17 +521,20 @@ def test_output_flood_is_capped_and_fast(box: Box, interp: SandboxInterpreter, s
     assert len(out) < 101_000 and out.endswith("[output truncated: more than 100000 characters]")
     assert seen.chars < FORWARDED_MAX
     seen.chars = 0
-    out = run(interp, "sys.__stdout__.write('y' * 100_000_000)\nsys.__stdout__.flush()")  # the C-level stream
-    assert seen.chars < FORWARDED_MAX and len(out or "") < 101_000, (seen.chars, len(out or ""))
-    seen.chars = 0
     out = run(interp, "os.system('head -c 100000000 /dev/zero | tr \"\\\\0\" y')")
     if box.backend == "local":
         assert out.startswith("yyyy") and len(out) < 101_000
     else:  # Deno refuses to run a process, and Pyodide cannot survive being refused
         assert restarted(out) and "NotCapable" in out, out
     assert seen.chars < FORWARDED_MAX
-    assert time.monotonic() - started < 12
+    assert time.monotonic() - started < 8
     still_works(interp, state_kept=box.backend == "local")
+    interp.execute(PRELUDE)
+    started, seen.chars = time.monotonic(), 0
+    out = run(interp, "sys.__stdout__.write('y' * 100_000_000)\nsys.__stdout__.flush()")  # the C-level stream
+    assert seen.chars < FORWARDED_MAX and len(out or "") < 101_000, (seen.chars, len(out or ""))
+    assert time.monotonic() - started < 8
+    still_works(interp)
 
 
 def test_flooding_the_protocol_channel_is_capped_by_the_host(box: Box, interp: SandboxInterpreter, seen: Seen) -> None:
