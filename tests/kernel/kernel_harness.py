@@ -21,6 +21,8 @@ class Run:
     reply: dict[str, Any]
     messages: list[dict[str, Any]] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
+    states: list[tuple[str, int]] = field(default_factory=list)
+    """Each status message and how many outputs had arrived before it."""
 
     @property
     def types(self) -> list[str]:
@@ -66,7 +68,9 @@ class Kernel:
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
             if msg["msg_type"] == "status":
-                if msg["content"]["execution_state"] == "idle" and until_idle:
+                state = msg["content"]["execution_state"]
+                run.states.append((state, len(run.messages)))
+                if state == "idle" and until_idle:
                     break
                 continue
             run.messages.append(msg)

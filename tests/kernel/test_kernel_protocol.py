@@ -41,6 +41,7 @@ def test_a_turn_streams_then_ends_with_one_transcript(kernel: Kernel, scripted_l
     run = kernel.run("count to four")
     assert run.reply["content"]["status"] == "ok"
     types = run.types
+    assert run.states == [("busy", 0), ("idle", len(types))]  # busy, every output, idle: all for this request
     assert types[0] == "execute_input" and types[-1] == "execute_result"
     assert types.count("execute_result") == 1 and "clear_output" in types
     ticks = [i for i, m in enumerate(run.messages) if m["msg_type"] == "stream" and "tick 0" in m["content"]["text"]]
