@@ -37,13 +37,22 @@ class Workspace:
         return cls(workspaces_dir / session_id).ensure()
 
     def ensure(self) -> Workspace:
+        """Create the layout; anything sandbox code replaced by a link is replaced back, never followed."""
+        self.root.mkdir(parents=True, exist_ok=True)
         for sub in ("files", "artifacts", "memory"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
+            path = self.root / sub
+            if path.is_symlink() or (path.exists() and not path.is_dir()):
+                path.unlink()
+            path.mkdir(exist_ok=True)
         memory = self.root / MEMORY_FILE
+        if memory.is_symlink() or (memory.exists() and not memory.is_file()):
+            memory.unlink()
         if not memory.exists():
             memory.write_text(MEMORY_HEADER, encoding="utf-8")
         # The sandbox runs as another uid inside its user namespace; let it write here.
         for path in (self.root, *(self.root / s for s in ("files", "artifacts", "memory")), memory):
+            if path.is_symlink():
+                continue
             try:
                 os.chmod(path, 0o777 if path.is_dir() else 0o666)
             except OSError:
@@ -69,10 +78,10 @@ class Workspace:
         for n in range(1, 10_000):
             candidate = f"{stem}{suffix}" if n == 1 else f"{stem}-{n}{suffix}"
             target = self.root / "files" / candidate
-            if target.exists():
-                if _sha256(target) == digest:
+            if os.path.lexists(target):
+                if not target.is_symlink() and target.is_file() and _sha256(target) == digest:
                     return f"files/{candidate}"
-                continue
+                continue  # a different file, or a link or pipe planted by code: never write through it
             target.write_bytes(data)
             os.chmod(target, 0o666)
             return f"files/{candidate}"
@@ -82,6 +91,8 @@ class Workspace:
         """Regular files under ``sub`` (symlinks ignored), keyed by workspace-relative path."""
         found: dict[str, FileInfo] = {}
         base = self.root / sub
+        if base.is_symlink() or not base.is_dir():
+            return found
         for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
             dirnames.sort()
             for name in sorted(filenames):

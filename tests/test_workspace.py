@@ -1,0 +1,54 @@
+"""Tests for fleet_kernel.workspace: layout, attachments without overwrite, links never followed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from fleet_kernel.workspace import Workspace
+
+
+def test_layout_and_manifest(tmp_path: Path) -> None:
+    ws = Workspace.for_session(tmp_path, "ses_1")
+    assert (ws.root / "memory" / "MEMORIES.md").read_text().startswith("# Memories")
+    ws.add_file("notes.txt", b"hello")
+    manifest = ws.manifest()
+    assert "files/notes.txt  (5 bytes, text/plain)" in manifest and "memory/MEMORIES.md" in manifest
+
+
+def test_attachments_never_overwrite_a_different_file(tmp_path: Path) -> None:
+    ws = Workspace.for_session(tmp_path, "ses_1")
+    assert ws.add_file("../../report.csv", b"a") == "files/report.csv"
+    assert ws.add_file("report.csv", b"a") == "files/report.csv"  # same bytes: same file
+    assert ws.add_file("report.csv", b"b") == "files/report-2.csv"
+    assert (ws.root / "files" / "report.csv").read_bytes() == b"a"
+
+
+def test_paths_cannot_escape(tmp_path: Path) -> None:
+    ws = Workspace.for_session(tmp_path, "ses_1")
+    assert ws.resolve("/files/a.txt") == (ws.root / "files" / "a.txt").resolve()  # absolute = workspace-relative
+    for bad in ("../ses_2", "files/../../x", "/../../etc/passwd"):
+        with pytest.raises(ValueError):
+            ws.resolve(bad)
+
+
+def test_links_planted_by_code_are_not_followed(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "key.txt").write_text("TOPSECRET")
+    os.chmod(secret / "key.txt", 0o600)
+    ws = Workspace.for_session(tmp_path / "workspaces", "ses_1")
+    (ws.root / "memory" / "MEMORIES.md").unlink()
+    os.symlink(secret / "key.txt", ws.root / "memory" / "MEMORIES.md")
+    os.rmdir(ws.root / "artifacts")
+    os.symlink(secret, ws.root / "artifacts")
+    os.symlink(secret / "key.txt", ws.root / "files" / "upload.txt")
+
+    assert ws.scan("artifacts") == {}
+    Workspace.for_session(tmp_path / "workspaces", "ses_1")
+    assert oct((secret / "key.txt").stat().st_mode & 0o777) == "0o600"
+    assert not (ws.root / "artifacts").is_symlink() and not (ws.root / "memory" / "MEMORIES.md").is_symlink()
+    assert ws.add_file("upload.txt", b"new") == "files/upload-2.txt"
+    assert (secret / "key.txt").read_text() == "TOPSECRET"
