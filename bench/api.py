@@ -156,8 +156,12 @@ async def concurrent_turns(
     sessions = [await new_session(watcher) for _ in range(turns)]
     tasks = [f"{label} concurrent turn {i}" for i in range(turns)]
     begin = time.perf_counter()
-    turn_ids = await asyncio.gather(*(start_async(runner, s, t) for s, t in zip(sessions, tasks, strict=True)))
-    watches = await asyncio.gather(*(watch_turn(watcher, s, t) for s, t in zip(sessions, turn_ids, strict=True)))
+
+    async def start_and_watch(session_id: str, task: str) -> Watch:
+        # Watch from the moment the turn exists, as a client that starts it on one server and follows it on another.
+        return await watch_turn(watcher, session_id, await start_async(runner, session_id, task))
+
+    watches = await asyncio.gather(*(start_and_watch(s, t) for s, t in zip(sessions, tasks, strict=True)))
     elapsed = time.perf_counter() - begin
     lags = [lag for w in watches for lag in w.lags_ms]
     completed = sum(w.last_type == "turn.completed" for w in watches)
