@@ -1,15 +1,21 @@
 """One store poll per process for turns that run elsewhere (a notebook kernel, another API process).
 
 Without it every SSE watcher of such a turn polls the store on its own; with it, one task reads the
-new events of every tailed turn in a single query every ``TAIL_INTERVAL_S`` and publishes them to the
-runner's in-process hub, where ``follow`` picks them up exactly as it does for local turns. A hundred
-watchers of one turn cost one query per tick, and a short tick keeps cross-process delivery fast.
+new events of every tailed turn in a single query and publishes them to the runner's in-process hub,
+where ``follow`` picks them up exactly as it does for local turns. A hundred watchers of one turn cost
+one query per tick.
+
+On SQLite every commit appends to the ``-wal`` file, so the tail looks at that file's size and time
+every ``SQLITE_TICK_S`` (a ``stat``, microseconds) and queries only when it changed, plus once every
+``FULL_POLL_S`` in case a change slipped past. Other databases are queried every ``TAIL_INTERVAL_S``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -19,6 +25,8 @@ from fleet_kernel.store import Store
 log = logging.getLogger("fleet_api")
 
 TAIL_INTERVAL_S = 0.02
+SQLITE_TICK_S = 0.004
+FULL_POLL_S = 0.1
 
 
 class StoreTail:
@@ -31,6 +39,8 @@ class StoreTail:
         self._positions: dict[str, int] = {}  # turn_id -> last seq published
         self._watchers: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
+        self._files = _sqlite_files(store)
+        self._signature: tuple[tuple[int, int] | None, ...] = ()
 
     @asynccontextmanager
     async def tailing(self, turn_id: str, committed_seq: int) -> AsyncIterator[None]:
@@ -48,13 +58,24 @@ class StoreTail:
                 self._positions.pop(turn_id, None)
 
     async def _run(self) -> None:
+        tick = SQLITE_TICK_S if self._files else self.interval_s
+        queried = 0.0
         while self._watchers:
-            try:
-                await self._poll()
-            except Exception:  # a store hiccup: watchers still reread the store when the hub is quiet
-                log.warning("tailing the store failed; retrying", exc_info=True)
-                await asyncio.sleep(0.5)
-            await asyncio.sleep(self.interval_s)
+            if not self._files or self._changed() or time.monotonic() - queried >= FULL_POLL_S:
+                queried = time.monotonic()
+                try:
+                    await self._poll()
+                except Exception:  # a store hiccup: watchers still reread the store when the hub is quiet
+                    log.warning("tailing the store failed; retrying", exc_info=True)
+                    await asyncio.sleep(0.5)
+            await asyncio.sleep(tick)
+
+    def _changed(self) -> bool:
+        """Whether the SQLite files changed since the last look (a commit happened somewhere)."""
+        signature = tuple(_stat(path) for path in self._files)
+        changed = signature != self._signature
+        self._signature = signature
+        return changed
 
     async def _poll(self) -> None:
         positions = dict(self._positions)
@@ -70,3 +91,21 @@ class StoreTail:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+
+
+def _sqlite_files(store: Store) -> tuple[str, ...]:
+    """The database file and its write-ahead log, for a SQLite store on disk; empty otherwise."""
+    if not store.sqlite:
+        return ()
+    database = store.engine.url.database
+    if not database or database == ":memory:":
+        return ()
+    return (database, database + "-wal")
+
+
+def _stat(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns

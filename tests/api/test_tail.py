@@ -52,3 +52,14 @@ async def test_tail_publishes_new_events_once(store: Store) -> None:
         assert queue.empty()  # two watchers, one publication
     await tail.close()
     assert tail._watchers == {} and tail._positions == {}
+
+
+async def test_sqlite_commits_are_noticed_without_a_query(store: Store) -> None:
+    tail = StoreTail(store, EventHub())
+    if not store.sqlite:
+        assert tail._files == ()  # other databases are queried on a timer
+        return
+    tail._changed()
+    assert not tail._changed()
+    await add_turn(store, 1)
+    assert tail._changed() and not tail._changed()
