@@ -19,11 +19,28 @@ import sys
 import threading
 from pathlib import Path
 
+from typing import TYPE_CHECKING, Any
+
 from fleet_kernel.config import SandboxLimits, Settings
 from fleet_kernel.errors import SandboxUnavailableError
-from fleet_kernel.sandbox.base import InterpreterFactory, SandboxCrashed, SandboxObserver, observer
-from fleet_kernel.sandbox.interpreter import SandboxFactory, SandboxInterpreter
 from fleet_kernel.sandbox.local import ProcessSession, probe_bwrap
+
+if TYPE_CHECKING:
+    from fleet_kernel.sandbox.base import InterpreterFactory, SandboxCrashed, SandboxObserver, observer
+    from fleet_kernel.sandbox.interpreter import SandboxFactory, SandboxInterpreter
+
+# Names that need dspy are imported on first use, so choosing a backend (the first event of a turn) is cheap.
+_LAZY = {
+    "InterpreterFactory": "base", "SandboxCrashed": "base", "SandboxObserver": "base", "observer": "base",
+    "SandboxFactory": "interpreter", "SandboxInterpreter": "interpreter",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module = importlib.import_module(f"fleet_kernel.sandbox.{_LAZY[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module 'fleet_kernel.sandbox' has no attribute {name!r}")
 
 __all__ = [
     "InterpreterFactory", "SandboxCrashed", "SandboxFactory", "SandboxInterpreter", "SandboxObserver",
@@ -68,6 +85,8 @@ def open_sandbox(settings: Settings, workspace: Path, *, cancel: threading.Event
     Raises:
         SandboxUnavailableError: the backend cannot run here; the message says what to install or set.
     """
+    from fleet_kernel.sandbox.interpreter import SandboxFactory
+
     backend = settings.sandbox or default_backend()
     limits, exec_timeout_s = settings.policy.sandbox, settings.limits.exec_timeout_s
     if backend == "daytona":

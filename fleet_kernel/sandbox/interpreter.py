@@ -28,23 +28,15 @@ from dspy.utils.callback import BaseCallback, with_callbacks
 from pydantic_core import to_jsonable_python
 
 from fleet_kernel.errors import TurnCancelled
+from fleet_kernel.sandbox._protocol import MAX_MESSAGE_BYTES, ProtocolError, SessionClosed, protocol_lines
 from fleet_kernel.sandbox.base import SandboxCrashed, current_observer, run_with_context
 
 logger = logging.getLogger(__name__)
 
 INTERRUPT_GRACE_S = 2.0  # after an interrupt, how long the code may take to stop before the worker is killed
 POLL_S = 0.1  # how often a waiting execute looks at the cancel flag and the clock
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # longest protocol line a host reader holds in memory
 OUTPUT_SLACK = 1024  # room past the output cap for the runtime's own truncation notice
 _STATE_LOST = "variables, imports and functions from earlier steps are gone (files in /workspace are kept)"
-
-
-class SessionClosed(Exception):
-    """The sandbox process ended; the message says why (out of memory, crash, killed)."""
-
-
-class ProtocolError(Exception):
-    """The sandbox sent something that is not a protocol message."""
 
 
 class SandboxSession(Protocol):
@@ -64,21 +56,6 @@ class SandboxSession(Protocol):
 
     def kill(self) -> None:
         """Stop the sandbox now and release its resources; idempotent."""
-
-
-def protocol_lines(stream: IO[bytes], limit: int = MAX_MESSAGE_BYTES) -> Iterator[bytes]:
-    """The lines of a sandbox's protocol stream, never holding more than ``limit`` bytes of one.
-
-    Sandboxed code can write to its end of the channel; without a bound, a line without a newline
-    would grow in the host's memory until the host ran out of it.
-
-    Raises:
-        ProtocolError: a line is longer than ``limit`` bytes.
-    """
-    while line := stream.readline(limit + 1):
-        if len(line) > limit:
-            raise ProtocolError(f"sent a message larger than {limit // (1024 * 1024)} MiB")
-        yield line
 
 
 def _to_json(value: Any) -> Any:

@@ -30,7 +30,7 @@ from typing import Any
 
 from fleet_kernel.config import SandboxLimits
 from fleet_kernel.sandbox import _confine
-from fleet_kernel.sandbox.interpreter import ProtocolError, SessionClosed, protocol_lines
+from fleet_kernel.sandbox._protocol import ProtocolError, SessionClosed, protocol_lines
 
 logger = logging.getLogger(__name__)
 
