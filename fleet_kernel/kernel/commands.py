@@ -223,7 +223,7 @@ async def cmd_export(ctx: KernelContext, args: list[str]) -> Reply:
 
 
 class Sidecar:
-    """The API server this kernel started (one at most); stopped with the kernel."""
+    """The API server this kernel started (one at most). Its own session: it keeps serving after the kernel exits."""
 
     process: subprocess.Popen[bytes] | None = None
     port: int = 0
@@ -253,7 +253,10 @@ async def cmd_serve(ctx: KernelContext, args: list[str]) -> Reply:
         if Sidecar.process.poll() is not None:
             raise _serve_error(f"the API exited at start (code {Sidecar.process.returncode}); see {log.name}")
         if await asyncio.to_thread(_answers, f"{url}/api/health"):
-            return Reply(f"The API serves this store at {url}/api (pid {Sidecar.process.pid}); log: {log.name}")
+            return Reply(
+                f"The API serves this store at {url}/api (pid {Sidecar.process.pid}; it keeps serving after the "
+                f"kernel exits, stop it with `kill {Sidecar.process.pid}`); log: {log.name}"
+            )
         await asyncio.sleep(0.2)
     raise _serve_error(f"the API did not answer at {url} within 15 s; see {log.name}")
 
@@ -270,16 +273,6 @@ def _answers(url: str) -> bool:
             return bool(response.status == 200)
     except OSError:
         return False
-
-
-def stop_sidecar() -> None:
-    if Sidecar.process is not None and Sidecar.process.poll() is None:
-        Sidecar.process.terminate()
-        try:
-            Sidecar.process.wait(5)
-        except subprocess.TimeoutExpired:
-            Sidecar.process.kill()
-    Sidecar.process = None
 
 
 COMMANDS: dict[str, Handler] = {

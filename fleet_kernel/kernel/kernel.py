@@ -290,10 +290,9 @@ class FleetKernel(Kernel):
         return {"status": "ok", "history": entries}
 
     async def do_shutdown(self, restart: bool) -> dict[str, Any]:
-        """On the control thread: cancel the turn, stop the API sidecar, close the store on the main loop."""
+        """On the control thread: cancel the turn and close the store on the main loop (an API sidecar lives on)."""
         log.info("shutting down (restart=%s)", restart)
         self._cancel("the kernel is shutting down")
-        commands.stop_sidecar()
         closing = asyncio.run_coroutine_threadsafe(self.ctx.close(), self._main_loop)
         try:
             await asyncio.wait_for(asyncio.wrap_future(closing), SHUTDOWN_GRACE_S)

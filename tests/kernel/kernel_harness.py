@@ -101,7 +101,7 @@ class Kernel:
         raise AssertionError(f"{needle!r} never appeared; got {[m['msg_type'] for m in seen]}")
 
     graceful = False
-    """Shut down with a shutdown_request (the kernel then cancels its turn and stops its API) instead of a kill."""
+    """Shut down with a shutdown_request (the kernel then cancels its turn and closes its store) instead of a kill."""
 
     def close(self) -> None:
         self.kc.stop_channels()

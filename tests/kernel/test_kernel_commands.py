@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -56,7 +59,7 @@ def test_session_use_continues_a_session_with_its_history(start_kernel, scripted
 
 
 def test_serve_starts_the_api_on_the_kernel_store(kernel: Kernel, scripted_lm) -> None:
-    kernel.graceful = True  # so that the kernel stops the API it started
+    kernel.graceful = True
     scripted_lm.add("hello", [step("done", "SUBMIT(answer='hi')")])
     kernel.run("say hello to the API")
     with socket.socket() as sock:
@@ -64,9 +67,16 @@ def test_serve_starts_the_api_on_the_kernel_store(kernel: Kernel, scripted_lm) -
         port = sock.getsockname()[1]
     run = kernel.run(f"%fleet serve {port}", timeout=60)
     assert run.reply["content"]["status"] == "ok", run.text()
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/sessions", timeout=5) as response:
-        sessions = json.load(response)["sessions"]
-    assert [s["title"] for s in sessions] == ["say hello to the API"]
+    pid = int(re.search(r"pid (\d+)", run.text()).group(1))
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/sessions", timeout=5) as response:
+            sessions = json.load(response)["sessions"]
+        assert [s["title"] for s in sessions] == ["say hello to the API"]
+        kernel.close()  # the API keeps serving the store after the kernel exits
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=5) as response:
+            assert response.status == 200
+    finally:
+        os.kill(pid, signal.SIGTERM)
 
 
 def test_model_sandbox_and_output_commands(kernel: Kernel) -> None:
