@@ -16,12 +16,8 @@ A command raises ``FleetError`` with advice when it cannot do what was asked; th
 from __future__ import annotations
 
 import asyncio
-import os
 import shlex
 import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -230,49 +226,30 @@ class Sidecar:
 
 
 async def cmd_serve(ctx: KernelContext, args: list[str]) -> Reply:
+    from fleet_api.server import spawn_sidecar
+    from fleet_kernel.errors import FleetError
+
     settings = ctx.settings
     port = int(args[0]) if args and args[0].isdigit() else settings.policy.kernel.api_port
-    url = f"http://127.0.0.1:{port}"
     if Sidecar.process is not None and Sidecar.process.poll() is None:
         return Reply(f"The API already runs at http://127.0.0.1:{Sidecar.port}/api (pid {Sidecar.process.pid}).")
-    settings.logs_dir.mkdir(parents=True, exist_ok=True)
-    log = open(settings.logs_dir / f"api-{port}.log", "ab")  # noqa: SIM115 - owned by the child
-    env = {**os.environ, "FLEET_HOME": str(settings.home), "FLEET_DATABASE_URL": settings.database_url}
-    Sidecar.process = subprocess.Popen(
-        [sys.executable, "-m", "fleet_kernel.cli", "serve", "--port", str(port)],
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=log,
-        env=env,
-        start_new_session=True,
-    )
+    env = {"FLEET_HOME": str(settings.home), "FLEET_DATABASE_URL": settings.database_url}
+    try:
+        Sidecar.process = await asyncio.to_thread(spawn_sidecar, port, env=env, wait_s=15)
+    except FleetError as exc:
+        raise _serve_error(exc.message) from exc
     Sidecar.port = port
-    log.close()
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        if Sidecar.process.poll() is not None:
-            raise _serve_error(f"the API exited at start (code {Sidecar.process.returncode}); see {log.name}")
-        if await asyncio.to_thread(_answers, f"{url}/api/health"):
-            return Reply(
-                f"The API serves this store at {url}/api (pid {Sidecar.process.pid}; it keeps serving after the "
-                f"kernel exits, stop it with `kill {Sidecar.process.pid}`); log: {log.name}"
-            )
-        await asyncio.sleep(0.2)
-    raise _serve_error(f"the API did not answer at {url} within 15 s; see {log.name}")
+    pid = Sidecar.process.pid
+    return Reply(
+        f"The API serves this store at http://127.0.0.1:{port}/api (pid {pid}; it keeps serving after the kernel "
+        f"exits, stop it with `kill {pid}`); log: {settings.logs_dir / f'api-{port}.log'}"
+    )
 
 
 def _serve_error(message: str) -> Exception:
     from fleet_kernel.errors import FleetError
 
     return FleetError(message, code="api_unavailable")
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
 
 
 COMMANDS: dict[str, Handler] = {
