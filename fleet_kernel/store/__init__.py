@@ -528,22 +528,27 @@ class Store:
             raise NotFoundError(f"no content {sha256}")
         return row.data
 
+    async def _add_with_blob(self, row: AttachmentRow | ArtifactRow, data: bytes) -> None:
+        """Insert a file's record and its bytes (stored once per sha256) in one transaction."""
+        for attempt in range(2):
+            try:
+                async with self._write() as s:
+                    if await s.get(BlobRow, row.sha256) is None:
+                        s.add(BlobRow(sha256=row.sha256, size=len(data), data=data))
+                    s.add(row)
+                return
+            except IntegrityError:
+                if attempt:  # the same bytes were stored concurrently: the second try finds them
+                    raise
+
     async def add_attachment(
         self, *, session_id: str | None, filename: str, path: str, mime: str, data: bytes
     ) -> AttachmentRow:
-        digest = await self.put_blob(data)
         row = AttachmentRow(
-            attachment_id=new_id("att"),
-            session_id=session_id,
-            filename=filename,
-            path=path,
-            mime=mime,
-            size=len(data),
-            sha256=digest,
-            created_at=utcnow(),
-        )
-        async with self._write() as s:
-            s.add(row)
+            attachment_id=new_id("att"), session_id=session_id, filename=filename, path=path, mime=mime,
+            **_file_fields(data),
+        )  # fmt: skip
+        await self._add_with_blob(row, data)
         return row
 
     async def get_attachment(self, attachment_id: str) -> AttachmentRow:
@@ -563,19 +568,11 @@ class Store:
     async def add_artifact(
         self, *, session_id: str, turn_id: str, path: str, mime: str, data: bytes
     ) -> ArtifactRow:
-        digest = await self.put_blob(data)
         row = ArtifactRow(
-            artifact_id=new_id("art"),
-            session_id=session_id,
-            turn_id=turn_id,
-            path=path,
-            mime=mime,
-            size=len(data),
-            sha256=digest,
-            created_at=utcnow(),
-        )
-        async with self._write() as s:
-            s.add(row)
+            artifact_id=new_id("art"), session_id=session_id, turn_id=turn_id, path=path, mime=mime,
+            **_file_fields(data),
+        )  # fmt: skip
+        await self._add_with_blob(row, data)
         return row
 
     async def get_artifact(self, artifact_id: str) -> ArtifactRow:
@@ -611,6 +608,10 @@ def _event(row: EventRow) -> Event:
         ts=row.ts,
         data=row.data,
     )
+
+
+def _file_fields(data: bytes) -> dict[str, Any]:
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "created_at": utcnow()}
 
 
 def _title_from(task: str) -> str:
