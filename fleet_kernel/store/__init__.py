@@ -514,13 +514,6 @@ class Store:
 
     # ------------------------------------------------------------------ blobs, attachments, artifacts
 
-    async def put_blob(self, data: bytes) -> str:
-        digest = hashlib.sha256(data).hexdigest()
-        async with self._write() as s:
-            if await s.get(BlobRow, digest) is None:
-                s.add(BlobRow(sha256=digest, size=len(data), data=data))
-        return digest
-
     async def get_blob(self, sha256: str) -> bytes:
         async with self._read() as s:
             row = await s.get(BlobRow, sha256)
