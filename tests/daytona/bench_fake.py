@@ -16,40 +16,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 
-
-class _Arrivals:
-    """Observer noting when each printed timestamp reached the host."""
-
-    def __init__(self) -> None:
-        self.delays: list[float] = []
-
-    def on_output(self, stream: str, text: str) -> None:
-        now = time.time()
-        self.delays += [now - float(line) for line in text.split() if line.replace(".", "", 1).isdigit()]
-
-    def on_tool_start(self, name: str, args: Any, kwargs: Any) -> str:
-        return name
-
-    def on_tool_end(self, call_id: str, ok: bool, result: Any) -> None:
-        pass
-
-
-def _ms(seconds: float) -> float:
-    return round(seconds * 1000, 2)
-
-
-def _median(call: Any, runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+from fleet_kernel.sandbox.pyodide_bench import _STREAM_CODE, _Arrivals, _median, _ms
 
 
 def bench_daytona_fake(runs: int = 30) -> dict[str, float]:
@@ -97,7 +68,7 @@ def bench_daytona_fake(runs: int = 30) -> dict[str, float]:
         arrivals = _Arrivals()
         token = base.observer.set(arrivals)
         try:
-            interp.execute("import time\nfor _ in range(10):\n    print(time.time())\n    time.sleep(0.1)")
+            interp.execute(_STREAM_CODE)
         finally:
             base.observer.reset(token)
         factory.close()
