@@ -5,8 +5,15 @@ Kept apart from ``interpreter.py`` (which needs dspy) so that choosing and probi
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import threading
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, Any
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # longest protocol line a host reader holds in memory
 
@@ -32,3 +39,119 @@ def protocol_lines(stream: IO[bytes], limit: int = MAX_MESSAGE_BYTES) -> Iterato
         if len(line) > limit:
             raise ProtocolError(f"sent a message larger than {limit // (1024 * 1024)} MiB")
         yield line
+
+
+_EOF = object()
+
+
+class PipeSession:
+    """A sandbox process speaking the runtime protocol as JSON lines on its stdin/stdout.
+
+    Shared by the ``local`` and ``pyodide`` backends: readers, send, receive, interrupt and kill.
+    A subclass starts the process, hands it to ``_attach`` and says why it died (``_death_reason``).
+    """
+
+    start_timeout_s = 10.0
+    message_limit = MAX_MESSAGE_BYTES
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen[bytes] | None = None
+        self._cgroup: Any = None
+        self._messages: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._send_lock = threading.Lock()
+        self._stderr_tail = b""
+        self._reason: str | None = None
+
+    def _attach(self, process: subprocess.Popen[bytes]) -> None:
+        """Read the new process's pipes and wait for its ``ready`` message."""
+        self._process = process
+        threading.Thread(target=self._read_stdout, args=(process.stdout,), daemon=True).start()
+        threading.Thread(target=self._read_stderr, args=(process.stderr,), daemon=True).start()
+        try:
+            ready = self.receive(self.start_timeout_s)
+        except (SessionClosed, ProtocolError) as exc:
+            self.kill()
+            raise SessionClosed(f"exited during start-up: {exc}") from exc
+        if ready is None or ready.get("type") != "ready":
+            self.kill()
+            raise SessionClosed(f"did not become ready within {self.start_timeout_s:g} s (got {ready!r})")
+
+    def _read_stdout(self, stream: IO[bytes]) -> None:
+        with contextlib.suppress(OSError, ValueError):  # ValueError: kill() closed the pipe
+            try:
+                for line in protocol_lines(stream, self.message_limit):  # bounded: code can write to this channel
+                    try:
+                        message = json.loads(line)
+                    except ValueError:
+                        self._messages.put(ProtocolError(f"not a JSON message: {line[:200]!r}"))
+                        return
+                    self._messages.put(message if isinstance(message, dict)
+                                       else ProtocolError(f"not a message: {line[:200]!r}"))
+            except ProtocolError as exc:
+                self._messages.put(exc)
+                return
+        self._messages.put(_EOF)
+
+    def _read_stderr(self, stream: IO[bytes]) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            for chunk in iter(lambda: stream.read1(65536), b""):  # type: ignore[attr-defined]
+                self._stderr_tail = (self._stderr_tail + chunk)[-16384:]
+
+    def send(self, message: dict[str, Any]) -> None:
+        data = json.dumps(message).encode() + b"\n"
+        with self._send_lock:
+            process = self._process
+            if process is None or process.stdin is None:
+                raise SessionClosed("has been stopped")
+            try:
+                process.stdin.write(data)
+                process.stdin.flush()
+            except (OSError, ValueError) as exc:
+                raise SessionClosed(self._death_reason()) from exc
+
+    def receive(self, timeout: float) -> dict[str, Any] | None:
+        try:
+            item = self._messages.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if item is _EOF:
+            self._messages.put(_EOF)
+            raise SessionClosed(self._death_reason())
+        if isinstance(item, ProtocolError):
+            raise item
+        return item  # type: ignore[no-any-return]
+
+    def interrupt(self) -> None:
+        with contextlib.suppress(SessionClosed):
+            self.send({"type": "interrupt"})
+
+    def kill(self) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=5)
+            for stream in (process.stdin, process.stdout, process.stderr):
+                with contextlib.suppress(OSError):
+                    if stream is not None:
+                        stream.close()
+        cgroup, self._cgroup = self._cgroup, None
+        if cgroup is not None:
+            cgroup.remove()
+
+    def _exit_code(self) -> int | None:
+        if self._process is None:
+            return None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return self._process.wait(timeout=2)
+        return None
+
+    def _death_reason(self) -> str:
+        """Why the process ended, in words the model can act on (computed once by ``_explain_death``)."""
+        if self._reason is None:
+            self._reason = self._explain_death()
+        return self._reason
+
+    def _explain_death(self) -> str:
+        return f"exited unexpectedly (status {self._exit_code()})"

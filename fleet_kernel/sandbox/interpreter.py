@@ -20,15 +20,15 @@ import keyword
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import IO, Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreterError, FinalOutput
 from dspy.utils.callback import BaseCallback, with_callbacks
 from pydantic_core import to_jsonable_python
 
 from fleet_kernel.errors import TurnCancelled
-from fleet_kernel.sandbox._protocol import MAX_MESSAGE_BYTES, ProtocolError, SessionClosed, protocol_lines
+from fleet_kernel.sandbox._protocol import ProtocolError, SessionClosed
 from fleet_kernel.sandbox.base import SandboxCrashed, current_observer, run_with_context
 
 logger = logging.getLogger(__name__)

@@ -12,25 +12,20 @@ import atexit
 import contextlib
 import fcntl
 import functools
-import io
-import json
 import logging
 import os
 import py_compile
-import queue
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import weakref
 from pathlib import Path
-from typing import Any
 
 from fleet_kernel.config import SandboxLimits
 from fleet_kernel.sandbox import _confine
-from fleet_kernel.sandbox._protocol import ProtocolError, SessionClosed, protocol_lines
+from fleet_kernel.sandbox._protocol import PipeSession, SessionClosed
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +34,6 @@ SANDBOX_RUNTIME = "/run/fleet/runtime.pyc"
 START_TIMEOUT_S = 10.0
 _ETC_BINDS = ("fonts",)  # fontconfig, for matplotlib and friends
 _LIVE: weakref.WeakSet[ProcessSession] = weakref.WeakSet()  # killed at exit, so no cgroup outlives us
-_EOF = object()
 
 
 @functools.cache
@@ -195,17 +189,14 @@ def _kernel_counts_nproc_per_userns() -> bool:
     return False
 
 
-class ProcessSession:
-    """One worker process speaking the runtime protocol as JSON lines on its stdin/stdout."""
+class ProcessSession(PipeSession):
+    """One CPython worker (under bubblewrap unless ``isolated`` is false) running the runtime."""
+
+    start_timeout_s = START_TIMEOUT_S
 
     def __init__(self, workspace: Path, limits: SandboxLimits, *, isolated: bool) -> None:
+        super().__init__()
         self._workspace, self._limits, self._isolated = workspace, limits, isolated
-        self._process: subprocess.Popen[bytes] | None = None
-        self._cgroup: _confine.Cgroup | None = None
-        self._messages: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._send_lock = threading.Lock()
-        self._stderr_tail = b""
-        self._reason: str | None = None
 
     def start(self) -> None:
         limits = self._limits
@@ -236,95 +227,15 @@ class ProcessSession:
         finally:
             for fd in [*join_fds, *([] if seccomp is None else [seccomp])]:
                 os.close(fd)
-        self._process = process
         _LIVE.add(self)
         for pipe in (process.stdin, process.stdout):
             with contextlib.suppress(OSError, AttributeError):  # fewer round trips for big messages
                 fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)  # type: ignore[union-attr]
-        threading.Thread(target=self._read_stdout, args=(process.stdout,), daemon=True).start()
-        threading.Thread(target=self._read_stderr, args=(process.stderr,), daemon=True).start()
-        try:
-            ready = self.receive(START_TIMEOUT_S)
-        except (SessionClosed, ProtocolError) as exc:
-            self.kill()
-            raise SessionClosed(f"exited during start-up: {exc}") from exc
-        if ready is None or ready.get("type") != "ready":
-            self.kill()
-            raise SessionClosed(f"did not become ready within {START_TIMEOUT_S:g} s (got {ready!r})")
+        self._attach(process)
 
-    def _read_stdout(self, stream: io.BufferedReader) -> None:
-        with contextlib.suppress(OSError, ValueError):  # ValueError: kill() closed the pipe
-            try:
-                for line in protocol_lines(stream):  # bounded: code can write to this channel
-                    try:
-                        message = json.loads(line)
-                    except ValueError:
-                        self._messages.put(ProtocolError(f"not a JSON message: {line[:200]!r}"))
-                        return
-                    self._messages.put(message if isinstance(message, dict)
-                                       else ProtocolError(f"not a message: {line[:200]!r}"))
-            except ProtocolError as exc:
-                self._messages.put(exc)
-                return
-        self._messages.put(_EOF)
-
-    def _read_stderr(self, stream: io.BufferedReader) -> None:
-        with contextlib.suppress(OSError, ValueError):  # ValueError: kill() closed the pipe
-            for chunk in iter(lambda: stream.read1(65536), b""):
-                self._stderr_tail = (self._stderr_tail + chunk)[-16384:]
-
-    def send(self, message: dict[str, Any]) -> None:
-        data = json.dumps(message).encode() + b"\n"
-        with self._send_lock:
-            process = self._process
-            if process is None or process.stdin is None:
-                raise SessionClosed("has been stopped")
-            try:
-                process.stdin.write(data)
-                process.stdin.flush()
-            except (OSError, ValueError) as exc:
-                raise SessionClosed(self._death_reason()) from exc
-
-    def receive(self, timeout: float) -> dict[str, Any] | None:
-        try:
-            item = self._messages.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        if item is _EOF:
-            self._messages.put(_EOF)
-            raise SessionClosed(self._death_reason())
-        if isinstance(item, ProtocolError):
-            raise item
-        return item  # type: ignore[no-any-return]
-
-    def interrupt(self) -> None:
-        with contextlib.suppress(SessionClosed):
-            self.send({"type": "interrupt"})
-
-    def kill(self) -> None:
-        process, self._process = self._process, None
-        if process is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=5)
-            for stream in (process.stdin, process.stdout, process.stderr):
-                with contextlib.suppress(OSError):
-                    if stream is not None:
-                        stream.close()
-        cgroup, self._cgroup = self._cgroup, None
-        if cgroup is not None:
-            cgroup.remove()
-
-    def _death_reason(self) -> str:
-        """Why the worker ended, in words the model can act on (computed once)."""
-        if self._reason is not None:
-            return self._reason
-        process, limits = self._process, self._limits
-        code: int | None = None
-        if process is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                code = process.wait(timeout=2)
+    def _explain_death(self) -> str:
+        limits = self._limits
+        code = self._exit_code()
         number = -code if code is not None and code < 0 else code - 128 if code and code > 128 else 0
         if self._cgroup is not None and self._cgroup.oom_killed():
             reason = f"was killed because it ran out of memory (limit {limits.memory_mb} MB)"
@@ -343,7 +254,6 @@ class ProcessSession:
             reason += ":\n" + "\n".join(stderr[stderr.index("Fatal Python error"):].splitlines()[:12])
         elif stderr:
             reason += ":\n" + "\n".join(stderr.splitlines()[-5:])
-        self._reason = reason
         return reason
 
 

@@ -13,12 +13,10 @@ write-back of the workspace files the code changed (Deno itself may not write).
 from __future__ import annotations
 
 import base64
-import contextlib
 import itertools
 import json
 import logging
 import os
-import queue
 import shutil
 import signal
 import subprocess
@@ -29,13 +27,8 @@ from typing import Any
 
 from fleet_kernel.config import SandboxLimits, Settings
 from fleet_kernel.errors import SandboxUnavailableError
-from fleet_kernel.sandbox.interpreter import (
-    MAX_MESSAGE_BYTES,
-    ProtocolError,
-    SandboxFactory,
-    SessionClosed,
-    protocol_lines,
-)
+from fleet_kernel.sandbox._protocol import MAX_MESSAGE_BYTES, PipeSession, SessionClosed
+from fleet_kernel.sandbox.interpreter import SandboxFactory
 from fleet_kernel.workspace import Workspace
 
 logger = logging.getLogger(__name__)
@@ -51,7 +44,6 @@ DENO_BASELINE_MB = 384  # Deno + V8 + Pyodide before any user data; added to the
 WRITABLE = ("artifacts/", "memory/")  # what sandboxed code may change in the host workspace
 _DENO_FLAGS = ("--no-config", "--no-lock", "--node-modules-dir=false")
 MAX_DENIED_LINKS = 5000  # symbolic links in one workspace, each denied on Deno's command line
-_EOF = object()
 
 
 # -- Deno and the Pyodide cache -------------------------------------------------------------------
@@ -173,18 +165,17 @@ def probe_pyodide(home: Path | None = None) -> str | None:
 # -- one runner process ---------------------------------------------------------------------------
 
 
-class PyodideSession:
+class PyodideSession(PipeSession):
     """One Deno process running ``pyodide_runner.js``: protocol messages as JSON lines on stdin/stdout."""
 
+    start_timeout_s = START_TIMEOUT_S
+
     def __init__(self, deno: str, deno_dir: Path, workspace: Path, limits: SandboxLimits) -> None:
+        super().__init__()
         self._deno, self._deno_dir, self._limits = deno, deno_dir, limits
         self._workspace = Workspace(workspace)
-        self._process: subprocess.Popen[bytes] | None = None
-        self._cgroup: Any = None
-        self._messages: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._send_lock = threading.Lock()
-        self._stderr_tail = b""
-        self._reason: str | None = None
+        # Files written by code come back base64-encoded in one message.
+        self.message_limit = max(MAX_MESSAGE_BYTES, limits.max_file_mb * 1024 * 1024 * 4 // 3 + 1024 * 1024)
 
     def argv(self) -> list[str]:
         """The Deno command line: read-only access to exactly what the runner needs, nothing else."""
@@ -203,7 +194,7 @@ class PyodideSession:
     def start(self) -> None:
         join_fds, preexec = self._confinement()
         try:
-            self._process = subprocess.Popen(
+            process = subprocess.Popen(
                 self.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 env=_deno_env(self._deno_dir), cwd=self._workspace.root, start_new_session=True,
                 preexec_fn=preexec)  # noqa: PLW1509 - only writes to fds and sets rlimits, no locks
@@ -213,16 +204,7 @@ class PyodideSession:
         finally:
             for fd in join_fds:
                 os.close(fd)
-        threading.Thread(target=self._read_stdout, daemon=True, name="fleet-pyodide-stdout").start()
-        threading.Thread(target=self._read_stderr, daemon=True, name="fleet-pyodide-stderr").start()
-        try:
-            ready = self.receive(START_TIMEOUT_S)
-        except (SessionClosed, ProtocolError) as exc:
-            self.kill()
-            raise SessionClosed(f"exited during start-up: {exc}") from exc
-        if ready is None or ready.get("type") != "ready":
-            self.kill()
-            raise SessionClosed(f"did not become ready within {START_TIMEOUT_S:g} s (got {ready!r})")
+        self._attach(process)
 
     def _confinement(self) -> tuple[list[int], Any]:
         """On Linux: a cgroup for memory (when writable) and CPU/file-size rlimits; never RLIMIT_AS (V8 needs it)."""
@@ -240,56 +222,14 @@ class PyodideSession:
         join_fds = self._cgroup.join_fds() if self._cgroup else []
         return join_fds, _confine.preexec(join_fds, rlimits)
 
-    def _read_stdout(self) -> None:
-        assert self._process is not None and self._process.stdout is not None
-        limit = max(MAX_MESSAGE_BYTES, self._limits.max_file_mb * 1024 * 1024 * 4 // 3 + 1024 * 1024)  # base64 files
-        try:
-            for line in protocol_lines(self._process.stdout, limit):  # bounded: code can write to this channel
-                try:
-                    message = json.loads(line)
-                except ValueError:
-                    self._messages.put(ProtocolError(f"not a JSON message: {line[:200]!r}"))
-                    return
-                self._messages.put(message if isinstance(message, dict)
-                                   else ProtocolError(f"bad message {str(message)[:200]!r}"))
-        except ProtocolError as exc:
-            self._messages.put(exc)
-            return
-        self._messages.put(_EOF)
-
-    def _read_stderr(self) -> None:
-        assert self._process is not None and self._process.stderr is not None
-        for chunk in iter(lambda: self._process.stderr.read1(65536), b""):  # type: ignore[union-attr,attr-defined]
-            self._stderr_tail = (self._stderr_tail + chunk)[-16384:]
-
-    def send(self, message: dict[str, Any]) -> None:
-        data = json.dumps(message).encode() + b"\n"
-        with self._send_lock:
-            process = self._process
-            if process is None or process.stdin is None:
-                raise SessionClosed("has been stopped")
-            try:
-                process.stdin.write(data)
-                process.stdin.flush()
-            except (OSError, ValueError) as exc:
-                raise SessionClosed(self._death_reason()) from exc
-
     def receive(self, timeout: float) -> dict[str, Any] | None:
         """The next protocol message; workspace write-backs are applied here, before the ``done`` they precede."""
         while True:
-            try:
-                item = self._messages.get(timeout=timeout)
-            except queue.Empty:
-                return None
-            if item is _EOF:
-                self._messages.put(_EOF)
-                raise SessionClosed(self._death_reason())
-            if isinstance(item, ProtocolError):
-                raise item
-            if item.get("type") in ("workspace_file", "workspace_delete"):
+            item = super().receive(timeout)
+            if item is not None and item.get("type") in ("workspace_file", "workspace_delete"):
                 self._write_back(item)
                 continue
-            return item  # type: ignore[no-any-return]
+            return item
 
     def _write_back(self, message: dict[str, Any]) -> None:
         """Apply one change the code made under artifacts/ or memory/; anything else is refused and logged."""
@@ -313,36 +253,9 @@ class PyodideSession:
         except (OSError, ValueError) as exc:
             logger.warning("pyodide sandbox: workspace change not applied: %s", exc)
 
-    def interrupt(self) -> None:
-        with contextlib.suppress(SessionClosed):
-            self.send({"type": "interrupt"})
-
-    def kill(self) -> None:
-        process, self._process = self._process, None
-        if process is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                if hasattr(os, "killpg"):
-                    os.killpg(process.pid, signal.SIGKILL)
-                else:
-                    process.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=5)
-            for stream in (process.stdin, process.stdout, process.stderr):
-                with contextlib.suppress(OSError):
-                    if stream is not None:
-                        stream.close()
-        cgroup, self._cgroup = self._cgroup, None
-        if cgroup is not None:
-            cgroup.remove()
-
-    def _death_reason(self) -> str:
-        """Why Deno ended, in words the model can act on (computed once)."""
-        if self._reason is not None:
-            return self._reason
-        code: int | None = None
-        if self._process is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                code = self._process.wait(timeout=2)
+    def _explain_death(self) -> str:
+        """Why Deno ended, in words the model can act on."""
+        code = self._exit_code()
         stderr = self._stderr_tail.decode("utf-8", "replace")
         if self._cgroup is not None and self._cgroup.oom_killed():
             reason = f"was killed because it ran out of memory (limit {self._limits.memory_mb} MB)"
@@ -355,7 +268,6 @@ class PyodideSession:
         lines = [line for line in stderr.splitlines() if line.strip() and not line.lstrip().startswith("at ")][-6:]
         if lines:
             reason += ":\n" + "\n".join(lines)
-        self._reason = reason
         return reason
 
 
