@@ -75,7 +75,7 @@ def create_app(settings: Settings | None = None, *, heartbeat_s: float = HEARTBE
                 yield
             finally:
                 janitor.cancel()
-                await asyncio.gather(warm, return_exceptions=True)
+                await asyncio.gather(janitor, warm, return_exceptions=True)
                 await tail.close()
                 await runner.close()
         finally:

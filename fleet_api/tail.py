@@ -5,9 +5,10 @@ new events of every tailed turn in a single query and publishes them to the runn
 where ``follow`` picks them up exactly as it does for local turns. A hundred watchers of one turn cost
 one query per tick.
 
-On SQLite every commit appends to the ``-wal`` file, so the tail looks at that file's size and time
-every ``SQLITE_TICK_S`` (a ``stat``, microseconds) and queries only when it changed, plus once every
-``FULL_POLL_S`` in case a change slipped past. Other databases are queried every ``TAIL_INTERVAL_S``.
+When the tail queries: on PostgreSQL, when a commit of events is notified (``LISTEN``); on SQLite,
+whose every commit appends to the ``-wal`` file, when that file's size or time changed (a ``stat``
+every ``SQLITE_TICK_S``, microseconds); any other database every ``TAIL_INTERVAL_S``. And always once
+every ``FULL_POLL_S``, in case a change slipped past.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 
 from fleet_kernel.engine.sink import EventHub
 from fleet_kernel.store import Store
@@ -41,6 +42,7 @@ class StoreTail:
         self._task: asyncio.Task[None] | None = None
         self._files = _sqlite_files(store)
         self._signature: tuple[tuple[int, int] | None, ...] = ()
+        self._committed = asyncio.Event()  # set by PostgreSQL notifications
 
     @asynccontextmanager
     async def tailing(self, turn_id: str, committed_seq: int) -> AsyncIterator[None]:
@@ -58,17 +60,29 @@ class StoreTail:
                 self._positions.pop(turn_id, None)
 
     async def _run(self) -> None:
-        tick = SQLITE_TICK_S if self._files else self.interval_s
-        queried = 0.0
-        while self._watchers:
-            if not self._files or self._changed() or time.monotonic() - queried >= FULL_POLL_S:
-                queried = time.monotonic()
-                try:
-                    await self._poll()
-                except Exception:  # a store hiccup: watchers still reread the store when the hub is quiet
-                    log.warning("tailing the store failed; retrying", exc_info=True)
-                    await asyncio.sleep(0.5)
-            await asyncio.sleep(tick)
+        async with self.store.event_notifications(self._committed.set) as notified:
+            queried = 0.0
+            while self._watchers:
+                if self._due(notified) or time.monotonic() - queried >= FULL_POLL_S:
+                    queried = time.monotonic()
+                    try:
+                        await self._poll()
+                    except Exception:  # a store hiccup: watchers still reread the store when the hub is quiet
+                        log.warning("tailing the store failed; retrying", exc_info=True)
+                        await asyncio.sleep(0.5)
+                if notified:
+                    with suppress(TimeoutError):
+                        await asyncio.wait_for(self._committed.wait(), FULL_POLL_S)
+                else:
+                    await asyncio.sleep(SQLITE_TICK_S if self._files else self.interval_s)
+
+    def _due(self, notified: bool) -> bool:
+        """Whether new events may have been committed since the last query."""
+        if notified:
+            due = self._committed.is_set()
+            self._committed.clear()
+            return due
+        return not self._files or self._changed()
 
     def _changed(self) -> bool:
         """Whether the SQLite files changed since the last look (a commit happened somewhere)."""

@@ -73,6 +73,23 @@ async def test_events_replay_from_any_seq(store: Store) -> None:
     assert (await store.get_turn(turn.turn_id)).last_seq == 10
 
 
+
+async def test_commits_of_events_wake_listeners_in_other_processes(store: Store) -> None:
+    # PostgreSQL notifies listeners of each commit (readers in other processes need not poll); SQLite cannot.
+    writer = await Store.open(store.url)
+    woke = asyncio.Event()
+    try:
+        async with store.event_notifications(woke.set) as notified:
+            assert notified is not store.sqlite
+            ses = await writer.create_session()
+            turn, _ = await writer.claim_turn(ses.session_id, "t")
+            assert not woke.is_set()
+            await writer.append_events(_events(ses.session_id, turn.turn_id, [1]))
+            if notified:
+                await asyncio.wait_for(woke.wait(), 5)
+    finally:
+        await writer.close()
+
 async def test_cancellation_states(store: Store) -> None:
     ses = await store.create_session()
     turn, _ = await store.claim_turn(ses.session_id, "t")
@@ -165,3 +182,46 @@ async def test_three_processes_write_at_once_without_locks_or_loss(store: Store,
         assert "locked" not in err
     for turn in turns:
         assert await store.count_events(turn.turn_id) == count
+
+
+CANCELLER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from fleet_kernel.store import Store
+
+    async def main(url):
+        store = await Store.open(url)
+        await store.create_session()
+
+        async def reader():
+            while True:
+                await store.list_sessions()
+
+        for i in range(1200):  # the hang needs a rare interleaving: try many
+            task = asyncio.create_task(reader())
+            await asyncio.sleep(0.001 * (i % 3))
+            task.cancel()  # a client goes away mid-query...
+            for _ in range(i % 4):
+                await asyncio.sleep(0)
+            task.cancel()  # ...and its server shuts down while the query is being cleaned up
+            await asyncio.wait([task])
+        await store.close()
+
+    asyncio.run(main(sys.argv[1]))
+    print("shut down")
+    """
+)
+
+
+async def test_callers_cancelled_mid_query_do_not_hang_shutdown(store: Store, tmp_path: Path) -> None:
+    # An SSE client that goes away cancels its reader in the middle of a query; the process must still exit.
+    # (Without Store's ``_uninterrupted`` this hangs in most runs: aiosqlite 0.22 under SQLAlchemy 2.1.)
+    script = tmp_path / "canceller.py"
+    script.write_text(CANCELLER)
+    proc = await asyncio.create_subprocess_exec(sys.executable, str(script), store.url, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    except TimeoutError:
+        proc.kill()
+        pytest.fail("the event loop never shut down after callers were cancelled mid-query")
+    assert proc.returncode == 0 and out.decode().strip() == "shut down", err.decode()[-2000:]

@@ -112,6 +112,8 @@ class TurnRunner:
             await asyncio.wait(tasks, timeout=CANCEL_GRACE_S + 2)
         if self._supervisor is not None:
             self._supervisor.cancel()
+            await asyncio.wait([self._supervisor])  # its store call ends before the store may close
+            self._supervisor = None
         if self._writer is not None:
             await self._writer.close()
             self._writer = None

@@ -7,14 +7,16 @@ for teams. Every process that runs or watches turns opens its own ``Store`` on t
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
+import inspect
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy import and_, create_engine, delete, event, func, insert, or_, select, text, update
 from sqlalchemy.engine import Engine
@@ -38,6 +40,8 @@ __all__ = ["Store", "SessionRow", "TurnRow", "AttachmentRow", "ArtifactRow", "ne
 # A turn whose owner has not beaten its heart for this long is considered dead (process killed).
 STALE_AFTER = timedelta(seconds=30)
 PROCESS_OWNER = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+# PostgreSQL channel notified by every commit of events, so readers in other processes need not poll.
+EVENTS_CHANNEL = "fleet_events"
 
 
 def new_id(prefix: str) -> str:
@@ -46,6 +50,31 @@ def new_id(prefix: str) -> str:
 
 def utcnow() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _uninterrupted(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """Let a store call that has started finish before a cancellation reaches its caller.
+
+    Cancelling a task in the middle of a database call makes SQLAlchemy terminate the connection, and
+    with aiosqlite 0.22 that close can wait for ever, so the event loop never shuts down (an SSE client
+    that disconnects, a kernel interrupted mid-read). Store calls take milliseconds: the caller waits
+    for the call to end, then sees its ``CancelledError``.
+    """
+
+    @functools.wraps(method)
+    async def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        task = asyncio.ensure_future(method(*args, **kwargs))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await asyncio.wait([task])
+            raise
+
+    return call
 
 
 def _is_sqlite(url: str) -> bool:
@@ -475,6 +504,33 @@ class Store:
         async with self._write_engine.begin() as conn:
             for statement, params in statements:
                 await conn.execute(statement, params)
+            if not self.sqlite:
+                await conn.execute(text(f"NOTIFY {EVENTS_CHANNEL}"))  # delivered when this commits
+
+    @asynccontextmanager
+    async def event_notifications(self, on_commit: Callable[[], None]) -> AsyncIterator[bool]:
+        """Call ``on_commit`` whenever any process commits events, while the block runs.
+
+        Yields whether it can: PostgreSQL over asyncpg does (``LISTEN`` on a connection held for the
+        block); SQLite does not, and its readers watch the database files instead.
+        """
+        if self.sqlite:
+            yield False
+            return
+        async with self.engine.connect() as conn:
+            listener = (await conn.get_raw_connection()).driver_connection
+            if not hasattr(listener, "add_listener"):  # a driver without notifications: readers poll
+                yield False
+                return
+
+            def notified(*_: Any) -> None:
+                on_commit()
+
+            await listener.add_listener(EVENTS_CHANNEL, notified)
+            try:
+                yield True
+            finally:
+                await listener.remove_listener(EVENTS_CHANNEL, notified)
 
     def _append_blocking(self, statements: list[tuple[Any, Any]]) -> None:
         assert self._event_engine is not None
@@ -607,6 +663,12 @@ def _event(row: EventRow) -> Event:
         ts=row.ts,
         data=row.data,
     )
+
+
+# Every public coroutine of the store runs to completion once started (see ``_uninterrupted``).
+for _name, _method in list(vars(Store).items()):
+    if not _name.startswith("_") and inspect.iscoroutinefunction(_method):
+        setattr(Store, _name, _uninterrupted(_method))
 
 
 def _event_statements(events: list[Event]) -> list[tuple[Any, Any]]:
