@@ -10,8 +10,9 @@ code-interpreter context running Fleet's ``runtime.py`` (``_daytona_session``). 
 is a Daytona volume at ``/workspace`` (subpath ``sessions/<id>``), synced with the local folder
 around each turn (``_daytona_sync``). No credential enters the sandbox: host tools run on the host
 and answer through files. Leaks are bounded: sandboxes stop after ``AUTO_STOP_MIN`` idle minutes,
-are deleted a day after stopping, and this store's stopped sandboxes are deleted when a process
-first uses the backend. Credentials come only from ``FLEET_DAYTONA_API_KEY``/``FLEET_DAYTONA_API_URL``.
+are deleted a day after stopping, this store's stopped sandboxes are deleted when a process
+first uses the backend, and deleting a Fleet session deletes its sandbox (``delete_session_sandboxes``).
+Credentials come only from ``FLEET_DAYTONA_API_KEY``/``FLEET_DAYTONA_API_URL``.
 """
 
 from __future__ import annotations
@@ -200,14 +201,38 @@ def acquire(settings: Settings, workspace: Path) -> DaytonaBox:
     return box
 
 
-def release(settings: Settings, workspace: Path) -> None:
-    """Delete the session's sandbox (when the Fleet session is deleted); its volume subpath stays."""
-    key = (api_url(settings), store_label(settings), str(workspace.absolute()))
+def delete_session_sandboxes(settings: Settings, session_id: str) -> int:
+    """Delete the session's sandboxes now (its Fleet session is being deleted); return how many were deleted.
+
+    Found by labels, so a sandbox created by another process sharing the store goes too; this process's
+    cached box is dropped first, after its background cleanup drained. Returns once Daytona accepted each
+    deletion. The session's files on the volume (subpath ``sessions/<id>``) are not deleted here.
+
+    Raises:
+        SandboxUnavailableError: missing SDK or key, or Daytona failed; the message says which.
+    """
+    client, url, store = client_for(settings), api_url(settings), store_label(settings)
     with _lock:
-        box = _boxes.pop(key, None)
-    if box is not None:
+        keys = [k for k, box in _boxes.items() if k[:2] == (url, store) and box.session_id == session_id]
+        cached = [_boxes.pop(k) for k in keys]
+    for box in cached:
         box.drain()
-        box.background("delete the sandbox", lambda: box.sandbox.delete(timeout=60))
+    query = sdk.ListSandboxesQuery(labels={"fleet_store": store, "fleet_session": session_id})
+    deleted = 0
+    try:
+        for sandbox in retry("list sandboxes", lambda: list(client.list(query))):
+            if getattr(sandbox.state, "value", sandbox.state) in ("destroying", "destroyed"):
+                continue
+            try:
+                retry("delete the session's sandbox", functools.partial(sandbox.delete, timeout=60))
+            except sdk.DaytonaNotFoundError:
+                continue  # gone meanwhile
+            deleted += 1
+    except sdk.DaytonaError as exc:
+        raise unavailable(exc, url) from exc
+    if deleted:
+        logger.info("Daytona: deleted %d sandbox(es) of session %s", deleted, session_id)
+    return deleted
 
 
 # -- the backend ----------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import base64
 import hashlib
 
 import httpx
-from conftest import assert_error, run_turn
+from live_api import assert_error, run_turn
 from scripted_lm import ScriptedLM, step
 
 from fleet_kernel.config import Settings

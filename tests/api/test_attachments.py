@@ -6,7 +6,7 @@ import hashlib
 from pathlib import Path
 
 import httpx
-from conftest import LiveServer, assert_error
+from live_api import LiveServer, assert_error
 
 from fleet_kernel.config import Settings, load_settings
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from conftest import LiveServer, assert_error
+from live_api import LiveServer, assert_error
 
 from fleet_api.auth import is_loopback
 from fleet_api.server import check_bind

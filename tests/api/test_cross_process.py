@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from conftest import LiveServer, assert_error, events_of, frames_until
+from live_api import LiveServer, assert_error, events_of, frames_until
 from scripted_lm import ScriptedLM, step
 
 from fleet_api.server import spawn_sidecar

@@ -4,7 +4,7 @@ and the process keeps serving after anything a client sends."""
 from __future__ import annotations
 
 import httpx
-from conftest import LiveServer, assert_error
+from live_api import LiveServer, assert_error
 
 from fleet_kernel.store import Store
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 import schemathesis
-from conftest import LiveServer
 from hypothesis import HealthCheck, settings
+from live_api import LiveServer
 from scripted_lm import ScriptedLM, step
 
 from fleet_kernel.config import load_settings

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import httpx
-from conftest import assert_error
+from live_api import assert_error
 
 from fleet_api.openapi import render
 from fleet_kernel import __version__

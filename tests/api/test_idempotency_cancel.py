@@ -6,7 +6,7 @@ import threading
 import time
 
 import httpx
-from conftest import assert_error, events_of, frames_until, iter_frames, run_turn
+from live_api import assert_error, events_of, frames_until, iter_frames, run_turn
 from scripted_lm import ScriptedLM, step
 
 DONE = [step("Answer.", "SUBMIT(answer='once')")]

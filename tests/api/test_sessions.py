@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import httpx
-from conftest import assert_error
+from live_api import assert_error
 
 
 def test_create_read_list_rename(client: httpx.Client) -> None:

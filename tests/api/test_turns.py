@@ -7,7 +7,7 @@ import time
 
 import httpx
 import nbformat
-from conftest import assert_error, events_of, iter_frames, run_turn
+from live_api import assert_error, events_of, iter_frames, run_turn
 from scripted_lm import ScriptedLM, step
 
 DONE = [step("Answer directly.", "print('hello from the sandbox')\nSUBMIT(answer='done')")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import httpx
-from conftest import assert_error
+from live_api import assert_error
 
 from fleet_kernel.config import Settings
 from fleet_kernel.workspace import Workspace

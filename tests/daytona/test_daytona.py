@@ -307,7 +307,7 @@ def test_live_daytona(tmp_path: Path) -> None:
         interp.execute("open('/workspace/artifacts/live.txt', 'w').write('ok')")
     finally:
         factory.close()
-        daytona.release(settings, workspace.root)
+        daytona.delete_session_sandboxes(settings, workspace.root.name)
     assert (workspace.root / "artifacts" / "live.txt").read_text() == "ok"
 
 
