@@ -10,6 +10,7 @@ import asyncio
 import functools
 import hashlib
 import inspect
+import json
 import os
 import socket
 import uuid
@@ -497,12 +498,11 @@ class Store:
         """Commit a batch of events of one or more turns in one transaction (the hot path)."""
         if not events:
             return
-        statements = _event_statements(events)
         if self._event_engine is not None:
-            await asyncio.to_thread(self._append_blocking, statements)
+            await asyncio.to_thread(self._append_blocking, events)
             return
         async with self._write_engine.begin() as conn:
-            for statement, params in statements:
+            for statement, params in _event_statements(events):
                 await conn.execute(statement, params)
             if not self.sqlite:
                 await conn.execute(text(f"NOTIFY {EVENTS_CHANNEL}"))  # delivered when this commits
@@ -532,11 +532,28 @@ class Store:
             finally:
                 await listener.remove_listener(EVENTS_CHANNEL, notified)
 
-    def _append_blocking(self, statements: list[tuple[Any, Any]]) -> None:
+    def _append_blocking(self, events: list[Event]) -> None:
+        """SQLite's hot path, on a worker thread: plain DB-API calls on a pooled connection.
+
+        Per commit this spends a quarter of the CPU of the same statements through SQLAlchemy Core
+        (0.1 ms against 0.45 ms, measured), and that CPU competes with the turn for the GIL.
+        """
         assert self._event_engine is not None
-        with self._event_engine.begin() as conn:
-            for statement, params in statements:
-                conn.execute(statement, params)
+        rows = [(e.turn_id, e.seq, e.session_id, e.type, e.agent_id, e.parent_agent_id, e.ts, json.dumps(e.data))
+                for e in events]  # fmt: skip
+        connection = self._event_engine.raw_connection()
+        try:
+            cursor = connection.cursor()
+            cursor.execute("BEGIN IMMEDIATE")
+            try:
+                cursor.executemany(_INSERT_EVENTS, rows)
+                cursor.executemany(_UPDATE_LAST_SEQ, [(seq, turn) for turn, seq in _last_seqs(events).items()])
+                cursor.execute("COMMIT")
+            except BaseException:
+                cursor.execute("ROLLBACK")
+                raise
+        finally:
+            connection.close()  # back to the pool
 
     async def events_after(self, turn_id: str, after_seq: int = 0, limit: int = 1000) -> list[Event]:
         async with self._read() as s:
@@ -671,6 +688,20 @@ for _name, _method in list(vars(Store).items()):
         setattr(Store, _name, _uninterrupted(_method))
 
 
+_INSERT_EVENTS = (
+    "INSERT INTO events (turn_id, seq, session_id, type, agent_id, parent_agent_id, ts, data) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_UPDATE_LAST_SEQ = "UPDATE turns SET last_seq = ? WHERE turn_id = ?"
+
+
+def _last_seqs(events: list[Event]) -> dict[str, int]:
+    last: dict[str, int] = {}
+    for e in events:
+        last[e.turn_id] = max(last.get(e.turn_id, 0), e.seq)
+    return last
+
+
 def _event_statements(events: list[Event]) -> list[tuple[Any, Any]]:
     """The insert of the events and the ``last_seq`` update of their turns, as Core statements."""
     rows = [
@@ -678,10 +709,10 @@ def _event_statements(events: list[Event]) -> list[tuple[Any, Any]]:
          "parent_agent_id": e.parent_agent_id, "ts": e.ts, "data": e.data}
         for e in events
     ]  # fmt: skip
-    last: dict[str, int] = {}
-    for e in events:
-        last[e.turn_id] = max(last.get(e.turn_id, 0), e.seq)
-    updates = [(update(TurnRow).where(TurnRow.turn_id == turn_id).values(last_seq=seq), None) for turn_id, seq in last.items()]
+    updates = [
+        (update(TurnRow).where(TurnRow.turn_id == turn_id).values(last_seq=seq), None)
+        for turn_id, seq in _last_seqs(events).items()
+    ]
     return [(insert(EventRow), rows), *updates]
 
 
