@@ -73,6 +73,8 @@ def _uninterrupted(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R
             return await asyncio.shield(task)
         except asyncio.CancelledError:
             await asyncio.wait([task])
+            if not task.cancelled():
+                task.exception()  # consumed: the cancelled caller hears only of its cancellation
             raise
 
     return call
