@@ -44,6 +44,7 @@ class SandboxLimits(_Section):
     backend: SandboxName | None = Field(None, description="sandbox; default local, else pyodide")
     memory_mb: int = Field(1024, ge=64, le=65_536)
     cpu_seconds: int = Field(300, ge=1, le=86_400, description="CPU time per sandbox process")
+    cpu_cores: float = Field(1.0, gt=0, le=1024, description="cores the local sandbox may keep busy at once")
     max_processes: int = Field(64, ge=1, le=4096)
     max_file_mb: int = Field(256, ge=1, le=65_536, description="largest file code may write")
     max_output_bytes: int = Field(1_000_000, ge=1_000, le=100_000_000, description="captured output per execution")

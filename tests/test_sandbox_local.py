@@ -16,7 +16,7 @@ from dspy.utils import DummyLM
 
 from fleet_kernel.config import Limits, Policy, SandboxLimits, Settings
 from fleet_kernel.errors import SandboxUnavailableError, TurnCancelled
-from fleet_kernel.sandbox import SandboxFactory, observer, open_sandbox, probe_bwrap
+from fleet_kernel.sandbox import SandboxFactory, _confine, observer, open_sandbox, probe_bwrap
 
 needs_bwrap = pytest.mark.skipif(probe_bwrap() is not None, reason=f"local sandbox unavailable: {probe_bwrap()}")
 
@@ -200,6 +200,39 @@ def test_output_is_capped(tmp_path: Path) -> None:
     finally:
         factory.close()
 
+
+
+SPIN_TWO_PROCESSES = """
+import os, time
+until = time.time() + 2.0
+children = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        while time.time() < until:
+            pass
+        os._exit(0)
+    children.append(pid)
+for pid in children:
+    os.waitpid(pid, 0)
+times = os.times()
+print(round(times.children_user + times.children_system, 2))
+"""
+
+
+@needs_bwrap
+def test_busy_processes_get_only_their_share_of_cores(tmp_path: Path) -> None:
+    probe = _confine.Cgroup.create(64, 16, 0.5)
+    if probe is None:
+        pytest.skip("no writable cgroup hierarchy here (not root, no delegation)")
+    probe.remove()
+    factory = open_sandbox(make_settings(tmp_path, exec_timeout_s=30, cpu_cores=0.25), tmp_path / "ws")
+    try:
+        used = float(factory().execute(SPIN_TWO_PROCESSES).strip())
+    finally:
+        factory.close()
+    # A quarter of a core for 2 s allows 0.5 s of CPU; uncapped, two spinning processes take up to 4 s.
+    assert used < 1.0, f"two busy processes used {used} s of CPU in 2 s with cpu_cores = 0.25"
 
 def test_rlm_runs_end_to_end_on_the_sandbox(factory: SandboxFactory) -> None:
     prompts: list[str] = []

@@ -3,7 +3,9 @@
 bubblewrap gives the namespaces; these bound what the worker can do inside them. The seccomp
 program is built once per process with ``pyseccomp`` and handed to ``bwrap --seccomp FD``. The
 cgroup is optional (it needs a writable hierarchy, e.g. root or delegation) but it is what stops a
-fork bomb when the host user is root, since root ignores ``RLIMIT_NPROC``.
+fork bomb when the host user is root, since root ignores ``RLIMIT_NPROC``, and what keeps busy
+sandbox processes to their share of the machine's cores (``cpu_cores``), where the CPU controller
+is available.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+CPU_PERIOD_US = 100_000
 # Syscalls sandboxed code never needs; they are the usual ways out of a namespace sandbox.
 _DENIED = (
     "ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root", "chroot",
@@ -96,23 +99,36 @@ class Cgroup:
         self.dirs, self._memory_dir = dirs, memory_dir
 
     @classmethod
-    def create(cls, memory_mb: int, max_tasks: int) -> Cgroup | None:
-        """A fresh cgroup with these limits, or None when no writable hierarchy exists here."""
+    def create(cls, memory_mb: int, max_tasks: int, cpu_cores: float | None = None) -> Cgroup | None:
+        """A fresh cgroup with these limits, or None when no writable hierarchy exists here.
+
+        Memory and process count are required; the CPU cap is applied where the controller can be used.
+        """
         name = f"worker-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         limit = str(memory_mb * 1024 * 1024)
+        quota = str(max(1000, int((cpu_cores or 0) * CPU_PERIOD_US)))
+        optional: dict[Path, str] = {}  # written if the kernel lets us; a failure leaves that limit out
         if (CGROUP_ROOT / "memory" / "cgroup.procs").exists() and (CGROUP_ROOT / "pids" / "cgroup.procs").exists():
-            _sweep(CGROUP_ROOT / "memory" / "fleet", CGROUP_ROOT / "pids" / "fleet")
-            memory, pids = CGROUP_ROOT / "memory" / "fleet" / name, CGROUP_ROOT / "pids" / "fleet" / name
-            files = {memory / "memory.limit_in_bytes": limit, memory / "memory.memsw.limit_in_bytes": limit,
-                     pids / "pids.max": str(max_tasks)}
-            group = cls([memory, pids], memory)
+            cpu_root = CGROUP_ROOT / "cpu"
+            with_cpu = bool(cpu_cores) and (cpu_root / "cgroup.procs").exists() and os.access(cpu_root, os.W_OK)
+            _sweep(CGROUP_ROOT / "memory" / "fleet", CGROUP_ROOT / "pids" / "fleet", cpu_root / "fleet")
+            memory, pids, cpu = (CGROUP_ROOT / c / "fleet" / name for c in ("memory", "pids", "cpu"))
+            files = {memory / "memory.limit_in_bytes": limit, pids / "pids.max": str(max_tasks)}
+            optional[memory / "memory.memsw.limit_in_bytes"] = limit
+            if with_cpu:
+                files |= {cpu / "cpu.cfs_period_us": str(CPU_PERIOD_US), cpu / "cpu.cfs_quota_us": quota}
+            group = cls([memory, pids, *([cpu] if with_cpu else [])], memory)
         elif (CGROUP_ROOT / "cgroup.controllers").exists():
             parent = CGROUP_ROOT / "fleet"
             _sweep(parent)
             group = cls([parent / name], parent / name)
             files = {CGROUP_ROOT / "cgroup.subtree_control": "+memory +pids",
                      parent / "cgroup.subtree_control": "+memory +pids", parent / name / "memory.max": limit,
-                     parent / name / "memory.swap.max": "0", parent / name / "pids.max": str(max_tasks)}
+                     parent / name / "pids.max": str(max_tasks)}
+            optional[parent / name / "memory.swap.max"] = "0"
+            if cpu_cores:
+                optional |= {CGROUP_ROOT / "cgroup.subtree_control": "+cpu", parent / "cgroup.subtree_control": "+cpu",
+                             parent / name / "cpu.max": f"{quota} {CPU_PERIOD_US}"}
         else:
             return None
         try:
@@ -121,15 +137,16 @@ class Cgroup:
             for path, value in files.items():
                 if path.name == "cgroup.subtree_control" and not path.exists():
                     raise OSError(f"{path} missing")
-                if "swap" in path.name or "memsw" in path.name:
-                    with contextlib.suppress(OSError):  # no swap accounting on this kernel: nothing to cap
-                        path.write_text(value)
-                    continue
                 path.write_text(value)
         except OSError as exc:
             logger.debug("no cgroup for the sandbox worker: %s", exc)
             group.remove()
             return None
+        for path, value in optional.items():
+            try:
+                path.write_text(value)
+            except OSError as exc:  # no swap accounting, or no CPU controller delegated here
+                logger.debug("cgroup limit %s left out: %s", path.name, exc)
         return group
 
     def join_fds(self) -> list[int]:

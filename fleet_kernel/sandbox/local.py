@@ -201,7 +201,7 @@ class ProcessSession(PipeSession):
     def start(self) -> None:
         limits = self._limits
         options = ["--max-output-bytes", str(limits.max_output_bytes)]
-        self._cgroup = _confine.Cgroup.create(limits.memory_mb, limits.max_processes + 16)
+        self._cgroup = _confine.Cgroup.create(limits.memory_mb, limits.max_processes + 16, limits.cpu_cores)
         join_fds = self._cgroup.join_fds() if self._cgroup else []
         seccomp = _confine.seccomp_fd() if self._isolated else None
         if self._isolated:
