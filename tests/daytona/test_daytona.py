@@ -20,26 +20,6 @@ from fleet_kernel.sandbox import base, daytona
 from fleet_kernel.sandbox._daytona_session import DaytonaSession
 from fleet_kernel.workspace import Workspace
 
-LM_KEY = "sk-scripted-lm-secret"
-
-
-@pytest.fixture
-def env(fake: FakeDaytona, fleet_env: dict[str, str]) -> dict[str, str]:
-    return {**fleet_env, "FLEET_LM_API_KEY": LM_KEY, "FLEET_SANDBOX": "daytona",
-            "FLEET_DAYTONA_API_KEY": fake.api_key, "FLEET_DAYTONA_API_URL": fake.api_url}
-
-
-@pytest.fixture(autouse=True)
-def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fleet_kernel.sandbox import _daytona_box
-
-    monkeypatch.setattr(_daytona_box, "BACKOFF_S", 0.01)
-
-
-@pytest.fixture
-def settings(env: dict[str, str]) -> Settings:
-    return load_settings(env)
-
 
 @pytest.fixture
 def workspace(settings: Settings) -> Workspace:
@@ -282,9 +262,10 @@ async def test_a_full_turn(env: dict[str, str], store, scripted_lm: ScriptedLM, 
     assert "attached note" in outputs and "sub-answer: what is 6*7?" in outputs
     assert "tool.started" in kinds and "artifact" in kinds
     assert (workspace.root / "artifacts" / "answer.md").read_text() == "# 42"
-    assert LM_KEY not in outputs and fake.api_key not in outputs  # nothing secret inside the sandbox
+    lm_key = env["FLEET_LM_API_KEY"]
+    assert lm_key not in outputs and fake.api_key not in outputs  # nothing secret inside the sandbox
     for request in fake.requests:  # and no request carries the LM key; the Daytona key only as auth
-        assert LM_KEY.encode() not in request.body
+        assert lm_key.encode() not in request.body
         assert fake.api_key.encode() not in request.body
         assert all(fake.api_key not in v for k, v in request.headers.items() if k.lower() != "authorization")
 

@@ -17,28 +17,6 @@ from fleet_kernel.sandbox import daytona
 from fleet_kernel.workspace import Workspace
 
 
-@pytest.fixture
-def env(fake: FakeDaytona, fleet_env: dict[str, str]) -> dict[str, str]:
-    return {
-        **fleet_env,
-        "FLEET_SANDBOX": "daytona",
-        "FLEET_DAYTONA_API_KEY": fake.api_key,
-        "FLEET_DAYTONA_API_URL": fake.api_url,
-    }
-
-
-@pytest.fixture(autouse=True)
-def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fleet_kernel.sandbox import _daytona_box
-
-    monkeypatch.setattr(_daytona_box, "BACKOFF_S", 0.01)
-
-
-@pytest.fixture
-def settings(env: dict[str, str]) -> Settings:
-    return load_settings(env)
-
-
 def _sessions(client: Any, store: str) -> list[str]:
     """The ``fleet_session`` label of every sandbox of this store, as Daytona lists them."""
     query = daytona.sdk.ListSandboxesQuery(labels={"fleet_store": store})
