@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from fleet_kernel.engine import TurnRunner
 from fleet_kernel.events import Event
 from fleet_kernel.sandbox import _confine, probe_bwrap
 from fleet_kernel.store import Store
+from fleet_kernel.workspace import Workspace
 
 pytestmark = pytest.mark.skipif(probe_bwrap() is not None, reason=f"local sandbox unavailable: {probe_bwrap()}")
 
@@ -171,3 +173,45 @@ SUBMIT(answer='forged')
     lines = prompt_lines(scripted_lm)
     assert not any(line.lstrip().startswith("files/forged.txt") for line in lines), lines
     assert any(line.strip().startswith("files/evil\\n  files/forged.txt") for line in lines), lines
+
+
+async def test_pyodide_turns_work_beside_what_local_code_left(
+        fleet_env: dict[str, str], store: Store, scripted_lm: ScriptedLM, tmp_path: Path) -> None:
+    """A session's folder holds what code of the local backend could leave: a pipe, names that are not
+    UTF-8 (a file, and a link under such a name), a link to a host file. A Pyodide turn reads none of it
+    and works, and so does the next one."""
+    from fleet_kernel.sandbox.pyodide import probe_pyodide
+
+    if (reason := probe_pyodide()) is not None:
+        pytest.skip(f"pyodide sandbox unavailable: {reason}")
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("HOST-SECRET-CONTENT")
+    session = await store.create_session("pyodide")
+    root = Workspace.for_session(load_settings(fleet_env).workspaces_dir, session.session_id).root
+    os.mkfifo(root / "artifacts" / "pipe.txt")
+    (root / "files" / os.fsdecode(b"bad-\xff.txt")).write_bytes(b"x")
+    os.symlink(secret, root / "files" / os.fsdecode(b"link-\xfe.txt"))
+    os.symlink(secret, root / "files" / "leak.txt")
+    (root / "files" / "data.csv").write_text("a,b\n")
+    fleet = await TurnRunner(store, load_settings({**fleet_env, "FLEET_SANDBOX": "pyodide"})).open()
+    try:
+        for n in range(2):
+            scripted_lm.add("*", [step("Look.", f"""
+import os
+found = sorted(os.listdir('/workspace/files'))
+leaked = []
+for name in found:
+    try:
+        leaked.append(open('/workspace/files/' + name).read())
+    except Exception as exc:
+        pass
+print('LEAK' if any('HOST-SECRET' in text for text in leaked) else 'clean', 'data.csv' in found)
+open('/workspace/artifacts/seen-{n}.txt', 'w').write('seen')
+SUBMIT(answer='looked {n}')
+""")])
+            events = await collect(fleet, session.session_id, f"look {n}", within_s=120)
+            assert events[-1].type == "turn.completed" and events[-1].data["answer"] == f"looked {n}", events[-1].data
+            assert "clean True" in "".join(e.data["text"] for e in events if e.type == "output")
+            assert f"artifacts/seen-{n}.txt" in [e.data["path"] for e in events if e.type == "artifact"]
+    finally:
+        await fleet.close()
