@@ -129,7 +129,7 @@ def push(box: DaytonaBox, root: Path, *, max_file_bytes: int | None = None) -> N
 
 def pull(box: DaytonaBox, root: Path, *, max_file_bytes: int) -> list[str]:
     """After a turn: bring back what the code wrote or deleted. Returns the paths that changed locally."""
-    local, remote = local_files(root), remote_files(box)
+    local, remote = local_files(root, max_file_bytes), remote_files(box)  # a bigger local file is not hashed
     fetches = [rel for rel, (size, digest) in remote.items() if local.get(rel, (0, ""))[1] != digest]
     too_big = [rel for rel in fetches if remote[rel][0] > max_file_bytes]
     for rel in too_big:
