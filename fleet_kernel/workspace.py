@@ -22,6 +22,8 @@ MEMORY_FILE = "memory/MEMORIES.md"
 MEMORY_HEADER = "# Memories\n\nNotes kept across turns of this session.\n"
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 MAX_VISITED = 100_000  # entries one listing looks at, however many folders code made
+MAX_DIGESTS = 100_000  # file identities remembered with their digest, across turns of this process
+_DIGESTS: dict[tuple[str, str, int, int, int, int, int], str] = {}
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -110,7 +112,8 @@ class Workspace:
         ``max_bytes`` (logged); ``should_stop`` ends the scan early (a deadline, a cancellation).
         """
         found: dict[str, FileInfo] = {}
-        for rel, size in self.files(sub, limit=limit):
+        for rel, st in self.files(sub, limit=limit):
+            size = st.st_size
             if should_stop is not None and should_stop():
                 break
             if max_bytes is not None and size > max_bytes:
@@ -124,13 +127,32 @@ class Workspace:
             found[rel] = FileInfo(rel, size, digest, guess_mime(rel))
         return found
 
-    def files(self, sub: str, *, limit: int = 10_000, text_only: bool = True) -> list[tuple[str, int]]:
-        """``(path, size)`` of the regular files under ``sub`` as ``lstat`` sees them, nothing read or hashed.
+    def read_if_changed(self, rel: str, st: os.stat_result, known: str | None, *, max_bytes: int,
+                        should_stop: safe_files.StopCheck | None = None) -> tuple[bytes, str] | None:
+        """``(data, sha256)`` of a file ``files`` listed, or None when it still hashes to ``known``.
+
+        A file whose identity (inode, size, mtime, ctime) is the one it had when it was last read with
+        digest ``known`` is not read again, so unchanged artifacts cost no reading turn after turn.
+
+        Raises:
+            safe_files.Refused: as ``safe_files.read_path``.
+        """
+        key = (str(self.root), rel, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if known is not None and _DIGESTS.get(key) == known:
+            return None
+        data, digest = safe_files.read_path(self.root, rel, max_bytes=max_bytes, should_stop=should_stop)
+        if len(_DIGESTS) >= MAX_DIGESTS:
+            _DIGESTS.pop(next(iter(_DIGESTS)))
+        _DIGESTS[key] = digest
+        return None if digest == known else (data, digest)
+
+    def files(self, sub: str, *, limit: int = 10_000, text_only: bool = True) -> list[tuple[str, os.stat_result]]:
+        """``(path, lstat)`` of the regular files under ``sub``, nothing read or hashed.
 
         Never follows a link. Names that are not UTF-8 are left out (logged) unless ``text_only`` is
         false, as no store, event or request can carry them as they are.
         """
-        found: list[tuple[str, int]] = []
+        found: list[tuple[str, os.stat_result]] = []
         try:
             for visited, entry in enumerate(safe_files.walk(self.root, [sub])):
                 if visited >= MAX_VISITED:
@@ -143,7 +165,7 @@ class Workspace:
                 if text_only and not safe_files.is_text(rel):
                     logger.warning("%s/%s: the name is not UTF-8; ignored", self.root, safe_files.printable(rel))
                     continue
-                found.append((rel, entry.st.st_size))
+                found.append((rel, entry.st))
                 if len(found) >= limit:
                     break
         except OSError:
@@ -158,8 +180,8 @@ class Workspace:
         """
         lines = ["/workspace (your durable session folder; read and write it with normal Python file calls):"]
         entries = [item for sub in ("files", "artifacts") for item in self.files(sub, limit=max_entries + 1, text_only=False)]
-        for rel, size in entries[:max_entries]:
-            lines.append(f"  {safe_files.printable(rel)}  ({size} bytes, {guess_mime(rel)})")
+        for rel, st in entries[:max_entries]:
+            lines.append(f"  {safe_files.printable(rel)}  ({st.st_size} bytes, {guess_mime(rel)})")
         if len(entries) > max_entries:
             lines.append(f"  ... more files not listed; use os.listdir('/workspace/files') to see all")
         if not entries:

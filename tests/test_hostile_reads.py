@@ -215,3 +215,28 @@ SUBMIT(answer='looked {n}')
             assert f"artifacts/seen-{n}.txt" in [e.data["path"] for e in events if e.type == "artifact"]
     finally:
         await fleet.close()
+
+
+async def test_artifact_collection_stops_at_the_deadline(
+        make_runner: Any, store: Store, scripted_lm: ScriptedLM) -> None:
+    """Many files within the size limit (hard links to one sparse 100 MB file) take far longer to read
+    than the turn has left: collection stops at the deadline and the next turn starts promptly."""
+    scripted_lm.add("*", [step("Link.", """
+import os
+with open('/workspace/artifacts/base.bin', 'wb') as handle:
+    handle.truncate(100 * 1024 * 1024)
+for n in range(150):
+    os.link('/workspace/artifacts/base.bin', f'/workspace/artifacts/link-{n:03}.bin')
+SUBMIT(answer='linked')
+""")])
+    fleet = await make_runner(store, "[limits]\nturn_timeout_s = 15\n[storage]\nmax_artifact_mb = 200\n"
+                                     "max_artifacts_per_turn = 1000\n")
+    session = await store.create_session("deadline")
+    events = await collect(fleet, session.session_id, "link many", within_s=32)
+    assert events[-1].type == "turn.completed", events[-1].data
+    collected = [e.data["path"] for e in events if e.type == "artifact"]
+    assert 0 < len(collected) < 151, len(collected)
+
+    scripted_lm.add("*", [step("Again.", "SUBMIT(answer='second')")])
+    events = await collect(fleet, session.session_id, "the next turn", within_s=25)
+    assert events[-1].type == "turn.completed" and events[-1].data["answer"] == "second", events[-1].data

@@ -313,24 +313,25 @@ class TurnRunner:
         known = await self.store.latest_artifact_digests(turn.session_id)
         found = await asyncio.to_thread(workspace.files, "artifacts")
         added = 0
-        for path, size in found:
+        for path, st in found:
             if added >= storage.max_artifacts_per_turn:
                 break
             if should_stop():
                 log.warning("turn %s: artifact collection stopped (deadline or cancellation)", turn.turn_id)
                 break
-            if size > max_bytes:
+            if st.st_size > max_bytes:
                 log.warning("turn %s: %s is %d bytes, over storage.max_artifact_mb; not collected",
-                            turn.turn_id, path, size)
+                            turn.turn_id, path, st.st_size)
                 continue
             try:
-                data, digest = await asyncio.to_thread(
-                    safe_files.read_path, workspace.root, path, max_bytes=max_bytes, should_stop=should_stop)
+                changed = await asyncio.to_thread(workspace.read_if_changed, path, st, known.get(path),
+                                                  max_bytes=max_bytes, should_stop=should_stop)
             except safe_files.Refused as exc:
                 log.warning("turn %s: artifact not collected: %s", turn.turn_id, exc)
                 continue
-            if known.get(path) == digest:
+            if changed is None:
                 continue
+            data, _ = changed
             row = await self.store.add_artifact(
                 session_id=turn.session_id, turn_id=turn.turn_id, path=path, mime=guess_mime(path), data=data
             )
