@@ -17,8 +17,10 @@ from fleet_api import routes
 from fleet_api.auth import BearerAuth
 from fleet_api.deps import FleetState
 from fleet_api.errors import install_error_handlers
+from fleet_api.hosts import AllowedHosts, own_names
 from fleet_api.limits import BodyLimit
 from fleet_api.openapi import install_openapi
+from fleet_api.origin import SameOriginWrites
 from fleet_api.routes.attachments import UPLOAD_PATH
 from fleet_api.sse import HEARTBEAT_S
 from fleet_api.tail import StoreTail
@@ -33,7 +35,10 @@ REAP_INTERVAL_S = 10.0
 DESCRIPTION = (
     "Sessions, turns and their event streams from Fleet's shared store: watch, continue or cancel a "
     'notebook session from any HTTP client. Errors are `{"error": {"code", "message"}}`. '
-    "When FLEET_API_TOKEN is set, every route but /api/health needs `Authorization: Bearer <token>`."
+    "When FLEET_API_TOKEN is set, every route but /api/health needs `Authorization: Bearer <token>`. "
+    "Requests must name this server in `Host` (421 otherwise); POST, PUT, PATCH and DELETE from another "
+    "origin are refused (403) and their bodies must be application/json (multipart/form-data for "
+    "uploads; 415 otherwise)."
 )
 
 
@@ -57,8 +62,11 @@ def _warm_up(state: FleetState) -> None:
         log.warning("the engine cannot be imported; turns will fail", exc_info=True)
 
 
-def create_app(settings: Settings | None = None, *, heartbeat_s: float = HEARTBEAT_S) -> FastAPI:
-    """Build the app. ``settings`` default to ``load_settings()``; ``heartbeat_s`` spaces SSE comments."""
+def create_app(
+    settings: Settings | None = None, *, heartbeat_s: float = HEARTBEAT_S, bind_host: str | None = None
+) -> FastAPI:
+    """Build the app. ``settings`` default to ``load_settings()``; ``heartbeat_s`` spaces SSE comments;
+    ``bind_host`` (``fleet serve --host``) is one of the names the app answers for."""
     settings = settings or load_settings()
 
     @asynccontextmanager
@@ -95,7 +103,11 @@ def create_app(settings: Settings | None = None, *, heartbeat_s: float = HEARTBE
     for router in routes.ROUTERS:
         app.include_router(router, prefix="/api")
     upload_limit = int(settings.policy.storage.max_upload_mb * 1024 * 1024)
-    app.add_middleware(BodyLimit, upload_limit=upload_limit, upload_paths=frozenset({UPLOAD_PATH}))
-    if settings.api_token is not None:  # added last, so it runs first
+    upload_paths = frozenset({UPLOAD_PATH})
+    names = own_names(settings.allowed_hosts, bind_host)
+    app.add_middleware(BodyLimit, upload_limit=upload_limit, upload_paths=upload_paths)
+    app.add_middleware(SameOriginWrites, names=names, upload_paths=upload_paths)
+    if settings.api_token is not None:
         app.add_middleware(BearerAuth, token=settings.api_token.get_secret_value())
+    app.add_middleware(AllowedHosts, names=names)  # added last, so it runs first
     return app

@@ -7,13 +7,15 @@ Every policy key is declared once below, with its default and bounds; an invalid
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import tomllib
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic import ValidationError as PydanticValidationError
 
 from fleet_kernel.errors import ConfigError
@@ -91,9 +93,26 @@ ENV_VARS: dict[str, str] = {
     "FLEET_DAYTONA_API_KEY": "daytona_api_key",
     "FLEET_DAYTONA_API_URL": "daytona_api_url",
     "FLEET_API_TOKEN": "api_token",
+    "FLEET_ALLOWED_HOSTS": "allowed_hosts",
     "FLEET_LM_RECORD": "lm_record",
 }
 SECRET_VARS = ("FLEET_LM_API_KEY", "FLEET_DAYTONA_API_KEY", "FLEET_API_TOKEN")
+_HOST_NAME = re.compile(r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*")
+
+
+def canonical_host(value: str) -> str | None:
+    """A host name or IP literal as the API compares them (lowercase, no brackets, no trailing dot),
+    or None when ``value`` is not one (a scheme, port, path or stray character)."""
+    host = value.strip().lower().removesuffix(".")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if ":" in host:
+        try:
+            address = ipaddress.IPv6Address(host)
+        except ValueError:
+            return None
+        return str(address.ipv4_mapped or address)  # a dual-stack socket's IPv4 peer, as itself
+    return host if _HOST_NAME.fullmatch(host) else None
 
 
 class Settings(BaseModel):
@@ -111,9 +130,28 @@ class Settings(BaseModel):
     daytona_api_key: SecretStr | None = None
     daytona_api_url: str | None = None
     api_token: SecretStr | None = None
+    allowed_hosts: tuple[str, ...] = ()
     lm_record: Path | None = None
     policy: Policy = Policy()
     config_path: Path | None = None
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: object) -> object:
+        """``FLEET_ALLOWED_HOSTS`` is comma separated; each entry must be a bare host name or IP."""
+        entries = value.split(",") if isinstance(value, str) else value
+        if not isinstance(entries, list | tuple):
+            return value
+        hosts = []
+        for entry in (str(e) for e in entries if str(e).strip()):
+            host = canonical_host(entry)
+            if host is None:
+                raise ValueError(
+                    f"{entry.strip()!r} is not a host name: list names such as fleet.example.com, "
+                    "comma separated, without scheme, port or path"
+                )
+            hosts.append(host)
+        return tuple(hosts)
 
     @property
     def limits(self) -> Limits:
@@ -147,7 +185,7 @@ def _format_validation_error(source: str, exc: PydanticValidationError) -> str:
             allowed = f" (allowed: {ctx['expected']})"
         elif err["type"] == "extra_forbidden":
             allowed = " (unknown key; see docs/configuration.md for the keys)"
-        elif ctx:
+        elif any(k != "error" for k in ctx):
             allowed = " (" + ", ".join(f"{k} {v}" for k, v in ctx.items() if k != "error") + ")"
         lines.append(f"  {key}: {err['msg']}{allowed}; got {err.get('input')!r}")
     return "\n".join(lines)

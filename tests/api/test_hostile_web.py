@@ -131,7 +131,8 @@ def test_wildcard_bind_answers_the_address_it_was_reached_on(fleet_env: dict[str
 
 def test_empty_cross_site_form_creates_no_session(client: httpx.Client) -> None:
     form = {"Content-Type": "application/x-www-form-urlencoded"}
-    error = assert_error(client.post("/api/sessions", content=b"", headers={**form, "Origin": "http://evil.example"}), 403)
+    cross_site = {**form, "Origin": "http://evil.example"}
+    error = assert_error(client.post("/api/sessions", content=b"", headers=cross_site), 403)
     assert error["code"] == "cross_origin_refused" and "evil.example" in error["message"]
     # no Origin at all (an old browser, a privacy extension): the content type alone refuses it
     assert_error(client.post("/api/sessions", content=b"", headers=form), 415, "unsupported_media_type")
@@ -141,7 +142,8 @@ def test_empty_cross_site_form_creates_no_session(client: httpx.Client) -> None:
 def test_simple_content_types_start_no_turn(client: httpx.Client, session_id: str) -> None:
     url = f"/api/sessions/{session_id}/turns"
     body = b'{"task": "exfiltrate"}'
-    for headers in ({"Content-Type": "text/plain;charset=UTF-8"}, {}, {"Content-Type": "multipart/form-data; boundary=x"}):
+    simple = ({"Content-Type": "text/plain;charset=UTF-8"}, {}, {"Content-Type": "multipart/form-data; boundary=x"})
+    for headers in simple:
         error = assert_error(client.post(url, content=body, headers=headers), 415, "unsupported_media_type")
         assert "application/json" in error["message"]
     assert_error(client.post("/api/sessions", content=b'{"title": "x"}'), 415, "unsupported_media_type")
@@ -170,7 +172,8 @@ def test_same_origin_and_plain_clients_still_work(client: httpx.Client, session_
         assert upload(client, session_id, **headers).status_code == 201, headers
         assert client.post("/api/sessions", json={"title": "ok"}, headers=headers).status_code == 201, headers
     assert client.post("/api/sessions").status_code == 201  # no body at all
-    created = client.post("/api/sessions", json={"title": "x"}, headers={"Content-Type": "application/json; charset=utf-8"})
+    charset = {"Content-Type": "application/json; charset=utf-8"}
+    created = client.post("/api/sessions", json={"title": "x"}, headers=charset)
     assert created.status_code == 201
     assert client.delete(f"/api/sessions/{created.json()['session_id']}", headers={"Origin": own}).status_code == 204
 
@@ -184,9 +187,7 @@ def test_foreign_origin_cannot_cancel_or_delete(client: httpx.Client, session_id
     # reading is not a state change; the browser still keeps the answer from the page (no CORS headers)
     read = client.get("/api/sessions", headers=foreign)
     assert read.status_code == 200 and "access-control-allow-origin" not in read.headers
-    preflight = client.options(
-        "/api/sessions", headers={**foreign, "Access-Control-Request-Method": "POST"}
-    )
+    preflight = client.options("/api/sessions", headers={**foreign, "Access-Control-Request-Method": "POST"})
     assert "access-control-allow-origin" not in preflight.headers
 
 
