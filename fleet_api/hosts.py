@@ -24,7 +24,7 @@ from fleet_api.errors import error_response
 from fleet_kernel.config import canonical_host
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
-WILDCARDS = frozenset({"", "0.0.0.0", "::"})
+WILDCARDS = frozenset({"0.0.0.0", "::"})
 
 
 def host_of(authority: str) -> str | None:
@@ -44,7 +44,7 @@ def host_of(authority: str) -> str | None:
 def own_names(allowed_hosts: Iterable[str], bind_host: str | None) -> frozenset[str]:
     """The configured names plus the bind host when it names one interface."""
     names = set(allowed_hosts)
-    bound = canonical_host(bind_host or "")
+    bound = canonical_host(bind_host) if bind_host else None
     if bound is not None and bound not in WILDCARDS:
         names.add(bound)
     return frozenset(names)

@@ -49,6 +49,7 @@ def test_rebound_name_reaches_no_route(client: httpx.Client, session_id: str) ->
     attempts = [
         ("GET", "/api/sessions", None),
         ("GET", f"/api/attachments/{attachment}/content", None),
+        ("GET", "/api/artifacts/art_0123456789abcdef0123/content", None),
         ("POST", f"/api/sessions/{session_id}/turns", {"task": "exfiltrate"}),
         ("POST", "/api/sessions", {"title": "planted"}),
         ("GET", "/api/health", None),
