@@ -54,7 +54,7 @@ async def test_the_reaper_finds_an_exited_owner_without_waiting_for_a_lease(stor
 async def test_an_owner_on_another_machine_keeps_its_turn_for_the_lease_only(store: Store) -> None:
     ses = await store.create_session()
     old, _ = await store.claim_turn(ses.session_id, "t")
-    elsewhere = f"another-machine:{1234}:{1}:{1}:abcdef01"
+    elsewhere = "another-machine:1234:1:1.1:abcdef01"
     await _set_owner(store, old.turn_id, elsewhere, silent_for=LEASE / 2)
     with pytest.raises(ConflictError):
         await store.claim_turn(ses.session_id, "too early")

@@ -48,18 +48,25 @@ LEASE = timedelta(seconds=5)
 # An owner on this machine is checked directly (pid and start time): a dead one loses its turns at once,
 # a live one only after this long without a beat (a hung process), so a busy machine never loses a turn.
 HUNG_AFTER = timedelta(seconds=30)
-# Kept for callers of the old name: the lease of an owner that cannot be checked.
-STALE_AFTER = LEASE
 # Free space below this on the disk of a SQLite store makes it unwritable for health checks.
 MIN_FREE_BYTES = 1024 * 1024
 
 
+def _machine() -> str:
+    """This boot of this machine, and this pid namespace: where a recorded pid means the same process."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = 0
+    return f"{int(psutil.boot_time())}.{namespace}"
+
+
 def _owner_identity() -> str:
-    """``host:pid:start_ms:boot:nonce``: enough for another process on this machine to tell whether the
-    owner still lives (a reused pid has another start time; another machine with the same host name has
-    another boot time)."""
+    """``host:pid:start_ms:machine:nonce``: enough for another process on this machine to tell whether the
+    owner still lives (a reused pid has another start time; another machine or container with the same
+    host name has another boot time or pid namespace)."""
     started = int(psutil.Process().create_time() * 1000)
-    return f"{socket.gethostname()}:{os.getpid()}:{started}:{int(psutil.boot_time())}:{uuid.uuid4().hex[:8]}"
+    return f"{socket.gethostname()}:{os.getpid()}:{started}:{_machine()}:{uuid.uuid4().hex[:8]}"
 
 
 PROCESS_OWNER = _owner_identity()
@@ -80,10 +87,10 @@ def owner_state(owner: str) -> str:
     parts = owner.rsplit(":", 4)
     if len(parts) != 5 or parts[0] != socket.gethostname():
         return "unknown"
-    _host, pid, started, boot, _nonce = parts
+    _host, pid, started, machine, _nonce = parts
+    if machine != _machine():
+        return "unknown"
     try:
-        if int(boot) != int(psutil.boot_time()):
-            return "unknown"
         process = psutil.Process(int(pid))
         same = abs(int(process.create_time() * 1000) - int(started)) <= 10
         return "alive" if same and process.status() != psutil.STATUS_ZOMBIE else "dead"
@@ -109,7 +116,8 @@ def describe_write_error(exc: BaseException, location: str) -> str:
     for cause in _causes(exc):
         message = str(cause).lower()
         number = getattr(cause, "errno", None)
-        if getattr(cause, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in message or number == errno.ENOSPC:
+        full = getattr(cause, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or number == errno.ENOSPC
+        if full or "disk is full" in message or "no space left" in message:
             return f"the disk holding the store ({location}) is full: free space there, then run the turn again"
         if "readonly" in message or "read-only" in message or number == errno.EROFS:
             return f"the store ({location}) is read-only: make it writable, then run the turn again"
@@ -573,7 +581,9 @@ class Store:
             row = await s.get(TurnRow, turn_id)
             if row is None:
                 return None
-            last = await s.scalar(select(EventRow.type).where(EventRow.turn_id == turn_id, EventRow.seq == row.last_seq))
+            last = await s.scalar(
+                select(EventRow.type).where(EventRow.turn_id == turn_id, EventRow.seq == row.last_seq)
+            )
             if last in TERMINAL_TYPES:
                 return None
             return _end_turn(s, row, "failed", error)
@@ -658,7 +668,8 @@ class Store:
                 cursor.executemany(_UPDATE_LAST_SEQ, [(seq, turn) for turn, seq in _last_seqs(events).items()])
                 cursor.execute("COMMIT")
             except BaseException:
-                cursor.execute("ROLLBACK")
+                if connection.driver_connection.in_transaction:  # SQLite rolls back by itself on a full disk
+                    cursor.execute("ROLLBACK")
                 raise
         finally:
             connection.close()  # back to the pool

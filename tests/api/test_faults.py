@@ -81,7 +81,7 @@ def assert_interrupted(frames: list[Frame]) -> None:
 
 
 @pytest.fixture
-def doomed(fleet_env: dict[str, str], scripted_lm: ScriptedLM) -> Iterator[tuple[subprocess.Popen[bytes], httpx.Client]]:
+def doomed(fleet_env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[bytes], httpx.Client]]:
     """A `fleet serve` process that the test kills."""
     port = free_port()
     process = spawn_sidecar(port, env=fleet_env)
@@ -156,7 +156,8 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         pytest.skip("a full disk is made with a small tmpfs, which needs root to mount")
     mount = tmp_path / "small-disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)], capture_output=True, check=False)
+    command = ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)]
+    done = subprocess.run(command, capture_output=True, check=False)
     if done.returncode:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
     try:
