@@ -31,7 +31,7 @@ from fleet_kernel.store import Store
 
 log = logging.getLogger("fleet_api")
 
-REAP_INTERVAL_S = 10.0
+REAP_INTERVAL_S = 1.0  # a dead owner's turn ends within a second or so (a read when nothing is stale)
 DESCRIPTION = (
     "Sessions, turns and their event streams from Fleet's shared store: watch, continue or cancel a "
     'notebook session from any HTTP client. Errors are `{"error": {"code", "message"}}`. '

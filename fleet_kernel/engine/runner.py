@@ -98,7 +98,7 @@ class TurnRunner:
         """Start the event writer and the heartbeat, and mark turns left by dead processes interrupted."""
         async with self._started:
             if self._writer is None:
-                self._writer = EventWriter(self.store, self.hub)
+                self._writer = EventWriter(self.store, self.hub, on_broken=self._events_lost)
                 await self.store.reap_stale_turns()
                 self._supervisor = asyncio.get_running_loop().create_task(self._supervise(), name="fleet-heartbeat")
         return self
@@ -117,6 +117,15 @@ class TurnRunner:
         if self._writer is not None:
             await self._writer.close()
             self._writer = None
+
+    @property
+    def store_error(self) -> str | None:
+        """Why this process's latest commit of events failed, until one succeeds again."""
+        return self._writer.last_error if self._writer is not None else None
+
+    def _events_lost(self, turn_id: str, error: dict[str, Any]) -> None:
+        """The writer could not commit events of a turn: stop it, for nothing more of it can be shown."""
+        self.cancel(turn_id, error["message"])
 
     async def _supervise(self) -> None:
         """Heartbeat for our running turns, and pick up durable cancellations (seen within a second)."""
@@ -317,12 +326,18 @@ class TurnRunner:
         assert self._writer is not None
         usage = {"lm_calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, **outcome.usage}
         committed = self._writer.terminal_committed(turn.turn_id)
-        try:
-            await self.store.finish_turn(
-                turn.turn_id, outcome.status, answer=outcome.answer, error=outcome.error, usage=usage
-            )
-        except Exception:  # noqa: BLE001 - still end the stream; the row is reaped later if it stays running
-            log.exception("recording the outcome of %s failed", turn.turn_id)
+        lost = self._writer.failure(turn.turn_id)
+        if lost is not None:  # events were lost: the turn failed, and the writer records it with its last event
+            from fleet_kernel.engine.turn import Outcome
+
+            outcome = Outcome("failed", error=lost, usage=outcome.usage)
+        else:
+            try:
+                await self.store.finish_turn(
+                    turn.turn_id, outcome.status, answer=outcome.answer, error=outcome.error, usage=usage
+                )
+            except Exception:  # noqa: BLE001 - still end the stream; the row is reaped later if it stays running
+                log.exception("recording the outcome of %s failed", turn.turn_id)
         if outcome.status == "completed":
             data: dict[str, Any] = {
                 "answer": outcome.answer or "",
