@@ -1,0 +1,135 @@
+"""What a sandbox's output can do to the host: its memory, the last words before a crash, and the terminal.
+
+Real sandboxes (``local`` under bubblewrap; ``pyodide`` where Deno and the Pyodide cache are there), real turns
+on the scripted LM, the real kernel over ZMQ. Each test reproduces an attack first seen to work.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from dspy.primitives.code_interpreter import CodeExecutionError
+
+from fleet_kernel.config import Limits, Policy, SandboxLimits, Settings
+from fleet_kernel.sandbox import SandboxFactory, observer, open_sandbox, probe_bwrap
+
+MiB = 1024 * 1024
+
+# The worker's own end of the protocol channel (a pipe fd it inherited), as in test_sandbox_hostile.
+CHANNEL_FD = "import gc, io\nfd = min(f.fileno() for f in gc.get_objects() if isinstance(f, io.BufferedWriter) and f.fileno() > 2)\n"
+
+
+def unavailable(backend: str) -> str | None:
+    if backend == "local":
+        return probe_bwrap()
+    from fleet_kernel.sandbox.pyodide import probe_pyodide
+
+    return probe_pyodide()
+
+
+def open_backend(backend: str, tmp_path: Path) -> SandboxFactory:
+    if (reason := unavailable(backend)) is not None:
+        pytest.skip(f"{backend} sandbox unavailable: {reason}")
+    policy = Policy(limits=Limits(exec_timeout_s=20), sandbox=SandboxLimits(memory_mb=512, max_processes=32))
+    settings = Settings(home=tmp_path / "home", database_url="sqlite://", sandbox=backend, policy=policy)
+    return open_sandbox(settings, tmp_path / "workspace")
+
+
+class Heard:
+    """A SandboxObserver keeping what the host passed on, in order, with the crash that followed."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, str]] = []
+
+    def on_output(self, stream: str, text: str) -> None:
+        self.log.append(("output", text))
+
+    def on_tool_start(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        return name
+
+    def on_tool_end(self, call_id: str, ok: bool, result: Any) -> None:
+        pass
+
+    def output(self) -> str:
+        return "".join(text for kind, text in self.log if kind == "output")
+
+
+@pytest.fixture
+def heard() -> Iterator[Heard]:
+    recorder = Heard()
+    token = observer.set(recorder)
+    yield recorder
+    observer.reset(token)
+
+
+# -- 1. host memory ---------------------------------------------------------------------------------
+
+
+def test_forged_lines_between_executions_do_not_grow_the_host(tmp_path: Path) -> None:
+    """A background process flooding the protocol channel while no code runs: the host used to queue every line
+    (68 MB to 1.1 GB of RSS in 8 s, kept after the turn). Now it reads nothing it is not waiting for. Lines stay
+    under PIPE_BUF, so the writes are atomic and the runtime's own messages never land inside one."""
+    factory = open_backend("local", tmp_path)
+    try:
+        interp = factory()
+        flood = CHANNEL_FD + (
+            "line = b'{\"type\": \"out\", \"stream\": \"stdout\", \"text\": \"' + b'f' * 4000 + b'\"}\\n'\n"
+            "if os.fork() == 0:\n"
+            "    end = time.monotonic() + 6\n"
+            "    while time.monotonic() < end:\n"
+            "        os.write(fd, line)\n"
+            "    os._exit(0)\n"
+            "'flooding'")
+        assert interp.execute(f"import os, time\n{flood}") == "'flooding'"
+        host = psutil.Process()
+        before = peak = host.memory_info().rss
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            peak = max(peak, host.memory_info().rss)
+            time.sleep(0.1)
+        assert peak - before < 200 * MiB, f"the host grew by {(peak - before) // MiB} MiB"
+        assert interp.execute("1 + 1") == "2"  # what piled up in the pipe is read and skipped
+        assert host.memory_info().rss - before < 200 * MiB
+    finally:
+        factory.close()
+
+
+# -- 2. the last words before a crash ----------------------------------------------------------------------
+
+
+LAST_WORDS = {
+    "segfault": "import ctypes\nctypes.string_at(0)",
+    "os._exit": "import os\nos._exit(3)",
+    "SIGKILL": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+}
+
+
+@pytest.mark.parametrize("death", list(LAST_WORDS))
+def test_flushed_output_before_a_crash_reaches_the_host(tmp_path: Path, heard: Heard, death: str) -> None:
+    factory = open_backend("local", tmp_path)
+    try:
+        interp = factory()
+        with pytest.raises(CodeExecutionError, match="It was restarted") as failure:
+            interp.execute(f"print('last words', flush=True)\n{LAST_WORDS[death]}")
+        assert heard.output() == "last words\n", heard.log
+        assert str(failure.value).startswith("last words\n"), failure.value
+        assert interp.execute("1 + 1") == "2"
+    finally:
+        factory.close()
+
+
+def test_flushed_output_before_exit_reaches_the_host_in_pyodide(tmp_path: Path, heard: Heard) -> None:
+    factory = open_backend("pyodide", tmp_path)
+    try:
+        interp = factory()
+        with pytest.raises(CodeExecutionError, match="It was restarted") as failure:
+            interp.execute("import os\nprint('last words', flush=True)\nos._exit(3)")
+        assert heard.output() == "last words\n", heard.log
+        assert str(failure.value).startswith("last words\n"), failure.value
+    finally:
+        factory.close()
