@@ -133,3 +133,52 @@ def test_flushed_output_before_exit_reaches_the_host_in_pyodide(tmp_path: Path, 
         assert str(failure.value).startswith("last words\n"), failure.value
     finally:
         factory.close()
+
+
+# -- 3. terminal escapes -------------------------------------------------------------------------------
+
+CLIPBOARD = "\x1b]52;c;ZXZpbA==\x07"  # OSC 52: sets the clipboard to "evil"
+TITLE = "\x1b]0;pwned\x07"  # OSC 0: sets the window title
+ESCAPES_CODE = f"print({CLIPBOARD!r})\nprint({TITLE!r}, flush=True)\nSUBMIT(answer={'done ' + TITLE!r})"
+
+
+def escaping_turn(scripted_lm: Any) -> None:
+    from scripted_lm import step
+
+    scripted_lm.add("escapes", [step("clear the screen \x1b[2J\x1b[H and ring \x07", ESCAPES_CODE)])
+
+
+def inert(value: Any) -> bool:
+    """No ESC, BEL or C1 introducer in any string of ``value`` (JSON would only hide them as \\u escapes)."""
+    if isinstance(value, dict):
+        return all(inert(v) for v in value.values())
+    if isinstance(value, list):
+        return all(inert(v) for v in value)
+    return not isinstance(value, str) or not any(c in value for c in "\x1b\x07\x9b\x9d")
+
+
+async def test_terminal_escapes_never_reach_events_or_exports(runner: Any, store: Any, scripted_lm: Any) -> None:
+    import json
+
+    import nbformat
+
+    from fleet_kernel.transcript import render_text, session_notebook, transcript_bundle, turn_view
+
+    escaping_turn(scripted_lm)
+    session = await store.create_session()
+    handle = await runner.start(session.session_id, "print escapes")
+    events = [event async for event in handle.events()]
+    assert events[-1].type == "turn.completed", events[-1]
+    stored = await store.events_after(events[0].turn_id)
+    for event in stored:
+        assert inert(event.data), event
+    printed = "".join(e.data["text"] for e in stored if e.type == "output")
+    assert printed == "\\x1b]52;c;ZXZpbA==\\x07\n\\x1b]0;pwned\\x07\n"  # visible, and inert
+    assert events[-1].data["answer"] == "done \\x1b]0;pwned\\x07"
+    reasoning = next(e.data["text"] for e in stored if e.type == "reasoning")
+    assert reasoning == "clear the screen \\x1b[2J\\x1b[H and ring \\x07"
+    view = await turn_view(store, await store.get_turn(events[0].turn_id))
+    data, _ = transcript_bundle(view)
+    assert all(inert(text) for text in data.values()) and "pwned" in render_text(view)
+    notebook = await session_notebook(store, session.session_id)
+    assert inert(json.loads(nbformat.writes(notebook))), notebook
