@@ -182,3 +182,19 @@ async def test_terminal_escapes_never_reach_events_or_exports(runner: Any, store
     assert all(inert(text) for text in data.values()) and "pwned" in render_text(view)
     notebook = await session_notebook(store, session.session_id)
     assert inert(json.loads(nbformat.writes(notebook))), notebook
+
+
+async def test_last_words_are_an_output_event_before_the_crash_is_reported(runner: Any, store: Any,
+                                                                           scripted_lm: Any) -> None:
+    from scripted_lm import step
+
+    scripted_lm.add("crash", [step("die", "print('last words', flush=True)\nimport ctypes\nctypes.string_at(0)"),
+                              step("done", "SUBMIT(answer='ok')")])
+    session = await store.create_session()
+    handle = await runner.start(session.session_id, "crash the sandbox")
+    events = [event async for event in handle.events()]
+    kinds = [(e.type, e.data.get("text")) for e in events if e.type in ("output", "execution.finished")]
+    assert kinds[:2] == [("output", "last words\n"), ("execution.finished", None)], kinds
+    finished = next(e for e in events if e.type == "execution.finished")
+    assert "segmentation fault" in finished.data["error"]["message"]
+    assert events[-1].type == "turn.completed"
