@@ -198,3 +198,43 @@ async def test_last_words_are_an_output_event_before_the_crash_is_reported(runne
     finished = next(e for e in events if e.type == "execution.finished")
     assert "segmentation fault" in finished.data["error"]["message"]
     assert events[-1].type == "turn.completed"
+
+
+def test_forged_tool_calls_do_not_start_a_host_thread_each(tmp_path: Path) -> None:
+    """Each tool call runs on a host thread; forged calls written to the channel used to start one thread each."""
+    import threading
+
+    factory = open_backend("local", tmp_path)
+    try:
+        interp = factory()
+        interp.start()  # on this thread: bwrap's --die-with-parent kills the sandbox when the starting thread ends
+        release = threading.Event()
+        interp.tools["slow"] = lambda: release.wait(30)
+        forge = CHANNEL_FD + (
+            "import os\n"
+            "for i in range(10_000, 12_000):\n"
+            "    os.write(fd, ('{\"type\": \"tool_call\", \"id\": %d, \"name\": \"slow\", \"args\": [], \"kwargs\": {}}\\n'"
+            " % i).encode())\n"
+            "slow()\n'done'")
+        before, peak = threading.active_count(), 0
+        outcome: list[str] = []
+
+        def execute() -> None:
+            try:
+                outcome.append(interp.execute(forge))
+            except CodeExecutionError as exc:
+                outcome.append(str(exc))
+
+        worker = threading.Thread(target=execute, daemon=True)
+        worker.start()
+        end = time.monotonic() + 3
+        while time.monotonic() < end:
+            peak = max(peak, threading.active_count())
+            time.sleep(0.05)
+        release.set()
+        worker.join(30)
+        assert peak - before < 100, f"{peak - before} host threads"
+        assert outcome == ["'done'"] or "tool calls at once" in outcome[0], outcome  # its own call may be refused
+        assert interp.execute("1 + 1") == "2"
+    finally:
+        factory.close()
