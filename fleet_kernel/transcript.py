@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleet_kernel.events import ROOT_AGENT, Event
+from fleet_kernel.textsafe import terminal_safe
 
 if TYPE_CHECKING:
     import nbformat
@@ -355,6 +356,8 @@ def _indent(text: str) -> str:
 def transcript_bundle(view: TurnView) -> tuple[dict[str, str], dict[str, Any]]:
     """The final output of a turn: ``(data, metadata)`` for an ``execute_result``."""
     data = {"text/markdown": render_markdown(view), "text/html": render_html(view), "text/plain": render_text(view)}
+    for mime in ("text/markdown", "text/plain"):  # events are terminal-safe; older ones and turn rows may not be
+        data[mime] = terminal_safe(data[mime])
     meta = {
         "fleet": {"session_id": view.session_id, "turn_id": view.turn_id, "status": view.status, "model": view.model}
     }
@@ -367,6 +370,7 @@ def error_content(view: TurnView) -> dict[str, Any] | None:
         return None
     ename = ERROR_NAMES[view.status]
     evalue = view.reason if view.status == "cancelled" else (view.error or {}).get("message", view.status)
+    evalue = terminal_safe(evalue)
     return {"ename": ename, "evalue": evalue, "traceback": [f"\x1b[0;31m{ename}\x1b[0m: {evalue}"]}
 
 
