@@ -36,6 +36,23 @@ class Limits(_Section):
     max_output_chars: int = Field(10_000, ge=100, le=1_000_000, description="REPL output shown to the model")
     max_depth: int = Field(2, ge=0, le=8, description="nesting depth of child RLMs")
     max_children: int = Field(8, ge=0, le=100, description="child RLMs per turn")
+    max_turn_tokens: int = Field(
+        2_000_000, ge=1, le=10_000_000_000, description="prompt plus completion tokens over all LM calls of a turn"
+    )
+    max_turn_cost_usd: float | None = Field(None, gt=0, le=1_000_000, description="LM cost of a turn; none: no cap")
+
+
+class LMPolicy(_Section):
+    """What each LM request may ask for."""
+
+    max_tokens: int = Field(4096, ge=1, le=1_000_000, description="completion cap sent with every root LM call")
+    sub_max_tokens: int | None = Field(
+        None, ge=1, le=1_000_000, description="the cap for llm_query and child RLM calls; default max_tokens"
+    )
+
+    @property
+    def sub_cap(self) -> int:
+        return self.sub_max_tokens or self.max_tokens
 
 
 class SandboxLimits(_Section):
@@ -73,6 +90,7 @@ class Policy(_Section):
     """The whole of ``fleet.toml``."""
 
     limits: Limits = Limits()
+    lm: LMPolicy = LMPolicy()
     sandbox: SandboxLimits = SandboxLimits()
     history: History = History()
     storage: Storage = Storage()

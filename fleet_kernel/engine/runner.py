@@ -169,6 +169,10 @@ class TurnRunner:
                     "max_llm_calls": limits.max_llm_calls,
                     "timeout_s": limits.turn_timeout_s,
                     "exec_timeout_s": limits.exec_timeout_s,
+                    "max_turn_tokens": limits.max_turn_tokens,
+                    "max_turn_cost_usd": limits.max_turn_cost_usd,
+                    "max_tokens": self.settings.policy.lm.max_tokens,
+                    "sub_max_tokens": self.settings.policy.lm.sub_cap,
                 },
             },
         )
