@@ -15,6 +15,7 @@ from scripted_lm import ScriptedLM, step
 
 from fleet_kernel.config import load_settings
 from fleet_kernel.engine import TurnRunner
+from fleet_kernel.errors import ValidationError
 from fleet_kernel.events import Event
 from fleet_kernel.store import Store
 
@@ -24,10 +25,10 @@ async def make_runner(fleet_env: dict[str, str], tmp_path: Path, store: Store) -
     """Build a runner from a ``fleet.toml`` given as text."""
     runners: list[TurnRunner] = []
 
-    async def build(toml: str = "") -> TurnRunner:
+    async def build(toml: str = "", **env: str) -> TurnRunner:
         config = tmp_path / f"fleet-{len(runners)}.toml"
         config.write_text(toml)
-        runner = await TurnRunner(store, load_settings({**fleet_env, "FLEET_CONFIG": str(config)})).open()
+        runner = await TurnRunner(store, load_settings({**fleet_env, "FLEET_CONFIG": str(config), **env})).open()
         runners.append(runner)
         return runner
 
@@ -111,8 +112,38 @@ async def test_token_budget_ends_the_turn_before_its_last_call(make_runner, stor
     assert used >= 6000
     turn = await store.get_turn(events[0].turn_id)
     assert turn.status == "failed" and turn.error["type"] == "budget_exceeded"
+    assert turn.usage["budgets"] == {"max_turn_tokens": 6000, "max_turn_cost_usd": None}
+    assert turn.usage["prompt_tokens"] + turn.usage["completion_tokens"] == used
     await asyncio.sleep(0.5)
     assert len(scripted_lm.requests) == calls
+
+
+async def test_cost_budget(make_runner, store, scripted_lm) -> None:
+    scripted_lm.default = step("Keep looking.", "print('still looking')")
+    # A model with a known price, so each call has a cost; the scripted server answers for it.
+    runner = await make_runner("[limits]\nmax_turn_cost_usd = 0.002\n", FLEET_LM_MODEL="openai/gpt-4.1-mini")
+    session = await store.create_session()
+    events = await collect(runner, session.session_id, "never finish")
+    assert events[-1].type == "turn.failed", events[-1].data
+    error = events[-1].data["error"]
+    assert error["type"] == "budget_exceeded" and "limits.max_turn_cost_usd" in error["message"]
+    costs = [e.data["cost_usd"] for e in events if e.type == "lm.finished"]
+    assert all(costs) and sum(costs) >= 0.002 and sum(costs[:-1]) < 0.002
+    assert len(scripted_lm.requests) == len(costs) < 20
+
+
+async def test_a_turn_may_lower_its_limits_but_not_raise_them(make_runner, store, scripted_lm) -> None:
+    scripted_lm.default = step("Keep looking.", "print('still looking')")
+    runner = await make_runner()
+    session = await store.create_session()
+    with pytest.raises(ValidationError, match="limits.max_iters may be at most 20"):
+        await runner.start(session.session_id, "more", limits={"max_iters": 30})
+    with pytest.raises(ValidationError, match="unknown key"):
+        await runner.start(session.session_id, "typo", limits={"max_turn_token": 10})
+    handle = await runner.start(session.session_id, "never finish", limits={"max_turn_tokens": 3000})
+    events = [event async for event in handle.events()]
+    assert events[0].data["limits"]["max_turn_tokens"] == 3000
+    assert events[-1].data["error"]["type"] == "budget_exceeded" and "3,000" in events[-1].data["error"]["message"]
 
 
 async def test_sub_lm_calls_count_and_stop_the_code(make_runner, store, scripted_lm) -> None:
