@@ -5,6 +5,7 @@ records every request body and every client that left before its answer."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -198,3 +199,36 @@ async def test_cancel_answers_a_waiting_sub_lm_call(make_runner, store, scripted
     assert row.status == "cancelled" and time.monotonic() - started < 5
     await wait_for(lambda: len(scripted_lm.disconnects) == 1)
     assert not is_root(scripted_lm.disconnects[0])
+
+
+async def test_a_cap_too_low_for_the_model_says_what_to_set(make_runner, store, scripted_lm) -> None:
+    runner = await make_runner(FLEET_LM_MODEL="openai/gpt-5-mini")  # OpenAI reasoning models need >= 16000
+    session = await store.create_session()
+    events = await collect(runner, session.session_id, "hello")
+    assert events[-1].type == "turn.failed"
+    assert events[-1].data["error"]["type"] == "lm_configuration"
+    assert "[lm] max_tokens = 4096" in events[-1].data["error"]["message"]
+    assert not scripted_lm.requests
+    scripted_lm.add("*", [step("Done.", "SUBMIT(answer='ok')")])
+    runner = await make_runner("[lm]\nmax_tokens = 16000\n", FLEET_LM_MODEL="openai/gpt-5-mini")
+    events = await collect(runner, session.session_id, "hello again")
+    assert events[-1].type == "turn.completed", events[-1].data
+    assert {cap(b) for b in scripted_lm.requests} == {16000}
+
+
+async def test_crossing_the_budget_closes_the_other_calls_in_flight(make_runner, store, scripted_lm) -> None:
+    def sub(prompt: str) -> dict[str, Any]:
+        if "big" in prompt:
+            return {"delay": 1, "text": "x" * 100_000}  # about 25,000 tokens, after the others were sent
+        return {"delay": 60, "text": "late"}
+
+    scripted_lm.sub = sub
+    scripted_lm.add("*", [step("Ask at once.", "print(llm_query_batched(['big', 'slow one', 'slow two']))")])
+    runner = await make_runner("[limits]\nmax_turn_tokens = 20000\n")
+    session = await store.create_session()
+    started = time.monotonic()
+    events = await collect(runner, session.session_id, "ask at once")
+    assert events[-1].type == "turn.failed" and events[-1].data["error"]["type"] == "budget_exceeded"
+    assert time.monotonic() - started < 30  # well before the slow answers would come
+    await wait_for(lambda: len(scripted_lm.disconnects) == 2)
+    assert all("slow" in json.dumps(b) for b in scripted_lm.disconnects)
