@@ -114,7 +114,9 @@ class ScriptedLM:
                     return steps.pop(0)
             return self.default
 
-    def answer(self, body: dict[str, Any], wait: Callable[[float], None] = time.sleep) -> tuple[int, dict[str, Any]]:
+    def answer(
+        self, body: dict[str, Any], wait: Callable[[float], None] = time.sleep
+    ) -> tuple[int, dict[str, Any]]:
         """The response to one request; ``wait`` sleeps for the delays (and may raise to abandon it)."""
         messages = body.get("messages") or []
         text = "\n".join(str(m.get("content", "")) for m in messages)

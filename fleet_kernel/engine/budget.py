@@ -64,15 +64,11 @@ class TurnBudget:
         with self._lock:
             tokens, cost = self.tokens, self.cost_usd
         if self.max_tokens is not None and tokens >= self.max_tokens:
-            return (
-                f"the turn used {tokens:,} LM tokens, its budget is {self.max_tokens:,} "
-                "(limits.max_turn_tokens in fleet.toml)"
-            )
+            budget = f"{self.max_tokens:,}-token budget (limits.max_turn_tokens)"
+            return f"the turn used {tokens:,} LM tokens of its {budget}"
         if self.max_cost_usd is not None and cost >= self.max_cost_usd:
-            return (
-                f"the turn's LM calls cost ${cost:.4f}, its budget is ${self.max_cost_usd:.4f} "
-                "(limits.max_turn_cost_usd in fleet.toml)"
-            )
+            budget = f"${self.max_cost_usd:.4f} budget (limits.max_turn_cost_usd)"
+            return f"the turn's LM calls cost ${cost:.4f} of its {budget}"
         return None
 
     def check(self) -> None:

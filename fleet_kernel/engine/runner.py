@@ -290,7 +290,8 @@ class TurnRunner:
         threading.Thread(target=context.run, args=(work,), name=f"fleet-{running.turn.turn_id}", daemon=True).start()
         waiter = asyncio.ensure_future(running.cancel_requested.wait())
         try:
-            await asyncio.wait({done, waiter}, timeout=job.settings.limits.turn_timeout_s, return_when="FIRST_COMPLETED")
+            timeout = job.settings.limits.turn_timeout_s
+            await asyncio.wait({done, waiter}, timeout=timeout, return_when="FIRST_COMPLETED")
         finally:
             waiter.cancel()
         if done.done():
@@ -340,7 +341,8 @@ class TurnRunner:
         committed = self._writer.terminal_committed(turn.turn_id)
         try:
             await self.store.finish_turn(  # the turn row shows what it used against its budgets
-                turn.turn_id, outcome.status, answer=outcome.answer, error=outcome.error, usage={**usage, "budgets": budgets}
+                turn.turn_id, outcome.status, answer=outcome.answer, error=outcome.error,
+                usage={**usage, "budgets": budgets},
             )
         except Exception:  # noqa: BLE001 - still end the stream; the row is reaped later if it stays running
             log.exception("recording the outcome of %s failed", turn.turn_id)

@@ -128,7 +128,7 @@ def _failure(exc: BaseException, settings: Settings) -> Outcome:
 
 
 def _over_budget(exc: TurnCancelled, observer: TurnObserver | None) -> Outcome:
-    error = {"type": BudgetExceeded.code, "message": f"{exc.reason}; the turn was stopped"}
+    error = {"type": BudgetExceeded.code, "message": f"{exc.reason}: the turn was stopped"}
     return Outcome("failed", error=error, usage=observer.usage if observer else {})
 
 
