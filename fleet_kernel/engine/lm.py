@@ -91,7 +91,7 @@ def _make_lm(model: str, settings: Settings, max_tokens: int) -> dspy.LM:
     if model.startswith("replay/"):
         from fleet_kernel.engine.replay import replay_lm
 
-        return replay_lm(model.removeprefix("replay/"))
+        return with_max_tokens(replay_lm(model.removeprefix("replay/")), max_tokens)
     kwargs: dict[str, Any] = {"cache": False, "num_retries": 2, "max_tokens": max_tokens}
     if settings.lm_base_url:
         kwargs["api_base"] = settings.lm_base_url
