@@ -85,6 +85,9 @@ class MeteredLM(dspy.LM):
                 with contextlib.suppress(OSError):
                     connection.sock.shutdown(socket.SHUT_RDWR)
         self.close()
+        inner = getattr(self.engine, "inner", None)  # while recording: the live LM behind the cassette
+        if isinstance(inner, MeteredLM):
+            inner.abort()
 
 
 def _make_lm(model: str, settings: Settings, max_tokens: int) -> dspy.LM:
