@@ -33,6 +33,14 @@ class TurnLimits(_Data):
     max_llm_calls: int
     timeout_s: float
     exec_timeout_s: float
+    max_turn_tokens: int | None = None
+    """Prompt plus completion tokens over all LM calls of the turn (``limits.max_turn_tokens``)."""
+    max_turn_cost_usd: float | None = None
+    """LM cost of the turn, when set (``limits.max_turn_cost_usd``)."""
+    max_tokens: int | None = None
+    """Completion cap sent with each root LM call (``lm.max_tokens``)."""
+    sub_max_tokens: int | None = None
+    """Completion cap sent with each ``llm_query`` and child RLM call (``lm.sub_max_tokens``)."""
 
 
 class LMUsage(_Data):

@@ -21,6 +21,7 @@ import subprocess
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fleet_kernel.kernel.context import KernelContext, load_off_loop
 
@@ -172,7 +173,23 @@ async def cmd_status(ctx: KernelContext, args: list[str]) -> Reply:
             f"usage: {totals['lm_calls']} LM calls, {totals['prompt_tokens'] + totals['completion_tokens']:,} tokens "
             f"({totals['prompt_tokens']:,} in, {totals['completion_tokens']:,} out), ${totals['cost_usd']:.4f}",
         ]
+        finished = [t for t in turns if t.usage]
+        if finished:
+            lines.append(_last_turn_usage(finished[-1].usage or {}))
     return Reply("\n".join(lines), "\n".join(f"- {_md(line)}" for line in lines))
+
+
+def _last_turn_usage(usage: dict[str, Any]) -> str:
+    """What the last turn used, against its budgets when it had them."""
+    budgets = usage.get("budgets") or {}
+    tokens = (usage.get("prompt_tokens") or 0) + (usage.get("completion_tokens") or 0)
+    line = f"last turn: {tokens:,} tokens"
+    if budgets.get("max_turn_tokens"):
+        line += f" of {budgets['max_turn_tokens']:,} (limits.max_turn_tokens)"
+    line += f", ${usage.get('cost_usd') or 0:.4f}"
+    if budgets.get("max_turn_cost_usd"):
+        line += f" of ${budgets['max_turn_cost_usd']:.4f} (limits.max_turn_cost_usd)"
+    return line
 
 
 async def cmd_attach(ctx: KernelContext, args: list[str]) -> Reply:

@@ -109,3 +109,13 @@ def test_fleet_kernel_install_writes_a_spec_jupyter_reads(tmp_path: Path) -> Non
     assert spec.display_name == "Fleet RLM" and spec.language == "markdown" and spec.interrupt_mode == "message"
     assert spec.argv[:4] == [sys.executable, "-Xfrozen_modules=off", "-m", "fleet_kernel"]
     assert (Path(spec.resource_dir) / "logo-64x64.png").is_file()
+
+
+def test_usage_shows_the_last_turn_against_its_budget(start_kernel, scripted_lm, tmp_path: Path) -> None:
+    config = tmp_path / "fleet.toml"
+    config.write_text("[limits]\nmax_turn_tokens = 500000\n")
+    kernel = start_kernel(FLEET_CONFIG=str(config))
+    scripted_lm.add("hello", [step("done", "SUBMIT(answer='hi')")])
+    kernel.run("say hello")
+    text = kernel.run("%fleet usage").text()
+    assert re.search(r"last turn: [\d,]+ tokens of 500,000 \(limits\.max_turn_tokens\), \$0\.0000", text), text
