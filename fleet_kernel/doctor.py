@@ -96,14 +96,12 @@ def check_cassette(path: str, echo: Echo) -> bool:
         return _line(echo, False, "lm", exc.message)
     count = len(cassette.exchanges)
     if not count:
-        detail = f"the replay cassette {cassette.path} holds no exchanges: record some with FLEET_LM_RECORD={cassette.path}"
-        return _line(echo, False, "lm", f"{detail} and a real FLEET_LM_MODEL")
+        record = f"record some with FLEET_LM_RECORD={cassette.path} and a real FLEET_LM_MODEL"
+        return _line(echo, False, "lm", f"the replay cassette {cassette.path} holds no exchanges: {record}")
     source = cassette.data.get("model") or "an unnamed model"
     when = f" at {cassette.data['recorded_at']}" if cassette.data.get("recorded_at") else ""
-    return _line(
-        echo, True, "lm",
-        f"replays {cassette.path}: {count} exchanges recorded from {source}{when} (it answers only what was recorded)",
-    )
+    detail = f"replays {cassette.path}: {count} exchanges recorded from {source}{when} (answers only those)"
+    return _line(echo, True, "lm", detail)
 
 
 async def check_daytona(settings: Settings, echo: Echo) -> bool:

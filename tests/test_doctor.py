@@ -16,7 +16,12 @@ def doctor(model: str, home: Path, *args: str) -> subprocess.CompletedProcess[st
     env = {**os.environ, "FLEET_HOME": str(home), "FLEET_LM_MODEL": model, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
         [sys.executable, "-m", "fleet_kernel.cli", "doctor", *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

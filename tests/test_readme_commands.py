@@ -26,7 +26,7 @@ SHELL_BUILTINS = {"source", "export", "cd"}
 def setup_extras() -> set[str]:
     """The extras ``scripts/setup.sh`` installs for a user (without ``FLEET_SETUP_TEST``)."""
     match = re.search(r'^extras="([^"]+)"$', (ROOT / "scripts" / "setup.sh").read_text(), re.MULTILINE)
-    assert match, "scripts/setup.sh no longer sets extras=\"...\""
+    assert match, 'scripts/setup.sh no longer sets extras="..."'
     return set(match.group(1).split(","))
 
 
@@ -98,6 +98,7 @@ def test_readme_commands_are_installed_by_setup() -> None:
         if program == "jupyter":  # `jupyter lab` runs the `jupyter-lab` script
             assert "jupyter" in scripts, "setup.sh's extras do not install jupyter"
             program = f"jupyter-{words[1]}"
-        assert program in scripts, f"README runs `{shlex.join(words)}` but setup.sh's extras {sorted(extras)} do not install {program}"
+        missing = f"README runs `{shlex.join(words)}` but setup.sh's extras {sorted(extras)} do not install {program}"
+        assert program in scripts, missing
         if program == "fleet" and len(words) > 1:
             assert words[1] in fleet_cli.commands, f"README runs `{shlex.join(words)}`: fleet has no {words[1]} command"

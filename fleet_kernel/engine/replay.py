@@ -111,7 +111,8 @@ class Cassette:
                 code="lm_replay_missing",
             ) from exc
         except (OSError, ValueError) as exc:
-            raise LMError(f"cannot read the replay cassette {path} ({exc}): {record}", code="lm_replay_invalid") from exc
+            message = f"cannot read the replay cassette {path} ({exc}): {record}"
+            raise LMError(message, code="lm_replay_invalid") from exc
         problem = _shape_problem(data)
         if problem:
             raise LMError(f"{path} is not a Fleet cassette ({problem}): {record}", code="lm_replay_invalid")
