@@ -12,13 +12,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from fleet_api import routes
 from fleet_api.auth import BearerAuth
 from fleet_api.deps import FleetState
 from fleet_api.errors import install_error_handlers
 from fleet_api.limits import BodyLimit
-from fleet_api.openapi import install_openapi
+from fleet_api.openapi import install_docs_redirect, install_openapi
 from fleet_api.routes.attachments import UPLOAD_PATH
 from fleet_api.sse import HEARTBEAT_S
 from fleet_api.tail import StoreTail
@@ -33,7 +34,8 @@ REAP_INTERVAL_S = 10.0
 DESCRIPTION = (
     "Sessions, turns and their event streams from Fleet's shared store: watch, continue or cancel a "
     'notebook session from any HTTP client. Errors are `{"error": {"code", "message"}}`. '
-    "When FLEET_API_TOKEN is set, every route but /api/health needs `Authorization: Bearer <token>`."
+    "When FLEET_API_TOKEN is set, every route but /api/health and these docs needs `Authorization: Bearer <token>` "
+    "(the Authorize button sets it for Try it out)."
 )
 
 
@@ -81,7 +83,7 @@ def create_app(settings: Settings | None = None, *, heartbeat_s: float = HEARTBE
         finally:
             await store.close()
 
-    app = FastAPI(
+    app = FastAPIOffline(  # Swagger UI from the package's own files, not a CDN: the docs work offline
         title="Fleet API",
         version=__version__,
         description=DESCRIPTION,
@@ -89,9 +91,12 @@ def create_app(settings: Settings | None = None, *, heartbeat_s: float = HEARTBE
         openapi_url="/api/openapi.json",
         docs_url="/api/docs",
         redoc_url=None,
+        static_url="/api/docs/static",
+        swagger_ui_oauth2_redirect_url="/api/docs/oauth2-redirect",
     )
     install_error_handlers(app)
     install_openapi(app)
+    install_docs_redirect(app)
     for router in routes.ROUTERS:
         app.include_router(router, prefix="/api")
     upload_limit = int(settings.policy.storage.max_upload_mb * 1024 * 1024)
