@@ -248,7 +248,7 @@ class PyodideSession(PipeSession):
             target.parent.mkdir(parents=True, exist_ok=True)
             partial = target.with_name(f".{target.name}.fleet-partial")
             partial.write_bytes(data)
-            os.chmod(partial, 0o666)
+            os.chmod(partial, 0o600)
             os.replace(partial, target)
         except (OSError, ValueError) as exc:
             logger.warning("pyodide sandbox: workspace change not applied: %s", exc)
