@@ -6,10 +6,12 @@ sandbox, so it survives sandbox restarts and replacement.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import mimetypes
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,6 +131,18 @@ def private_dir(path: Path) -> None:
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not path.is_symlink() and path.stat().st_mode & 0o077:
         os.chmod(path, 0o700)
+
+
+def usage(root: Path) -> tuple[int, int]:
+    """Bytes in regular files and entries (files, folders, links) under ``root``, never following links."""
+    size = entries = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        entries += len(dirnames) + len(filenames)
+        for name in filenames:
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(dirpath, name))
+                size += st.st_size if stat.S_ISREG(st.st_mode) else 0
+    return size, entries
 
 
 def guess_mime(path: str) -> str:
