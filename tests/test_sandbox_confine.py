@@ -233,3 +233,18 @@ def test_workspace_quota_is_a_catchable_oserror_and_the_next_turn_works(home: Pa
 def test_default_quota_lets_ordinary_work_through(home: Path) -> None:
     assert run_turn(make_settings(home), "open('artifacts/a.csv', 'w').write('a,b\\n' * 100000); print('ok')") == "ok"
     assert (make_settings(home).workspaces_dir / SESSION / "artifacts/a.csv").stat().st_size == 400000
+
+
+def test_what_code_leaves_in_its_copy_cannot_trip_the_copy_back(home: Path) -> None:
+    settings = make_settings(home)
+    code = ("import os\nos.mkfifo('artifacts/pipe')\nos.link('memory/MEMORIES.md', 'artifacts/hard')\n"
+            "os.chdir('artifacts')\nfor _ in range(100):\n    os.mkdir('d'); os.chdir('d')\n"
+            "open('deep.txt', 'w').write('x')\nprint('left')")
+    assert run_turn(settings, code) == "left"
+    root = settings.workspaces_dir / SESSION
+    assert not (root / "artifacts/pipe").exists()
+    hard = root / "artifacts/hard"
+    assert hard.is_file() and hard.stat().st_nlink == 1 and hard.read_text() == (root / MEMORY_FILE).read_text()
+    assert run_turn(settings, "print(sorted(os.listdir('artifacts')) if (os := __import__('os')) else 0)") \
+        == "['d', 'hard']"
+    assert writable_by_others(home) == []

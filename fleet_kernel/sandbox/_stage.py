@@ -28,6 +28,7 @@ UID_BASE = 0x7F000000  # far above real accounts and the usual subordinate-uid r
 MS_NOSUID, MS_NODEV, MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 1, 32, 4096, 16384, 1 << 18
 CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
 _CHUNK = 1 << 20
+MAX_DEPTH = 64  # folders deeper than this are not copied (os.walk recurses; paths stay far below PATH_MAX)
 
 Snapshot = dict[str, tuple[int, int, int]]  # relative path -> (inode, size, mtime_ns) in the tmpfs after copy-in
 
@@ -85,6 +86,7 @@ def copy_in(host: str, stage: str, owner: int | None) -> Snapshot:
     snapshot: Snapshot = {}
     for dirpath, dirnames, filenames in os.walk(host):  # never follows links
         rel = os.path.relpath(dirpath, host)
+        _prune(rel, dirnames)
         for name in sorted(dirnames):
             path = os.path.join(dirpath, name)
             if os.path.islink(path):
@@ -115,6 +117,12 @@ def copy_in(host: str, stage: str, owner: int | None) -> Snapshot:
     return snapshot
 
 
+def _prune(rel: str, dirnames: list[str]) -> None:
+    if dirnames and rel.count(os.sep) + 1 >= MAX_DEPTH:
+        print(f"fleet: folders under {rel} are nested too deep to copy", file=sys.stderr)
+        dirnames.clear()
+
+
 def _clear(path: str) -> None:
     """Remove whatever is at ``path`` on the host (a folder code replaced by a file, or the other way)."""
     if os.path.isdir(path) and not os.path.islink(path):
@@ -133,6 +141,7 @@ def copy_out(stage: str, host: str, snapshot: Snapshot) -> None:
     seen: set[str] = set()
     for dirpath, dirnames, filenames in os.walk(stage):
         rel = os.path.relpath(dirpath, stage)
+        _prune(rel, dirnames)
         for name in dirnames:
             target = os.path.normpath(os.path.join(host, rel, name))
             if os.path.islink(target) or (os.path.lexists(target) and not os.path.isdir(target)):
@@ -220,8 +229,10 @@ def main(argv: list[str]) -> int:
     try:
         copy_out(opts.mount, opts.workspace, snapshot)
     except OSError as exc:
-        if exc.errno != errno.ENOENT:
+        if exc.errno != errno.ENOENT:  # ENOENT: the session was deleted meanwhile; never recreate it
             print(f"fleet: the workspace was not fully saved: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - whatever code left behind, report and pass on the exit status
+        print(f"fleet: the workspace was not fully saved: {exc!r}", file=sys.stderr)
     return code if code >= 0 else 128 - code
 
 
