@@ -26,7 +26,7 @@ import weakref
 from pathlib import Path
 
 from fleet_kernel.config import SandboxLimits
-from fleet_kernel.sandbox import _confine
+from fleet_kernel.sandbox import _confine, _pyfarm
 from fleet_kernel.sandbox._protocol import PipeSession, SessionClosed
 
 logger = logging.getLogger(__name__)
@@ -116,7 +116,8 @@ def _write_etc(path: Path) -> None:
         (path / name).mkdir()  # mount points for the host's own (harmless) config, bound read-only
 
 
-def bwrap_argv(limits: SandboxLimits, command: list[str], *, seccomp_fd: int | None) -> list[str]:
+def bwrap_argv(limits: SandboxLimits, command: list[str], *, seccomp_fd: int | None,
+               farm: _pyfarm.Farm | None = None) -> list[str]:
     """The bubblewrap command line around ``command`` (which runs as uid 65534 in /workspace).
 
     Run by ``_stage.py``, which has mounted the workspace copy and the Python install in the support folder.
@@ -140,7 +141,12 @@ def bwrap_argv(limits: SandboxLimits, command: list[str], *, seccomp_fd: int | N
              "--size", str(max(64, limits.memory_mb // 4) * mib), "--tmpfs", "/tmp",
              "--bind", str(support / "workspace"), "/workspace", "--chdir", "/workspace"]
     for n, prefix in enumerate(_python_paths()):  # after /tmp's tmpfs, which would hide a venv under /tmp
-        argv += ["--ro-bind", str(support / "ro" / str(n)), prefix]
+        argv += ["--ro-bind", str(support / "ro" / str(n)), farm.targets[n] if farm else prefix]
+    if farm is not None:  # an interpreter built with an absolute RUNPATH still finds its libpython
+        libs = [f"{target}/lib" for prefix, target in zip(farm.prefixes, farm.targets, strict=True)
+                if any(Path(prefix, "lib").glob("libpython*"))]
+        if libs:
+            argv += ["--setenv", "LD_LIBRARY_PATH", ":".join(libs)]
     argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
     if _supports_disable_userns():
         argv.append("--disable-userns")
@@ -153,16 +159,19 @@ def sandbox_argv(workspace: Path, limits: SandboxLimits, command: list[str], *, 
                  join_fds: list[int]) -> list[str]:
     """``_stage.py`` (quota'd workspace copy, neutral mounts, own uid as root) around bubblewrap around ``command``."""
     support = _support_dir()
+    farm = _pyfarm.python_farm(_python_paths())
+    if farm is not None and command[:1] == [sys.executable]:
+        command = [farm.neutral(sys.executable), *command[1:]]
     argv = [sys.executable, "-I", "-B", str(STAGE), "--workspace", str(workspace.absolute()),
             "--mount", str(support / "workspace"), "--size", str(limits.workspace_mb * 1024 * 1024),
             "--inodes", str(limits.workspace_files + 1)]  # + the root folder
     for n, prefix in enumerate(_python_paths()):
-        argv += ["--expose", f"{prefix}={support / 'ro' / str(n)}"]
+        argv += ["--expose", f"{farm.sources[n] if farm else prefix}={support / 'ro' / str(n)}"]
     for fd in join_fds:
         argv += ["--join-fd", str(fd)]
     if seccomp_fd is not None:
         argv += ["--keep-fd", str(seccomp_fd)]
-    return [*argv, "--", *bwrap_argv(limits, command, seccomp_fd=seccomp_fd)]
+    return [*argv, "--", *bwrap_argv(limits, command, seccomp_fd=seccomp_fd, farm=farm)]
 
 
 def _userns_hint() -> str:
