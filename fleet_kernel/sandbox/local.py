@@ -252,11 +252,11 @@ class ProcessSession(PipeSession):
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self._workspace), "LANG": "C.UTF-8",
                    **_tuning_env()}
             cwd = str(self._workspace)
+        passed = [*([] if seccomp is None else [seccomp]), *(join_fds if self._isolated else [])]
         try:
             process = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
-                bufsize=1 << 16, pass_fds=[*([] if seccomp is None else [seccomp]), *(join_fds if self._isolated else [])],
-                start_new_session=True, preexec_fn=preexec)
+                bufsize=1 << 16, pass_fds=passed, start_new_session=True, preexec_fn=preexec)
         except OSError as exc:
             self.kill()
             raise SessionClosed(f"could not be started: {exc}") from exc

@@ -24,7 +24,8 @@ def test_files_over_the_quota_stay_in_the_sandbox_and_the_next_turn_works(
         small: Settings, caplog: pytest.LogCaptureFixture) -> None:
     workspace = Workspace.for_session(small.workspaces_dir, "quota")
     factory = daytona.open_daytona(small, workspace.root)
-    factory().execute("for n in range(8):\n    open(f'/workspace/artifacts/part{n}.bin', 'wb').write(b'x' * (1 << 20))\n"
+    factory().execute("for n in range(8):\n"
+                      "    open(f'/workspace/artifacts/part{n}.bin', 'wb').write(b'x' * (1 << 20))\n"
                       "import os\nos.makedirs('/workspace/artifacts/many')\n"
                       "for n in range(300):\n    open(f'/workspace/artifacts/many/f{n}', 'w').close()")
     with caplog.at_level(logging.WARNING, logger="fleet_kernel.sandbox._daytona_sync"):
