@@ -219,10 +219,11 @@ except OSError as exc:
 def test_workspace_quota_is_a_catchable_oserror_and_the_next_turn_works(home: Path) -> None:
     settings = make_settings(home, workspace_mb=5, workspace_files=200)
     assert run_turn(settings, QUOTA_BYTES) == "bytes ENOSPC"
+    root = settings.workspaces_dir / SESSION
+    assert (root / "artifacts/big.bin").stat().st_size <= 5 * 1024 * 1024  # what fitted, and no more
     assert run_turn(settings, "import os; os.remove('artifacts/big.bin'); print('freed')") == "freed"
     assert run_turn(settings, QUOTA_FILES) == "files ENOSPC True"
     assert run_turn(settings, "import os; print(len(os.listdir('artifacts')) > 150)") == "True"
-    root = settings.workspaces_dir / SESSION
     assert len(list((root / "artifacts").iterdir())) < 200
     cleanup = "import os\nfor n in os.listdir('artifacts'): os.remove('artifacts/' + n)\nprint('ok')"
     assert run_turn(settings, cleanup) == "ok"

@@ -64,14 +64,21 @@ def _key(prefixes: list[str]) -> str:
 
 
 def _private_base() -> Path | None:
-    """``$TMPDIR/fleet-python-<uid>``: ours, a real folder, writable by no one else; or None."""
+    """``$TMPDIR/fleet-python-<uid>``: a real folder of ours that only we can enter; or None.
+
+    Hard links get around the modes of the folders above the originals (root's ``/root`` is 0700), so
+    the mirrors must not be reachable by anyone else. The sandbox reaches them through the mounts
+    ``_stage.py`` makes before it drops privileges.
+    """
     base = Path(tempfile.gettempdir()) / f"fleet-python-{os.getuid()}"
     with contextlib.suppress(FileExistsError):
-        base.mkdir(mode=0o755)
+        base.mkdir(mode=0o700)
     st = os.lstat(base)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-        logger.warning("not using %s for the sandbox's Python: not a folder of this user only", base)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        logger.warning("not using %s for the sandbox's Python: not a folder of this user", base)
         return None
+    if st.st_mode & 0o077:
+        os.chmod(base, 0o700)
     return base
 
 
@@ -105,7 +112,7 @@ def _build(base: Path, key: str, prefixes: list[str]) -> Path:
         for n, prefix in enumerate(prefixes):
             subprocess.run(["cp", "-al", prefix, str(work / str(n))], check=True, capture_output=True, timeout=300)
             _rewrite(work / str(n), farm)
-        work.chmod(0o755)
+        work.chmod(0o700)
         os.utime(work)  # its age is the age of this state of the install, for _sweep
         try:
             os.rename(work, final)
