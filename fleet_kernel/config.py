@@ -86,6 +86,8 @@ class SandboxLimits(_Section):
     max_processes: int = Field(64, ge=1, le=4096)
     max_file_mb: int = Field(256, ge=1, le=65_536, description="largest file code may write")
     max_output_bytes: int = Field(1_000_000, ge=1_000, le=100_000_000, description="captured output per execution")
+    workspace_mb: int = Field(1024, ge=1, le=1_048_576, description="size of a session workspace")
+    workspace_files: int = Field(100_000, ge=16, le=10_000_000, description="files and folders in a workspace")
 
 
 class History(_Section):

@@ -7,6 +7,7 @@ for teams. Every process that runs or watches turns opens its own ``Store`` on t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import inspect
@@ -165,6 +166,15 @@ def _is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
 
+def _private_sqlite_file(path: str) -> None:
+    """Create the database file (and its folder) for the owner only; SQLite gives -wal and -shm its mode."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for name in (path, f"{path}-wal", f"{path}-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(name, 0o600)
+
+
 def _configure_sqlite(engine: Engine) -> None:
     """WAL + busy timeout, and explicit transactions so writers queue instead of failing as locked."""
 
@@ -223,7 +233,7 @@ class Store:
         if _is_sqlite(database_url):
             path = database_url.split(":///", 1)[-1]
             if path and path != ":memory:":
-                os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+                _private_sqlite_file(path)
         store = cls(database_url)
         try:
             current = await store.schema_revision()
