@@ -140,6 +140,7 @@ class FleetKernel(Kernel):
         cell_id: str | None = None,
     ) -> dict[str, Any]:
         self._executed = True
+        code = commands.substitute(self.ctx.params, code)
         text = code.strip()
         if not text:
             return self._ok()
