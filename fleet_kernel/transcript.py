@@ -45,9 +45,11 @@ LANGUAGE_INFO = {
 ERROR_NAMES = {"cancelled": "TurnCancelled", "failed": "TurnFailed", "interrupted": "TurnFailed"}
 MONO = "font-family:var(--jp-code-font-family,SFMono-Regular,Menlo,Consolas,monospace)"
 """Code and output are set in monospace even where the host page styles ``pre`` (nbconvert's HTML does)."""
+WRAP = "white-space:pre-wrap;word-break:normal;overflow-wrap:anywhere"
+"""Long lines wrap at spaces (at any character only when a word is wider than the page)."""
 WRAP_PROMPTS = (
     "<style>.jp-Cell:has(.fleet-transcript) .jp-InputArea-editor pre"
-    "{white-space:pre-wrap;overflow-wrap:anywhere}</style>"
+    f"{{{WRAP}}}</style>"
 )
 """Static HTML (nbconvert) wraps a long prompt instead of cutting it off; only cells holding a transcript."""
 
@@ -324,13 +326,13 @@ def iteration_html(it: IterationView, *, output_limit: int = SHOW_OUTPUT_CHARS) 
         parts.append(highlight_python(it.code))
     if it.output or it.output_dropped:
         shown = clip(it.output, output_limit, it.output_dropped)
-        style = f"border-left:3px solid #999;padding-left:6px;white-space:pre-wrap;overflow-wrap:anywhere;{MONO}"
+        style = f"border-left:3px solid #999;padding-left:6px;{WRAP};{MONO}"
         parts.append(f'<pre style="{style}">{esc(shown)}</pre>')
     for tool in it.tools:
         parts.append(f'<div>tool: <code style="{MONO}">{esc(tool)}</code></div>')
     if it.error:
         message = f"{it.error.get('type', 'Error')}: {it.error.get('message', '')}"
-        parts.append(f'<pre style="color:#b00;white-space:pre-wrap;{MONO}">{esc(message)}</pre>')
+        parts.append(f'<pre style="color:#b00;{WRAP};{MONO}">{esc(message)}</pre>')
     return "\n".join(parts)
 
 
@@ -339,7 +341,7 @@ def highlight_python(code: str) -> str:
     from pygments.formatters import HtmlFormatter
     from pygments.lexers import PythonLexer
 
-    formatter = HtmlFormatter(noclasses=True, nobackground=True, prestyles=f"white-space:pre-wrap;{MONO}")
+    formatter = HtmlFormatter(noclasses=True, nobackground=True, prestyles=f"{WRAP};{MONO}")
     return highlight(code, PythonLexer(), formatter)
 
 
