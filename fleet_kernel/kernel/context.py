@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 OutputMode = Literal["rich", "text"]
 WARM_MODULES = (
     "fleet_kernel.config",
-    "fleet_kernel.engine.runner",  # then the store opens on the loop while the rest loads
+    "fleet_kernel.engine.runner",  # then the store opens on the loop, before the rest loads
     "fleet_kernel.transcript",
     "fleet_kernel.kernel.display",
     "fleet_kernel.sandbox",
