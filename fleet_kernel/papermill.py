@@ -17,6 +17,7 @@ from typing import Any
 
 from papermill.engines import NBClientEngine
 from papermill.exceptions import PapermillException
+from papermill.models import Parameter
 from papermill.translators import Translator, papermill_translators
 
 LANGUAGE = "markdown"
@@ -47,6 +48,19 @@ class FleetTranslator(Translator):
     @classmethod
     def assign(cls, name: str, str_val: str) -> str:
         return f"%fleet set {name} {str_val}"
+
+    @classmethod
+    def inspect(cls, parameters_cell: Any) -> list[Parameter]:
+        """The ``%fleet set`` lines of the ``parameters`` cell, for ``papermill --help-notebook``."""
+        found = []
+        for line in parameters_cell.source.splitlines():
+            try:
+                words = shlex.split(line)
+            except ValueError:
+                continue
+            if words[:2] == ["%fleet", "set"] and len(words) > 2:
+                found.append(Parameter(words[2], "str", " ".join(words[3:]), ""))
+        return found
 
     @classmethod
     def codify(cls, parameters: dict[str, Any], comment: str = "Parameters") -> str:

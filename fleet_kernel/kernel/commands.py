@@ -353,6 +353,8 @@ async def complete(ctx: KernelContext, code: str, cursor_pos: int) -> tuple[list
         await ctx.open()
         assert ctx.store is not None
         options = [s.session_id for s in await ctx.store.list_sessions(limit=100)]
+    elif done == ["set"]:
+        options = list(ctx.params)
     elif done == ["attach"] or done == ["export"]:
         options = _paths(word)
     return [o for o in options if o.startswith(word)], word_start, cursor_pos

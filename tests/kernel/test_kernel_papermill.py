@@ -75,6 +75,10 @@ def test_papermill_runs_a_fleet_notebook_with_parameters(
     assert "Attached south.txt as /workspace/files/south.txt" in _text(attach)
     assert "42 boats" in _text(task) and "south sold 42 boats" in _text(task)
     assert result.metadata["papermill"]["parameters"] == {"region": "south"}
+    described = subprocess.run(
+        [str(papermill), "--help-notebook", str(folder / "in.ipynb")], env=env, capture_output=True, text=True
+    )
+    assert "region: str (default north)" in described.stdout, described.stdout + described.stderr
 
 
 def test_set_parameters_are_substituted_in_later_cells(kernel: Kernel, scripted_lm) -> None:
@@ -87,6 +91,7 @@ def test_set_parameters_are_substituted_in_later_cells(kernel: Kernel, scripted_
     assert any("weather in New York today? keep {city} and {unknown} as they are" in text for text in sent)
     listing = kernel.run("%fleet set")
     assert "city = 'New York'" in listing.text()
+    assert kernel.kc.complete("%fleet set c", 12, reply=True)["content"]["matches"] == ["city"]
     bad = kernel.run("%fleet set 1x y").reply["content"]
     assert bad["status"] == "error" and "not a parameter name" in bad["evalue"]
 
