@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import importlib
 import logging
 import threading
 import time
@@ -267,6 +268,8 @@ class TurnRunner:
             pass  # a slow store must not hold the turn back
 
     async def _prepare(self, running: _Running) -> TurnJob:
+        # dspy loads (or finishes loading) on a thread: the loop keeps delivering this turn's first events
+        await asyncio.to_thread(importlib.import_module, "fleet_kernel.engine.turn")
         from fleet_kernel.engine.turn import TurnJob
 
         turn = running.turn
