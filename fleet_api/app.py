@@ -12,13 +12,16 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from fleet_api import routes
 from fleet_api.auth import BearerAuth
 from fleet_api.deps import FleetState
 from fleet_api.errors import install_error_handlers
+from fleet_api.hosts import AllowedHosts, own_names
 from fleet_api.limits import BodyLimit
-from fleet_api.openapi import install_openapi
+from fleet_api.openapi import install_docs_redirect, install_openapi
+from fleet_api.origin import SameOriginWrites
 from fleet_api.routes.attachments import UPLOAD_PATH
 from fleet_api.sse import HEARTBEAT_S
 from fleet_api.tail import StoreTail
@@ -29,11 +32,15 @@ from fleet_kernel.store import Store
 
 log = logging.getLogger("fleet_api")
 
-REAP_INTERVAL_S = 10.0
+REAP_INTERVAL_S = 1.0  # a dead owner's turn ends within a second or so (a read when nothing is stale)
 DESCRIPTION = (
     "Sessions, turns and their event streams from Fleet's shared store: watch, continue or cancel a "
     'notebook session from any HTTP client. Errors are `{"error": {"code", "message"}}`. '
-    "When FLEET_API_TOKEN is set, every route but /api/health needs `Authorization: Bearer <token>`."
+    "When FLEET_API_TOKEN is set, every route but /api/health and these docs needs `Authorization: Bearer <token>` "
+    "(the Authorize button sets it for Try it out). "
+    "Requests must name this server in `Host` (421 otherwise); POST, PUT, PATCH and DELETE from another "
+    "origin are refused (403) and their bodies must be application/json (multipart/form-data for "
+    "uploads; 415 otherwise)."
 )
 
 
@@ -57,8 +64,11 @@ def _warm_up(state: FleetState) -> None:
         log.warning("the engine cannot be imported; turns will fail", exc_info=True)
 
 
-def create_app(settings: Settings | None = None, *, heartbeat_s: float = HEARTBEAT_S) -> FastAPI:
-    """Build the app. ``settings`` default to ``load_settings()``; ``heartbeat_s`` spaces SSE comments."""
+def create_app(
+    settings: Settings | None = None, *, heartbeat_s: float = HEARTBEAT_S, bind_host: str | None = None
+) -> FastAPI:
+    """Build the app. ``settings`` default to ``load_settings()``; ``heartbeat_s`` spaces SSE comments;
+    ``bind_host`` (``fleet serve --host``) is one of the names the app answers for."""
     settings = settings or load_settings()
 
     @asynccontextmanager
@@ -81,7 +91,7 @@ def create_app(settings: Settings | None = None, *, heartbeat_s: float = HEARTBE
         finally:
             await store.close()
 
-    app = FastAPI(
+    app = FastAPIOffline(  # Swagger UI from the package's own files, not a CDN: the docs work offline
         title="Fleet API",
         version=__version__,
         description=DESCRIPTION,
@@ -89,13 +99,20 @@ def create_app(settings: Settings | None = None, *, heartbeat_s: float = HEARTBE
         openapi_url="/api/openapi.json",
         docs_url="/api/docs",
         redoc_url=None,
+        static_url="/api/docs/static",
+        swagger_ui_oauth2_redirect_url="/api/docs/oauth2-redirect",
     )
     install_error_handlers(app)
     install_openapi(app)
+    install_docs_redirect(app)
     for router in routes.ROUTERS:
         app.include_router(router, prefix="/api")
     upload_limit = int(settings.policy.storage.max_upload_mb * 1024 * 1024)
-    app.add_middleware(BodyLimit, upload_limit=upload_limit, upload_paths=frozenset({UPLOAD_PATH}))
-    if settings.api_token is not None:  # added last, so it runs first
+    upload_paths = frozenset({UPLOAD_PATH})
+    names = own_names(settings.allowed_hosts, bind_host)
+    app.add_middleware(BodyLimit, upload_limit=upload_limit, upload_paths=upload_paths)
+    app.add_middleware(SameOriginWrites, names=names, upload_paths=upload_paths)
+    if settings.api_token is not None:
         app.add_middleware(BearerAuth, token=settings.api_token.get_secret_value())
+    app.add_middleware(AllowedHosts, names=names)  # added last, so it runs first
     return app

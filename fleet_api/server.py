@@ -19,12 +19,17 @@ import uvicorn
 
 from fleet_api.app import create_app
 from fleet_api.auth import is_loopback
+from fleet_api.connections import bounded_h11
 from fleet_kernel.config import Settings, load_settings
 from fleet_kernel.errors import ConfigError
 from fleet_kernel.store import Store
 
 GRACEFUL_SHUTDOWN_S = 5
 KEEP_ALIVE_S = 30
+# A request head (line and headers) must arrive within this long; slower clients get 408 and are closed.
+HEADER_TIMEOUT_S = 10.0
+# Open connections beyond this are closed on accept; SSE watchers count, browsers open six per host.
+MAX_CONNECTIONS = 500
 
 
 def check_bind(host: str, settings: Settings) -> None:
@@ -45,14 +50,23 @@ async def _check_store(settings: Settings) -> None:
     await store.close()
 
 
-def build_server(host: str, port: int, settings: Settings | None = None, **app_options: float) -> uvicorn.Server:
+def build_server(
+    host: str,
+    port: int,
+    settings: Settings | None = None,
+    *,
+    header_timeout_s: float = HEADER_TIMEOUT_S,
+    max_connections: int = MAX_CONNECTIONS,
+    **app_options: float,
+) -> uvicorn.Server:
     """A configured uvicorn server for the app (not started); used by ``serve`` and the tests."""
     settings = settings or load_settings()
     check_bind(host, settings)
     config = uvicorn.Config(
-        create_app(settings, **app_options),
+        create_app(settings, bind_host=host, **app_options),
         host=host,
         port=port,
+        http=bounded_h11(header_timeout_s, max_connections),
         log_level="info",
         access_log=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,

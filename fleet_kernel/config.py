@@ -7,16 +7,19 @@ Every policy key is declared once below, with its default and bounds; an invalid
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import tomllib
 from functools import cached_property
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic import ValidationError as PydanticValidationError
 
-from fleet_kernel.errors import ConfigError
+from fleet_kernel.errors import ConfigError, ValidationError
 
 SandboxName = Literal["local", "pyodide", "daytona", "unsafe-local"]
 SANDBOX_NAMES: tuple[str, ...] = ("local", "pyodide", "daytona", "unsafe-local")
@@ -36,6 +39,41 @@ class Limits(_Section):
     max_output_chars: int = Field(10_000, ge=100, le=1_000_000, description="REPL output shown to the model")
     max_depth: int = Field(2, ge=0, le=8, description="nesting depth of child RLMs")
     max_children: int = Field(8, ge=0, le=100, description="child RLMs per turn")
+    max_turn_tokens: int = Field(
+        2_000_000, ge=1, le=10_000_000_000, description="prompt plus completion tokens over all LM calls of a turn"
+    )
+    max_turn_cost_usd: float | None = Field(None, gt=0, le=1_000_000, description="LM cost of a turn; none: no cap")
+
+    def lowered(self, overrides: Mapping[str, Any]) -> Limits:
+        """These limits with one turn's ``overrides``, none above what this policy allows.
+
+        Raises:
+            ValidationError: an unknown limit, an invalid value, or one above the policy.
+        """
+        try:
+            merged = Limits.model_validate({**self.model_dump(), **overrides})
+        except PydanticValidationError as exc:
+            raise ValidationError(_format_validation_error("limits", exc)) from exc
+        for name in overrides:
+            allowed, value = getattr(self, name), getattr(merged, name)
+            if allowed is not None and (value is None or value > allowed):
+                raise ValidationError(
+                    f"limits.{name} may be at most {allowed} for a turn (the fleet.toml policy); got {value}"
+                )
+        return merged
+
+
+class LMPolicy(_Section):
+    """What each LM request may ask for."""
+
+    max_tokens: int = Field(4096, ge=1, le=1_000_000, description="completion cap sent with every root LM call")
+    sub_max_tokens: int | None = Field(
+        None, ge=1, le=1_000_000, description="the cap for llm_query and child RLM calls; default max_tokens"
+    )
+
+    @property
+    def sub_cap(self) -> int:
+        return self.sub_max_tokens or self.max_tokens
 
 
 class SandboxLimits(_Section):
@@ -48,6 +86,8 @@ class SandboxLimits(_Section):
     max_processes: int = Field(64, ge=1, le=4096)
     max_file_mb: int = Field(256, ge=1, le=65_536, description="largest file code may write")
     max_output_bytes: int = Field(1_000_000, ge=1_000, le=100_000_000, description="captured output per execution")
+    workspace_mb: int = Field(1024, ge=1, le=1_048_576, description="size of a session workspace")
+    workspace_files: int = Field(100_000, ge=16, le=10_000_000, description="files and folders in a workspace")
 
 
 class History(_Section):
@@ -73,6 +113,7 @@ class Policy(_Section):
     """The whole of ``fleet.toml``."""
 
     limits: Limits = Limits()
+    lm: LMPolicy = LMPolicy()
     sandbox: SandboxLimits = SandboxLimits()
     history: History = History()
     storage: Storage = Storage()
@@ -91,9 +132,26 @@ ENV_VARS: dict[str, str] = {
     "FLEET_DAYTONA_API_KEY": "daytona_api_key",
     "FLEET_DAYTONA_API_URL": "daytona_api_url",
     "FLEET_API_TOKEN": "api_token",
+    "FLEET_ALLOWED_HOSTS": "allowed_hosts",
     "FLEET_LM_RECORD": "lm_record",
 }
 SECRET_VARS = ("FLEET_LM_API_KEY", "FLEET_DAYTONA_API_KEY", "FLEET_API_TOKEN")
+_HOST_NAME = re.compile(r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*")
+
+
+def canonical_host(value: str) -> str | None:
+    """A host name or IP literal as the API compares them (lowercase, no brackets, no trailing dot),
+    or None when ``value`` is not one (a scheme, port, path or stray character)."""
+    host = value.strip().lower().removesuffix(".")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if ":" in host:
+        try:
+            address = ipaddress.IPv6Address(host)
+        except ValueError:
+            return None
+        return str(address.ipv4_mapped or address)  # a dual-stack socket's IPv4 peer, as itself
+    return host if _HOST_NAME.fullmatch(host) else None
 
 
 class Settings(BaseModel):
@@ -111,13 +169,39 @@ class Settings(BaseModel):
     daytona_api_key: SecretStr | None = None
     daytona_api_url: str | None = None
     api_token: SecretStr | None = None
+    allowed_hosts: tuple[str, ...] = ()
     lm_record: Path | None = None
     policy: Policy = Policy()
     config_path: Path | None = None
 
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: object) -> object:
+        """``FLEET_ALLOWED_HOSTS`` is comma separated; each entry must be a bare host name or IP."""
+        entries = value.split(",") if isinstance(value, str) else value
+        if not isinstance(entries, list | tuple):
+            return value
+        hosts = []
+        for entry in (str(e) for e in entries if str(e).strip()):
+            host = canonical_host(entry)
+            if host is None:
+                raise ValueError(
+                    f"{entry.strip()!r} is not a host name: list names such as fleet.example.com, "
+                    "comma separated, without scheme, port or path"
+                )
+            hosts.append(host)
+        return tuple(hosts)
+
     @property
     def limits(self) -> Limits:
         return self.policy.limits
+
+    def for_turn(self, limits: Mapping[str, Any] | None) -> Settings:
+        """These settings with one turn's limits lowered (see ``Limits.lowered``); unchanged without any."""
+        if not limits:
+            return self
+        policy = self.policy.model_copy(update={"limits": self.limits.lowered(limits)})
+        return self.model_copy(update={"policy": policy})
 
     @cached_property
     def workspaces_dir(self) -> Path:
@@ -147,7 +231,7 @@ def _format_validation_error(source: str, exc: PydanticValidationError) -> str:
             allowed = f" (allowed: {ctx['expected']})"
         elif err["type"] == "extra_forbidden":
             allowed = " (unknown key; see docs/configuration.md for the keys)"
-        elif ctx:
+        elif any(k != "error" for k in ctx):
             allowed = " (" + ", ".join(f"{k} {v}" for k, v in ctx.items() if k != "error") + ")"
         lines.append(f"  {key}: {err['msg']}{allowed}; got {err.get('input')!r}")
     return "\n".join(lines)

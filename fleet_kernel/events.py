@@ -2,7 +2,9 @@
 
 Defined once here and imported by the engine (emits), the store (keeps), the API (streams over SSE),
 the kernel (renders) and the notebook export (transcribes). ``make_event`` validates ``data`` against
-the type's model, so an unknown type or a missing field fails loudly instead of travelling as a dict.
+the type's model, so an unknown type or a missing field fails loudly instead of travelling as a dict,
+and makes its text ``terminal_safe``: events carry what sandboxed code printed and what the model wrote
+to terminals and ``text/plain`` outputs, where control sequences would act on the user's terminal.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
+
+from fleet_kernel.textsafe import terminal_safe_data
 
 ENVELOPE_VERSION = 1
 
@@ -29,6 +33,14 @@ class TurnLimits(_Data):
     max_llm_calls: int
     timeout_s: float
     exec_timeout_s: float
+    max_turn_tokens: int | None = None
+    """Prompt plus completion tokens over all LM calls of the turn (``limits.max_turn_tokens``)."""
+    max_turn_cost_usd: float | None = None
+    """LM cost of the turn, when set (``limits.max_turn_cost_usd``)."""
+    max_tokens: int | None = None
+    """Completion cap sent with each root LM call (``lm.max_tokens``)."""
+    sub_max_tokens: int | None = None
+    """Completion cap sent with each ``llm_query`` and child RLM call (``lm.sub_max_tokens``)."""
 
 
 class LMUsage(_Data):
@@ -227,5 +239,5 @@ def make_event(
         agent_id=agent_id,
         parent_agent_id=parent_agent_id,
         ts=ts or utc_timestamp(),
-        data=validate_data(type_, data),
+        data=terminal_safe_data(validate_data(type_, data)),
     )

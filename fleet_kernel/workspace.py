@@ -6,11 +6,13 @@ sandbox, so it survives sandbox restarts and replacement.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import mimetypes
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,29 +45,28 @@ class Workspace:
 
     @classmethod
     def for_session(cls, workspaces_dir: Path, session_id: str) -> Workspace:
+        private_dir(workspaces_dir.parent)  # $FLEET_HOME
+        private_dir(workspaces_dir)
         return cls(workspaces_dir / session_id).ensure()
 
     def ensure(self) -> Workspace:
-        """Create the layout; anything sandbox code replaced by a link is replaced back, never followed."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        """Create the layout, owner-only; anything sandbox code replaced by a link is replaced back, never followed.
+
+        Sandboxes never write here directly (they get a copy, see ``sandbox/_stage.py``), so no other user
+        needs access: ``$FLEET_HOME``, ``workspaces/`` and every workspace folder are 0700, files 0600.
+        """
+        private_dir(self.root)
         for sub in ("files", "artifacts", "memory"):
             path = self.root / sub
             if path.is_symlink() or (path.exists() and not path.is_dir()):
                 path.unlink()
-            path.mkdir(exist_ok=True)
+            private_dir(path)
         memory = self.root / MEMORY_FILE
         if memory.is_symlink() or (memory.exists() and not memory.is_file()):
             memory.unlink()
         if not memory.exists():
             memory.write_text(MEMORY_HEADER, encoding="utf-8")
-        # The sandbox runs as another uid inside its user namespace; let it write here.
-        for path in (self.root, *(self.root / s for s in ("files", "artifacts", "memory")), memory):
-            if path.is_symlink():
-                continue
-            try:
-                os.chmod(path, 0o777 if path.is_dir() else 0o666)
-            except OSError:
-                pass
+        os.chmod(memory, 0o600)
         return self
 
     def resolve(self, relative: str) -> Path:
@@ -90,7 +91,7 @@ class Workspace:
             for n in range(1, 10_000):
                 candidate = f"{stem}{suffix}" if n == 1 else f"{stem}-{n}{suffix}"
                 try:
-                    fd = os.open(candidate, _CREATE_FLAGS, 0o666, dir_fd=folder)
+                    fd = os.open(candidate, _CREATE_FLAGS, 0o600, dir_fd=folder)
                 except FileExistsError:
                     try:
                         if safe_files.hash_file(folder, candidate, max_bytes=len(data))[1] == digest:
@@ -100,7 +101,6 @@ class Workspace:
                     continue  # a different file, or a link or pipe planted by code: never write through it
                 with os.fdopen(fd, "wb") as handle:
                     handle.write(data)
-                    os.fchmod(handle.fileno(), 0o666)
                 return f"files/{candidate}"
         raise ValueError(f"too many files named like {name!r}")
 
@@ -195,6 +195,25 @@ class Workspace:
         )
         lines.append("  Save plots, tables and other outputs under /workspace/artifacts/ to show them to the user.")
         return "\n".join(lines)
+
+
+def private_dir(path: Path) -> None:
+    """Make ``path`` (and missing parents) a folder only its owner can enter; an existing one is tightened."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not path.is_symlink() and path.stat().st_mode & 0o077:
+        os.chmod(path, 0o700)
+
+
+def usage(root: Path) -> tuple[int, int]:
+    """Bytes in regular files and entries (files, folders, links) under ``root``, never following links."""
+    size = entries = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        entries += len(dirnames) + len(filenames)
+        for name in filenames:
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(dirpath, name))
+                size += st.st_size if stat.S_ISREG(st.st_mode) else 0
+    return size, entries
 
 
 def guess_mime(path: str) -> str:

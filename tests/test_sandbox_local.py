@@ -283,5 +283,7 @@ def test_local_without_bwrap_says_what_to_do(tmp_path: Path, monkeypatch: pytest
 def test_workspace_layout_and_instructions(factory: SandboxFactory, tmp_path: Path) -> None:
     assert {p.name for p in (tmp_path / "workspace").iterdir()} >= {"files", "artifacts", "memory"}
     assert "/workspace/memory/MEMORIES.md" in factory.execution_instructions
-    factory().execute("open('artifacts/out.txt', 'w').write('made inside')")
+    interp = factory()
+    interp.execute("open('artifacts/out.txt', 'w').write('made inside')")
+    interp.shutdown()  # the sandbox works on a copy, saved back when it stops
     assert (tmp_path / "workspace" / "artifacts" / "out.txt").read_text() == "made inside"

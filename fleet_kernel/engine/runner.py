@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import importlib
 import logging
 import threading
 import time
@@ -40,6 +41,7 @@ MAX_TASK_CHARS = 100_000
 class _Running:
     turn: TurnRow
     emitter: TurnEmitter
+    settings: Settings
     job: TurnJob | None = None
     cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
     reason: str = "cancelled"
@@ -100,7 +102,7 @@ class TurnRunner:
         """Start the event writer and the heartbeat, and mark turns left by dead processes interrupted."""
         async with self._started:
             if self._writer is None:
-                self._writer = EventWriter(self.store, self.hub)
+                self._writer = EventWriter(self.store, self.hub, on_broken=self._events_lost)
                 await self.store.reap_stale_turns()
                 self._supervisor = asyncio.get_running_loop().create_task(self._supervise(), name="fleet-heartbeat")
         return self
@@ -120,6 +122,15 @@ class TurnRunner:
             await self._writer.close()
             self._writer = None
 
+    @property
+    def store_error(self) -> str | None:
+        """Why this process's latest commit of events failed, until one succeeds again."""
+        return self._writer.last_error if self._writer is not None else None
+
+    def _events_lost(self, turn_id: str, error: dict[str, Any]) -> None:
+        """The writer could not commit events of a turn: stop it, for nothing more of it can be shown."""
+        self.cancel(turn_id, error["message"])
+
     async def _supervise(self) -> None:
         """Heartbeat for our running turns, and pick up durable cancellations (seen within a second)."""
         while True:
@@ -136,11 +147,22 @@ class TurnRunner:
 
     # ------------------------------------------------------------------ public interface
 
-    async def start(self, session_id: str, task: str, *, idempotency_key: str | None = None) -> TurnHandle:
+    async def start(
+        self,
+        session_id: str,
+        task: str,
+        *,
+        idempotency_key: str | None = None,
+        limits: dict[str, Any] | None = None,
+    ) -> TurnHandle:
         """Claim and start a turn (or return the one that owns ``idempotency_key``).
 
+        ``limits`` lowers this turn's ``[limits]`` (``max_turn_tokens``, ``max_iters``, ...); none may
+        exceed the policy.
+
         Raises:
-            ValidationError: empty or oversized task, or the key belongs to another task.
+            ValidationError: empty or oversized task, the key belongs to another task, or a limit is
+                unknown, invalid or above the policy.
             NotFoundError: unknown session.
             ConflictError: a turn is already running in the session.
         """
@@ -148,6 +170,7 @@ class TurnRunner:
             raise ValidationError("the task is empty: write what the model should do")
         if len(task) > MAX_TASK_CHARS:
             raise ValidationError(f"the task is {len(task)} characters; the limit is {MAX_TASK_CHARS}. Attach long text as a file")
+        settings = self.settings.for_turn(limits)
         await self.open()
         assert self._writer is not None
         sandbox = self.sandbox_name()
@@ -158,7 +181,7 @@ class TurnRunner:
         if not created:
             return handle
         emitter = TurnEmitter(self._writer, session_id=session_id, turn_id=turn.turn_id)
-        limits = self.settings.limits
+        limits = settings.limits
         emitter.emit(
             "turn.started",
             {
@@ -171,17 +194,23 @@ class TurnRunner:
                     "max_llm_calls": limits.max_llm_calls,
                     "timeout_s": limits.turn_timeout_s,
                     "exec_timeout_s": limits.exec_timeout_s,
+                    "max_turn_tokens": limits.max_turn_tokens,
+                    "max_turn_cost_usd": limits.max_turn_cost_usd,
+                    "max_tokens": settings.policy.lm.max_tokens,
+                    "sub_max_tokens": settings.policy.lm.sub_cap,
                 },
             },
         )
-        running = _Running(turn, emitter)
+        running = _Running(turn, emitter, settings)
         self._running[turn.turn_id] = running
         running.task = asyncio.get_running_loop().create_task(self._drive(running), name=f"fleet-{turn.turn_id}")
         return handle
 
-    async def run(self, session_id: str, task: str, *, idempotency_key: str | None = None) -> TurnRow:
+    async def run(
+        self, session_id: str, task: str, *, idempotency_key: str | None = None, limits: dict[str, Any] | None = None
+    ) -> TurnRow:
         """Start a turn and wait for it: the one-call way to run a turn."""
-        handle = await self.start(session_id, task, idempotency_key=idempotency_key)
+        handle = await self.start(session_id, task, idempotency_key=idempotency_key, limits=limits)
         return await handle.wait()
 
     def follow(self, turn_id: str, after_seq: int = 0, *, quiet_s: float | None = None) -> AsyncIterator[Event]:
@@ -241,6 +270,8 @@ class TurnRunner:
             pass  # a slow store must not hold the turn back
 
     async def _prepare(self, running: _Running) -> TurnJob:
+        # dspy loads (or finishes loading) on a thread: the loop keeps delivering this turn's first events
+        await asyncio.to_thread(importlib.import_module, "fleet_kernel.engine.turn")
         from fleet_kernel.engine.turn import TurnJob
 
         turn = running.turn
@@ -249,7 +280,7 @@ class TurnRunner:
         workspace = await asyncio.to_thread(Workspace.for_session, self.settings.workspaces_dir, turn.session_id)
         manifest = await asyncio.to_thread(workspace.manifest)
         return TurnJob(
-            settings=self.settings,
+            settings=running.settings,
             emitter=running.emitter,
             task=turn.task,
             history=format_history(past, window.max_chars),
@@ -273,14 +304,15 @@ class TurnRunner:
         threading.Thread(target=context.run, args=(work,), name=f"fleet-{running.turn.turn_id}", daemon=True).start()
         waiter = asyncio.ensure_future(running.cancel_requested.wait())
         try:
-            await asyncio.wait({done, waiter}, timeout=self.settings.limits.turn_timeout_s, return_when="FIRST_COMPLETED")
+            timeout = job.settings.limits.turn_timeout_s
+            await asyncio.wait({done, waiter}, timeout=timeout, return_when="FIRST_COMPLETED")
         finally:
             waiter.cancel()
         if done.done():
             return done.result()
         deadline = not running.cancel_requested.is_set()
         reason = (
-            f"the turn ran past its {self.settings.limits.turn_timeout_s:g} s deadline (limits.turn_timeout_s)"
+            f"the turn ran past its {job.settings.limits.turn_timeout_s:g} s deadline (limits.turn_timeout_s)"
             if deadline
             else running.reason
         )
@@ -345,13 +377,22 @@ class TurnRunner:
         turn = running.turn
         assert self._writer is not None
         usage = {"lm_calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, **outcome.usage}
+        limits = running.settings.limits
+        budgets = {"max_turn_tokens": limits.max_turn_tokens, "max_turn_cost_usd": limits.max_turn_cost_usd}
         committed = self._writer.terminal_committed(turn.turn_id)
-        try:
-            await self.store.finish_turn(
-                turn.turn_id, outcome.status, answer=outcome.answer, error=outcome.error, usage=usage
-            )
-        except Exception:  # noqa: BLE001 - still end the stream; the row is reaped later if it stays running
-            log.exception("recording the outcome of %s failed", turn.turn_id)
+        lost = self._writer.failure(turn.turn_id)
+        if lost is not None:  # events were lost: the turn failed, and the writer records it with its last event
+            from fleet_kernel.engine.turn import Outcome
+
+            outcome = Outcome("failed", error=lost, usage=outcome.usage)
+        else:
+            try:
+                await self.store.finish_turn(  # the turn row shows what it used against its budgets
+                    turn.turn_id, outcome.status, answer=outcome.answer, error=outcome.error,
+                    usage={**usage, "budgets": budgets},
+                )
+            except Exception:  # noqa: BLE001 - still end the stream; the row is reaped later if it stays running
+                log.exception("recording the outcome of %s failed", turn.turn_id)
         if outcome.status == "completed":
             data: dict[str, Any] = {
                 "answer": outcome.answer or "",

@@ -19,6 +19,7 @@ from dspy.utils.exceptions import AdapterParseError
 from dspy.utils.exceptions import LMError as DSPyLMError
 
 from fleet_kernel.config import Settings
+from fleet_kernel.engine.budget import BudgetExceeded, TurnBudget
 from fleet_kernel.engine.lm import build_lms, explain_lm_error, scrub
 from fleet_kernel.engine.observe import TurnObserver
 from fleet_kernel.engine.sink import TurnEmitter
@@ -58,7 +59,7 @@ LMFactory = Callable[[Settings], tuple[Any, Any]]
 
 @dataclass
 class TurnJob:
-    """What the worker thread needs; ``cancel`` and ``interrupt`` are shared with the async side."""
+    """What the worker thread needs; ``cancel``, ``interrupt`` and ``budget`` are shared with the async side."""
 
     settings: Settings
     emitter: TurnEmitter
@@ -69,17 +70,22 @@ class TurnJob:
     cancel: threading.Event
     lm_factory: LMFactory | None = None
     cancel_reason: str = "cancelled"
+    budget: TurnBudget = field(init=False)
     _sandbox: Any = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def __post_init__(self) -> None:
+        self.budget = TurnBudget.for_limits(self.settings.limits)
+
     def interrupt(self, reason: str) -> None:
-        """Thread-safe: cancel the turn and stop whatever code runs now."""
+        """Thread-safe: cancel the turn, stop whatever code runs now and close its LM requests."""
         with self._lock:
             self.cancel_reason = reason
             self.cancel.set()
             sandbox = self._sandbox
         if sandbox is not None:
             sandbox.interrupt()
+        self.budget.stop(TurnCancelled(reason))
 
     def _attach_sandbox(self, sandbox: Any) -> None:
         with self._lock:
@@ -121,6 +127,11 @@ def _failure(exc: BaseException, settings: Settings) -> Outcome:
     return Outcome("failed", error={"type": type(exc).__name__, "message": scrub(str(exc), settings)[:2000]})
 
 
+def _over_budget(exc: TurnCancelled, observer: TurnObserver | None) -> Outcome:
+    error = {"type": BudgetExceeded.code, "message": f"{exc.reason}: the turn was stopped"}
+    return Outcome("failed", error=error, usage=observer.usage if observer else {})
+
+
 def run_turn(job: TurnJob) -> Outcome:
     """Run one dspy.RLM turn to its outcome. Never raises."""
     settings = job.settings
@@ -135,6 +146,7 @@ def run_turn(job: TurnJob) -> Outcome:
         )
         return _failure(exc, settings)
 
+    job.budget.watch(root_lm, sub_lm)
     sandbox = None
     observer: TurnObserver | None = None
     try:
@@ -172,15 +184,20 @@ def run_turn(job: TurnJob) -> Outcome:
             extracted=observer.extracted,
             usage=observer.usage,
         )
+    except BudgetExceeded as exc:
+        return _over_budget(exc, observer)
     except TurnCancelled as exc:
         return Outcome("cancelled", reason=job.cancel_reason or exc.reason, usage=observer.usage if observer else {})
     except BaseException as exc:  # noqa: BLE001 - every failure becomes turn.failed, with a readable message
+        if isinstance(job.budget.stopped, BudgetExceeded):  # an LM call cut short by the budget surfaced as this
+            return _over_budget(job.budget.stopped, observer)
         if job.cancel.is_set():
             return Outcome("cancelled", reason=job.cancel_reason, usage=observer.usage if observer else {})
         outcome = _failure(exc, settings)
         outcome.usage = observer.usage if observer else {}
         return outcome
     finally:
+        job.budget.stop(TurnCancelled("the turn has ended"))  # whatever LM call still runs (a tool thread) ends now
         if sandbox is not None:
             try:
                 sandbox.close()

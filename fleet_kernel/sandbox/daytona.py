@@ -249,7 +249,7 @@ def open_daytona(settings: Settings, workspace: Path, *, cancel: threading.Event
     storage = settings.policy.storage
     largest = int(max(storage.max_upload_mb, storage.max_artifact_mb) * 1024 * 1024)  # from an upload or a pull
     try:
-        _daytona_sync.push(box, workspace, max_file_bytes=largest)
+        _daytona_sync.push(box, workspace, quota=_quota(settings), max_file_bytes=largest)
     except sdk.DaytonaError as exc:
         raise unavailable(exc, box.api_url) from exc
     except (RuntimeError, ValueError) as exc:
@@ -260,15 +260,21 @@ def open_daytona(settings: Settings, workspace: Path, *, cancel: threading.Event
     max_file_bytes = int(settings.policy.storage.max_artifact_mb * 1024 * 1024)
     return SandboxFactory(new_session, backend="daytona", execution_instructions=_instructions(settings),
                           exec_timeout_s=limits.exec_timeout_s, cancel=cancel,
-                          on_close=functools.partial(_after_turn, box, workspace, max_file_bytes),
+                          on_close=functools.partial(_after_turn, box, workspace, max_file_bytes, _quota(settings)),
                           max_output_bytes=settings.policy.sandbox.max_output_bytes)
 
 
-def _after_turn(box: Any, workspace: Path, max_file_bytes: int) -> None:
+def _quota(settings: Settings) -> tuple[int, int]:
+    """What the local copy of a Daytona workspace may hold; the sandbox's own disk is Daytona's to bound."""
+    limits = settings.policy.sandbox
+    return limits.workspace_mb * 1024 * 1024, limits.workspace_files
+
+
+def _after_turn(box: Any, workspace: Path, max_file_bytes: int, quota: tuple[int, int]) -> None:
     """Contexts are deleted; files the code wrote come back into the local folder for the engine to scan."""
     box.drain()
     try:
-        _daytona_sync.pull(box, workspace, max_file_bytes=max_file_bytes)
+        _daytona_sync.pull(box, workspace, max_file_bytes=max_file_bytes, quota=quota)
     except Exception as exc:  # noqa: BLE001 - the turn's outcome stands; say loudly what did not come back
         logger.error("Daytona: could not copy the sandbox's /workspace back to %s: %s", workspace, exc)
 

@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 INTERRUPT_GRACE_S = 2.0  # after an interrupt, how long the code may take to stop before the worker is killed
 POLL_S = 0.1  # how often a waiting execute looks at the cancel flag and the clock
 OUTPUT_SLACK = 1024  # room past the output cap for the runtime's own truncation notice
+MAX_TOOL_CALLS = 64  # host tool calls of one execution running at once (one thread each); code can forge more
 _STATE_LOST = "variables, imports and functions from earlier steps are gone (files in /workspace are kept)"
 
 
@@ -267,6 +268,12 @@ class SandboxInterpreter:
                     except Exception:
                         logger.exception("sandbox observer failed in on_output")
             elif kind == "tool_call":
+                if in_flight.count >= MAX_TOOL_CALLS:
+                    with contextlib.suppress(SessionClosed):
+                        session.send({"type": "tool_error", "id": message.get("id"), "error": {
+                            "type": "RuntimeError",
+                            "message": f"more than {MAX_TOOL_CALLS} tool calls at once; wait for some to finish"}})
+                    continue
                 in_flight.add(1)
                 threading.Thread(target=run_with_context(self._run_tool, session, message, in_flight), daemon=True,
                                  name=f"fleet-tool-{message.get('name')}").start()

@@ -29,7 +29,7 @@ from fleet_kernel.config import SandboxLimits, Settings
 from fleet_kernel.errors import SandboxUnavailableError
 from fleet_kernel.sandbox._protocol import MAX_MESSAGE_BYTES, PipeSession, SessionClosed
 from fleet_kernel.sandbox.interpreter import SandboxFactory
-from fleet_kernel.workspace import Workspace
+from fleet_kernel.workspace import Workspace, usage
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +174,7 @@ class PyodideSession(PipeSession):
         super().__init__()
         self._deno, self._deno_dir, self._limits = deno, deno_dir, limits
         self._workspace = Workspace(workspace)
+        self._usage: tuple[int, int] | None = None  # bytes and entries in the workspace, once counted
         # Files written by code come back base64-encoded in one message.
         self.message_limit = max(MAX_MESSAGE_BYTES, limits.max_file_mb * 1024 * 1024 * 4 // 3 + 1024 * 1024)
 
@@ -182,7 +183,9 @@ class PyodideSession(PipeSession):
         readable = [RUNNER, RUNTIME, self._deno_dir, self._workspace.root]
         config = {"runtime": os.path.realpath(RUNTIME), "workspace": os.path.realpath(self._workspace.root),
                   "max_output_bytes": self._limits.max_output_bytes,
-                  "max_file_bytes": self._limits.max_file_mb * 1024 * 1024}
+                  "max_file_bytes": self._limits.max_file_mb * 1024 * 1024,
+                  "workspace_bytes": self._limits.workspace_mb * 1024 * 1024,
+                  "workspace_files": self._limits.workspace_files}
         if _usable_snapshot(self._deno_dir):
             config["snapshot"] = os.path.realpath(snapshot_path(self._deno_dir))
         # Deno matches permissions against real paths (denoland/deno#9607).
@@ -241,17 +244,34 @@ class PyodideSession(PipeSession):
             if message["type"] == "workspace_delete":
                 if target.is_file():
                     target.unlink()
+                    self._usage = None
                 return
             data = base64.b64decode(str(message.get("data") or ""), validate=True)
             if len(data) > self._limits.max_file_mb * 1024 * 1024:
                 raise ValueError(f"{relative!r} is larger than {self._limits.max_file_mb} MB")
+            self._within_quota(target, len(data))
             target.parent.mkdir(parents=True, exist_ok=True)
             partial = target.with_name(f".{target.name}.fleet-partial")
             partial.write_bytes(data)
-            os.chmod(partial, 0o666)
+            os.chmod(partial, 0o600)
             os.replace(partial, target)
         except (OSError, ValueError) as exc:
             logger.warning("pyodide sandbox: workspace change not applied: %s", exc)
+
+    def _within_quota(self, target: Path, size: int) -> None:
+        """The host's own check of ``[sandbox] workspace_mb`` / ``workspace_files`` (code can reach around
+        the runner's filesystem check through the ``js`` module, never around this one)."""
+        if self._usage is None:
+            self._usage = usage(self._workspace.root)
+        used_bytes, used_entries = self._usage
+        old = target.stat().st_size if target.is_file() and not target.is_symlink() else None
+        new_entries = sum(1 for parent in target.parents if not parent.exists()) + (old is None)
+        used_bytes, used_entries = used_bytes + size - (old or 0), used_entries + new_entries
+        limits = self._limits
+        if used_bytes > limits.workspace_mb * 1024 * 1024 or used_entries > limits.workspace_files:
+            raise ValueError(f"saving {target.name} would take the workspace over its quota "
+                             f"({limits.workspace_mb} MB, {limits.workspace_files} files)")
+        self._usage = (used_bytes, used_entries)
 
     def _explain_death(self) -> str:
         """Why Deno ended, in words the model can act on."""

@@ -7,25 +7,30 @@ for teams. Every process that runs or watches turns opens its own ``Store`` on t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import inspect
 import json
+import errno
 import os
+import shutil
 import socket
+import sqlite3
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
+import psutil
 from sqlalchemy import and_, create_engine, delete, event, func, insert, or_, select, text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 
 from fleet_kernel.errors import ConflictError, NotFoundError, StoreUnavailableError, ValidationError
-from fleet_kernel.events import ROOT_AGENT, Event, utc_timestamp
+from fleet_kernel.events import ROOT_AGENT, TERMINAL_TYPES, Event, utc_timestamp
 from fleet_kernel.store import migrate
 from fleet_kernel.store.models import (
     ArtifactRow,
@@ -38,9 +43,34 @@ from fleet_kernel.store.models import (
 
 __all__ = ["Store", "SessionRow", "TurnRow", "AttachmentRow", "ArtifactRow", "new_id", "utcnow", "PROCESS_OWNER"]
 
-# A turn whose owner has not beaten its heart for this long is considered dead (process killed).
-STALE_AFTER = timedelta(seconds=30)
-PROCESS_OWNER = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+# The lease of a running turn: its owner beats every 0.5 s, and a turn whose owner has not beaten for
+# this long is taken for dead (a process on another machine, or one whose liveness cannot be checked).
+LEASE = timedelta(seconds=5)
+# An owner on this machine is checked directly (pid and start time): a dead one loses its turns at once,
+# a live one only after this long without a beat (a hung process), so a busy machine never loses a turn.
+HUNG_AFTER = timedelta(seconds=30)
+# Free space below this on the disk of a SQLite store makes it unwritable for health checks.
+MIN_FREE_BYTES = 1024 * 1024
+
+
+def _machine() -> str:
+    """This boot of this machine, and this pid namespace: where a recorded pid means the same process."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = 0
+    return f"{int(psutil.boot_time())}.{namespace}"
+
+
+def _owner_identity() -> str:
+    """``host:pid:start_ms:machine:nonce``: enough for another process on this machine to tell whether the
+    owner still lives (a reused pid has another start time; another machine or container with the same
+    host name has another boot time or pid namespace)."""
+    started = int(psutil.Process().create_time() * 1000)
+    return f"{socket.gethostname()}:{os.getpid()}:{started}:{_machine()}:{uuid.uuid4().hex[:8]}"
+
+
+PROCESS_OWNER = _owner_identity()
 # PostgreSQL channel notified by every commit of events, so readers in other processes need not poll.
 EVENTS_CHANNEL = "fleet_events"
 
@@ -51,6 +81,58 @@ def new_id(prefix: str) -> str:
 
 def utcnow() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
+
+
+def owner_state(owner: str) -> str:
+    """``dead``, ``alive`` or ``unknown`` (another machine, or an owner recorded without pid and start time)."""
+    parts = owner.rsplit(":", 4)
+    if len(parts) != 5 or parts[0] != socket.gethostname():
+        return "unknown"
+    _host, pid, started, machine, _nonce = parts
+    if machine != _machine():
+        return "unknown"
+    try:
+        process = psutil.Process(int(pid))
+        same = abs(int(process.create_time() * 1000) - int(started)) <= 10
+        return "alive" if same and process.status() != psutil.STATUS_ZOMBIE else "dead"
+    except ValueError:
+        return "unknown"
+    except psutil.NoSuchProcess:
+        return "dead"
+    except psutil.Error:  # e.g. access denied: it exists
+        return "alive"
+
+
+def abandoned(row: TurnRow, now: datetime) -> bool:
+    """Whether a running turn's owner is gone: dead on this machine, or silent past its lease."""
+    silent = now - row.heartbeat_at
+    state = owner_state(row.owner)
+    if state == "dead":
+        return True
+    return silent > (HUNG_AFTER if state == "alive" else LEASE)
+
+
+def describe_write_error(exc: BaseException, location: str) -> str:
+    """Say why the store cannot be written, naming a full disk, in words a user can act on."""
+    for cause in _causes(exc):
+        message = str(cause).lower()
+        number = getattr(cause, "errno", None)
+        full = getattr(cause, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or number == errno.ENOSPC
+        if full or "disk is full" in message or "no space left" in message:
+            return f"the disk holding the store ({location}) is full: free space there, then run the turn again"
+        if "readonly" in message or "read-only" in message or number == errno.EROFS:
+            return f"the store ({location}) is read-only: make it writable, then run the turn again"
+    return f"the store ({location}) cannot be written: {str(getattr(exc, 'orig', None) or exc)[:300]}"
+
+
+def _causes(exc: BaseException | None) -> Iterator[BaseException]:
+    """The exception, the driver error SQLAlchemy wraps, and their causes."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        orig = getattr(exc, "orig", None)
+        exc = orig if isinstance(orig, BaseException) else (exc.__cause__ or exc.__context__)
 
 
 P = ParamSpec("P")
@@ -82,6 +164,15 @@ def _uninterrupted(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R
 
 def _is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
+
+
+def _private_sqlite_file(path: str) -> None:
+    """Create the database file (and its folder) for the owner only; SQLite gives -wal and -shm its mode."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for name in (path, f"{path}-wal", f"{path}-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(name, 0o600)
 
 
 def _configure_sqlite(engine: Engine) -> None:
@@ -142,7 +233,7 @@ class Store:
         if _is_sqlite(database_url):
             path = database_url.split(":///", 1)[-1]
             if path and path != ":memory:":
-                os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+                _private_sqlite_file(path)
         store = cls(database_url)
         try:
             current = await store.schema_revision()
@@ -312,12 +403,15 @@ class Store:
                         # A concurrent request with the same key committed first: answer with its turn.
                         continue
                     running = await s.scalar(
-                        select(TurnRow.turn_id).where(TurnRow.session_id == session_id, TurnRow.status == "running")
+                        select(TurnRow).where(TurnRow.session_id == session_id, TurnRow.status == "running")
                     )
-                    if running:
+                    if running is not None and abandoned(running, now):
+                        _end_turn(s, running, "interrupted", _interrupted_error(running))
+                        await s.flush()  # the old turn stops running before the new one starts
+                    elif running is not None:
                         raise ConflictError(
-                            f"turn {running} is already running in this session; wait for it or cancel it",
-                            turn_id=running,
+                            f"turn {running.turn_id} is already running in this session; wait for it or cancel it",
+                            turn_id=running.turn_id,
                             code="session_busy",
                         )
                     ses.turn_count += 1
@@ -463,36 +557,68 @@ class Store:
             row.cancel_reason = reason
             return row, "requested"
 
-    async def reap_stale_turns(self, stale_after: timedelta = STALE_AFTER) -> list[str]:
-        """Mark running turns whose process died (stale heartbeat) as ``interrupted``; returns their ids."""
-        cutoff = utcnow() - stale_after
+    async def reap_stale_turns(self, stale_after: timedelta | None = None) -> list[str]:
+        """Mark running turns whose owner is gone as ``interrupted``, each with its terminal event; returns their ids.
+
+        An owner is gone when it is a dead process on this machine, or silent past its lease (see
+        ``abandoned``); ``stale_after`` replaces that judgement by a plain heartbeat age. Reads first, so
+        the frequent rounds that find nothing take no write lock.
+        """
+
+        def gone(row: TurnRow, now: datetime) -> bool:
+            return now - row.heartbeat_at > stale_after if stale_after is not None else abandoned(row, now)
+
+        async with self._read() as s:
+            running = list(await s.scalars(select(TurnRow).where(TurnRow.status == "running")))
+        candidates = [row.turn_id for row in running if gone(row, utcnow())]
+        if not candidates:
+            return []
         async with self._write() as s:
-            rows = list(
-                await s.scalars(select(TurnRow).where(TurnRow.status == "running", TurnRow.heartbeat_at < cutoff))
+            rows = await s.scalars(select(TurnRow).where(TurnRow.turn_id.in_(candidates), TurnRow.status == "running"))
+            now = utcnow()
+            reaped = [row for row in rows if gone(row, now)]
+            for row in reaped:
+                _end_turn(s, row, "interrupted", _interrupted_error(row))
+            return [row.turn_id for row in reaped]
+
+    async def fail_turn(self, turn_id: str, error: dict[str, Any]) -> Event | None:
+        """End a turn as ``failed`` with its terminal event right after its last committed one.
+
+        For a turn some of whose events could not be committed: nothing after the gap is ever stored, and
+        the stream still ends. Returns the terminal event, or ``None`` if the stream had ended already.
+        """
+        async with self._write() as s:
+            row = await s.get(TurnRow, turn_id)
+            if row is None:
+                return None
+            last = await s.scalar(
+                select(EventRow.type).where(EventRow.turn_id == turn_id, EventRow.seq == row.last_seq)
             )
-            for row in rows:
-                error = {
-                    "type": "interrupted",
-                    "message": f"the process running this turn ({row.owner}) stopped before it finished; run it again",
-                }
-                row.status = "interrupted"
-                row.finished_at = utcnow()
-                row.error = error
-                row.last_seq += 1
-                # Keep the stream contract: every turn ends with exactly one terminal event.
-                s.add(
-                    EventRow(
-                        turn_id=row.turn_id,
-                        seq=row.last_seq,
-                        session_id=row.session_id,
-                        type="turn.failed",
-                        agent_id=ROOT_AGENT,
-                        parent_agent_id=None,
-                        ts=utc_timestamp(),
-                        data={"error": error},
-                    )
-                )
-            return [row.turn_id for row in rows]
+            if last in TERMINAL_TYPES:
+                return None
+            return _end_turn(s, row, "failed", error)
+
+    async def check_writable(self) -> str | None:
+        """``None`` if a write can be committed now, else what stops it (a full disk, a read-only or deleted file)."""
+        path = self.engine.url.database if self.sqlite else None
+        if path and path != ":memory:":
+            if not os.path.exists(path):
+                return f"the database file {path} was deleted or moved: restore it or restart Fleet"
+            free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+            if free < MIN_FREE_BYTES:
+                return f"the disk holding the store ({path}) is full ({free} bytes free): free space there"
+        try:
+            async with self._write() as s:  # a real write that changes nothing
+                await s.execute(text("UPDATE alembic_version SET version_num = version_num"))
+        except Exception as exc:  # noqa: BLE001 - health checks report, never raise
+            return describe_write_error(exc, self.location)
+        return None
+
+    @property
+    def location(self) -> str:
+        """Where the store lives, for messages: the SQLite file, else the URL without its password."""
+        path = self.engine.url.database if self.sqlite else None
+        return os.path.abspath(path) if path and path != ":memory:" else self.safe_url
 
     # ------------------------------------------------------------------ events
 
@@ -552,7 +678,8 @@ class Store:
                 cursor.executemany(_UPDATE_LAST_SEQ, [(seq, turn) for turn, seq in _last_seqs(events).items()])
                 cursor.execute("COMMIT")
             except BaseException:
-                cursor.execute("ROLLBACK")
+                if connection.driver_connection.in_transaction:  # SQLite rolls back by itself on a full disk
+                    cursor.execute("ROLLBACK")
                 raise
         finally:
             connection.close()  # back to the pool
@@ -669,6 +796,33 @@ class Store:
         for row in await self.list_artifacts(session_id):
             digests[row.path] = row.sha256
         return digests
+
+
+def _interrupted_error(row: TurnRow) -> dict[str, Any]:
+    return {
+        "type": "interrupted",
+        "message": f"the process running this turn ({row.owner}) stopped before it finished; run it again",
+    }
+
+
+def _end_turn(s: AsyncSession, row: TurnRow, status: str, error: dict[str, Any]) -> Event:
+    """End a turn in the caller's transaction with one terminal ``turn.failed`` event (the stream contract)."""
+    row.status = status
+    row.finished_at = utcnow()
+    row.error = error
+    row.last_seq += 1
+    event = EventRow(
+        turn_id=row.turn_id,
+        seq=row.last_seq,
+        session_id=row.session_id,
+        type="turn.failed",
+        agent_id=ROOT_AGENT,
+        parent_agent_id=None,
+        ts=utc_timestamp(),
+        data={"error": error},
+    )
+    s.add(event)
+    return _event(event)
 
 
 def _event(row: EventRow) -> Event:

@@ -51,7 +51,8 @@ def test_hostile_filenames_stay_in_files(client: httpx.Client, session_id: str, 
 
 def test_errors(client: httpx.Client, session_id: str) -> None:
     assert_error(upload(client, "ses_missing", "a.txt", b"x"), 404, "not_found")
-    assert_error(client.post("/api/attachments", data={"session_id": session_id}), 422, "validation_error")
+    no_file = client.post("/api/attachments", data={"session_id": session_id})  # a urlencoded form
+    assert_error(no_file, 415, "unsupported_media_type")
     assert_error(client.post("/api/attachments", files={"file": ("a.txt", b"x")}), 422, "validation_error")
     assert_error(client.get("/api/attachments/att_missing"), 404, "not_found")
     assert_error(client.get("/api/attachments/att_missing/content"), 404, "not_found")

@@ -1,0 +1,84 @@
+"""No change from another site: state-changing requests must come from this server's own origin and,
+with a body, must not be a type an HTML form or a ``no-cors`` fetch can send without a preflight.
+
+A browser sends a cross-site "simple" request (``POST`` with no body, or a form, ``text/plain`` or
+type-less body) without asking first; only the answer is hidden from the page. So for ``POST``,
+``PUT``, ``PATCH`` and ``DELETE``:
+
+- ``Sec-Fetch-Site: cross-site`` or ``same-site`` is refused (403), as is an ``Origin`` that is not
+  this server's: neither the request's own ``Host`` (same origin) nor a name in ``FLEET_ALLOWED_HOSTS``;
+  ``Origin: null`` (sandboxed frames, ``file:`` pages) is foreign too;
+- a body must be ``application/json``; on the upload path, ``multipart/form-data`` (a form can send
+  that, so there the Origin rule above is what stops a page) (415 otherwise).
+
+Clients that are not browsers send neither header and are unaffected.
+"""
+
+from __future__ import annotations
+
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from fleet_api.errors import error_response
+from fleet_api.hosts import host_of
+
+UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+JSON = "application/json"
+MULTIPART = "multipart/form-data"
+
+
+class SameOriginWrites:
+    """Refuse state changes from other origins (403) and bodies of the wrong media type (415)."""
+
+    def __init__(self, app: ASGIApp, *, names: frozenset[str], upload_paths: frozenset[str]) -> None:
+        self.app = app
+        self.names = names
+        self.upload_paths = upload_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in UNSAFE_METHODS:
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        response = self._cross_site(scope["method"], headers) or self._wrong_media(scope["path"], headers)
+        if response is None:
+            await self.app(scope, receive, send)
+        else:
+            await response(scope, receive, send)
+
+    def _cross_site(self, method: str, headers: Headers) -> JSONResponse | None:
+        site = headers.get("sec-fetch-site", "").lower()
+        origin = headers.get("origin")
+        if site in ("cross-site", "same-site"):
+            source = f"a page on another {'site' if site == 'cross-site' else 'origin of this site'}"
+        elif origin is not None and not self._own_origin(origin, headers.get("host", "")):
+            source = f"a page on {origin}"
+        else:
+            return None
+        return error_response(
+            403,
+            "cross_origin_refused",
+            f"refused {method} from {source}: this API accepts changes only from its own origin. "
+            "If that page is this server behind a reverse proxy, add its name to FLEET_ALLOWED_HOSTS",
+        )
+
+    def _own_origin(self, origin: str, host: str) -> bool:
+        scheme, sep, authority = origin.strip().partition("://")
+        if not sep or scheme.lower() not in ("http", "https") or "/" in authority:
+            return False  # "null", or not an origin at all
+        return authority.lower() == host.strip().lower() or host_of(authority) in self.names
+
+    def _wrong_media(self, path: str, headers: Headers) -> JSONResponse | None:
+        declared = headers.get("content-type")
+        has_body = headers.get("content-length", "0").strip() != "0" or "transfer-encoding" in headers
+        if declared is None and not has_body:
+            return None
+        wanted = MULTIPART if path in self.upload_paths else JSON
+        if declared is not None and declared.partition(";")[0].strip().lower() == wanted:
+            return None
+        if wanted == MULTIPART:
+            how = "upload with multipart/form-data (fields file and session_id)"
+        else:
+            how = "send the body as JSON with Content-Type: application/json"
+        return error_response(415, "unsupported_media_type", f"{how}; got {declared or 'no Content-Type'}")

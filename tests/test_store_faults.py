@@ -1,0 +1,73 @@
+"""A turn whose owner is gone is taken over at once, on the real store: the owner is a real process
+that has exited (this machine: its pid and start time say so), or one on another machine that stopped
+renewing its 5 s lease. A live owner keeps its turn however busy it is."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import update
+
+from fleet_kernel.errors import ConflictError
+from fleet_kernel.store import LEASE, PROCESS_OWNER, Store, TurnRow, utcnow
+
+
+def _exited_owner() -> str:
+    """The owner identity of a real Fleet process that has since exited."""
+    code = "from fleet_kernel.store import PROCESS_OWNER; print(PROCESS_OWNER)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    return done.stdout.strip()
+
+
+async def _set_owner(store: Store, turn_id: str, owner: str, silent_for: timedelta = timedelta(0)) -> None:
+    async with store.engine.begin() as conn:
+        await conn.execute(
+            update(TurnRow).where(TurnRow.turn_id == turn_id).values(owner=owner, heartbeat_at=utcnow() - silent_for)
+        )
+
+
+async def test_a_turn_of_an_exited_process_gives_way_to_the_next_claim(store: Store) -> None:
+    ses = await store.create_session()
+    old, _ = await store.claim_turn(ses.session_id, "left running by a killed process")
+    await _set_owner(store, old.turn_id, _exited_owner())  # its heartbeat is fresh: only the pid tells
+
+    new, created = await store.claim_turn(ses.session_id, "the next turn")
+
+    assert created and new.turn_id != old.turn_id
+    row = await store.get_turn(old.turn_id)
+    assert row.status == "interrupted" and "stopped before it finished" in row.error["message"]
+    events = await store.events_after(old.turn_id)
+    assert [(e.seq, e.type) for e in events] == [(1, "turn.failed")]
+
+
+async def test_the_reaper_finds_an_exited_owner_without_waiting_for_a_lease(store: Store) -> None:
+    ses = await store.create_session()
+    old, _ = await store.claim_turn(ses.session_id, "t")
+    await _set_owner(store, old.turn_id, _exited_owner())
+    assert await store.reap_stale_turns() == [old.turn_id]
+    assert await store.reap_stale_turns() == []
+
+
+async def test_an_owner_on_another_machine_keeps_its_turn_for_the_lease_only(store: Store) -> None:
+    ses = await store.create_session()
+    old, _ = await store.claim_turn(ses.session_id, "t")
+    elsewhere = "another-machine:1234:1:1.1:abcdef01"
+    await _set_owner(store, old.turn_id, elsewhere, silent_for=LEASE / 2)
+    with pytest.raises(ConflictError):
+        await store.claim_turn(ses.session_id, "too early")
+    await _set_owner(store, old.turn_id, elsewhere, silent_for=LEASE + timedelta(seconds=1))
+    _new, created = await store.claim_turn(ses.session_id, "after the lease")
+    assert created and (await store.get_turn(old.turn_id)).status == "interrupted"
+
+
+async def test_a_live_owner_that_missed_a_few_beats_keeps_its_turn(store: Store) -> None:
+    ses = await store.create_session()
+    old, _ = await store.claim_turn(ses.session_id, "t")
+    assert old.owner == PROCESS_OWNER
+    await _set_owner(store, old.turn_id, PROCESS_OWNER, silent_for=LEASE * 2)  # this process lives
+    with pytest.raises(ConflictError):
+        await store.claim_turn(ses.session_id, "must wait")
+    assert await store.reap_stale_turns() == []
