@@ -179,7 +179,8 @@ class Workspace:
         name cannot add lines of its own to the prompt.
         """
         lines = ["/workspace (your durable session folder; read and write it with normal Python file calls):"]
-        entries = [item for sub in ("files", "artifacts") for item in self.files(sub, limit=max_entries + 1, text_only=False)]
+        entries = [item for sub in ("files", "artifacts")
+                   for item in self.files(sub, limit=max_entries + 1, text_only=False)]
         for rel, st in entries[:max_entries]:
             lines.append(f"  {safe_files.printable(rel)}  ({st.st_size} bytes, {guess_mime(rel)})")
         if len(entries) > max_entries:
