@@ -276,7 +276,7 @@ def make_event(
     if isinstance(data, str):
         data = data_of(data, fields or {})
     # Dump and validate again: an instance changed after it was built is checked like a fresh one.
-    canonical = type(data).model_validate(data.model_dump()).model_dump(mode="json")
+    canonical = type(data).model_validate(data.model_dump(warnings=False)).model_dump(mode="json")
     return Event(
         seq=seq,
         type=data.type,
