@@ -1,9 +1,10 @@
 """The event vocabulary: every step of a turn as one typed, versioned envelope.
 
 Defined once here and imported by the engine (emits), the store (keeps), the API (streams over SSE),
-the kernel (renders) and the notebook export (transcribes). ``make_event`` validates ``data`` against
-the type's model, so an unknown type or a missing field fails loudly instead of travelling as a dict,
-and makes its text ``terminal_safe``: events carry what sandboxed code printed and what the model wrote
+the kernel (renders) and the notebook export (transcribes). Each event's data is one class carrying its
+``type``; code emits instances, and the registry and docs/events.md's table are built from the classes.
+``make_event`` validates the data, so a missing or unknown field fails loudly instead of travelling as a
+dict, and makes its text ``terminal_safe``: events carry what sandboxed code printed and what the model wrote
 to terminals and ``text/plain`` outputs, where control sequences would act on the user's terminal.
 """
 
