@@ -68,15 +68,16 @@ def test_registry_is_built_from_the_classes() -> None:
 
 
 def test_an_instance_and_its_recorded_fields_make_the_same_envelope() -> None:
-    typed = make_event(Output(iteration=2, stream="stderr", text="boom\x1b[2J\n"), seq=3, session_id="s", turn_id="t", ts="x")
-    recorded = make_event("output", {"iteration": 2, "stream": "stderr", "text": "boom\x1b[2J\n"}, seq=3,
-                          session_id="s", turn_id="t", ts="x")  # fmt: skip
+    where = {"seq": 3, "session_id": "s", "turn_id": "t", "ts": "x"}
+    typed = make_event(Output(iteration=2, stream="stderr", text="boom\x1b[2J\n"), **where)
+    recorded = make_event("output", {"iteration": 2, "stream": "stderr", "text": "boom\x1b[2J\n"}, **where)
     assert typed.to_json() == recorded.to_json()
     assert typed.data["text"] == "boom\\x1b[2J\n"  # still terminal-safe
     envelope, data = parse_event(typed.to_json())
     assert envelope == typed and data == Output(iteration=2, stream="stderr", text="boom\\x1b[2J\n")
-    assert not is_terminal(envelope) and is_terminal(json.loads(make_event(
-        TurnFailed(error={"type": "x", "message": "y"}), seq=4, session_id="s", turn_id="t").to_json()))  # fmt: skip
+    failed = make_event(TurnFailed(error={"type": "x", "message": "y"}), seq=4, session_id="s", turn_id="t")
+    assert not is_terminal(envelope) and is_terminal(failed) and is_terminal(json.loads(failed.to_json()))
+    assert failed.type == TurnFailed.type and failed.payload == TurnFailed(error={"type": "x", "message": "y"})
 
 
 def test_an_instance_changed_after_it_was_built_is_still_checked() -> None:

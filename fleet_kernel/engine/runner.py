@@ -365,7 +365,10 @@ class TurnRunner:
         if outcome.status == "completed":
             running.emitter.emit(
                 TurnCompleted(
-                    answer=outcome.answer or "", usage=usage, duration_ms=round(duration_ms, 3), extracted=outcome.extracted
+                    answer=outcome.answer or "",
+                    usage=usage,
+                    duration_ms=round(duration_ms, 3),
+                    extracted=outcome.extracted,
                 )
             )
         elif outcome.status == "cancelled":
