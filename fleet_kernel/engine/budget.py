@@ -12,8 +12,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from fleet_kernel.config import Limits
 from fleet_kernel.cancel import CancelToken
+from fleet_kernel.config import Limits
 from fleet_kernel.errors import TurnCancelled
 
 

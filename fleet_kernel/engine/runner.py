@@ -19,9 +19,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fleet_kernel.cancel import CancelToken
 from fleet_kernel.config import Settings
 from fleet_kernel.engine.budget import BudgetExceeded
-from fleet_kernel.cancel import CancelToken
 from fleet_kernel.engine.sink import EventHub, EventWriter, TurnEmitter, follow
 from fleet_kernel.errors import TurnDeadlineExceeded, ValidationError
 from fleet_kernel.events import Event

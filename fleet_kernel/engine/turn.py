@@ -17,9 +17,9 @@ from dspy.primitives.code_interpreter import CodeInterpreterError
 from dspy.utils.exceptions import AdapterParseError
 from dspy.utils.exceptions import LMError as DSPyLMError
 
+from fleet_kernel.cancel import CancelToken
 from fleet_kernel.config import Settings
 from fleet_kernel.engine.budget import BudgetExceeded, TurnBudget
-from fleet_kernel.cancel import CancelToken
 from fleet_kernel.engine.lm import build_lms, explain_lm_error, scrub
 from fleet_kernel.engine.observe import TurnObserver
 from fleet_kernel.engine.sink import TurnEmitter
@@ -119,12 +119,13 @@ def _failure(exc: BaseException, settings: Settings) -> Outcome:
 
 def stopped(cause: TurnCancelled, usage: dict[str, Any] | None = None) -> Outcome:
     """The outcome of a turn stopped by ``cause``: a used-up budget or the deadline fail it, the rest cancel it."""
+    usage = usage or {}
     if isinstance(cause, BudgetExceeded):
         error = {"type": BudgetExceeded.code, "message": f"{cause.reason}: the turn was stopped"}
-        return Outcome("failed", error=error, usage=usage or {})
+        return Outcome("failed", error=error, usage=usage)
     if isinstance(cause, TurnDeadlineExceeded):
-        return Outcome("failed", error={"type": TurnDeadlineExceeded.code, "message": cause.reason}, usage=usage or {})
-    return Outcome("cancelled", reason=cause.reason, usage=usage or {})
+        return Outcome("failed", error={"type": TurnDeadlineExceeded.code, "message": cause.reason}, usage=usage)
+    return Outcome("cancelled", reason=cause.reason, usage=usage)
 
 
 def run_turn(job: TurnJob) -> Outcome:
