@@ -86,7 +86,7 @@ class TurnBudget:
         self.cancel.raise_if_cancelled()
         message = self.exceeded()
         if message is not None:
-            self.cancel.cancel(message, BudgetExceeded)  # the first reason wins: a cancel just before stays
+            self.cancel.cancel(f"{message}: the turn was stopped", BudgetExceeded)  # unless stopped just before
             self.cancel.raise_if_cancelled()
 
     def close(self) -> None:

@@ -19,11 +19,11 @@ from dspy.utils.exceptions import LMError as DSPyLMError
 
 from fleet_kernel.cancel import CancelToken
 from fleet_kernel.config import Settings
-from fleet_kernel.engine.budget import BudgetExceeded, TurnBudget
+from fleet_kernel.engine.budget import TurnBudget
 from fleet_kernel.engine.lm import build_lms, explain_lm_error, scrub
 from fleet_kernel.engine.observe import TurnObserver
 from fleet_kernel.engine.sink import TurnEmitter
-from fleet_kernel.errors import FleetError, LMError, TurnCancelled, TurnDeadlineExceeded
+from fleet_kernel.errors import FleetError, LMError, TurnCancelled
 from fleet_kernel.sandbox import base as sandbox_base
 from fleet_kernel.sandbox import open_sandbox
 
@@ -118,14 +118,12 @@ def _failure(exc: BaseException, settings: Settings) -> Outcome:
 
 
 def stopped(cause: TurnCancelled, usage: dict[str, Any] | None = None) -> Outcome:
-    """The outcome of a turn stopped by ``cause``: a used-up budget or the deadline fail it, the rest cancel it."""
-    usage = usage or {}
-    if isinstance(cause, BudgetExceeded):
-        error = {"type": BudgetExceeded.code, "message": f"{cause.reason}: the turn was stopped"}
-        return Outcome("failed", error=error, usage=usage)
-    if isinstance(cause, TurnDeadlineExceeded):
-        return Outcome("failed", error={"type": TurnDeadlineExceeded.code, "message": cause.reason}, usage=usage)
-    return Outcome("cancelled", reason=cause.reason, usage=usage)
+    """The outcome of a turn stopped by ``cause``: one with a ``code`` (``BudgetExceeded``,
+    ``TurnDeadlineExceeded``) fails it with that error type, any other cancels it."""
+    code = getattr(cause, "code", None)
+    if code is not None:
+        return Outcome("failed", error={"type": code, "message": cause.reason}, usage=usage or {})
+    return Outcome("cancelled", reason=cause.reason, usage=usage or {})
 
 
 def run_turn(job: TurnJob) -> Outcome:
