@@ -303,7 +303,8 @@ class TurnRunner:
                 job.end()  # after the outcome is on its way, so the end is never taken for a cancellation
 
         def wake() -> None:
-            if not isinstance(running.cancel.error(), BudgetExceeded):  # the thread stopped itself: not stuck
+            # A used-up budget is noticed on the turn's own threads, which then unwind: no hurry for them.
+            if not isinstance(running.cancel.error(), BudgetExceeded):
                 with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
                     loop.call_soon_threadsafe(lambda: cancelled.done() or cancelled.set_result(None))
 
