@@ -1,9 +1,9 @@
 """Sandboxes for model-written code: pick a backend and get a ``dspy.RLM`` interpreter factory.
 
-    factory = open_sandbox(settings, workspace, cancel=cancel_event)
+    factory = open_sandbox(settings, workspace, cancel=token)  # the turn's CancelToken
     rlm = dspy.RLM("question -> answer", interpreter_factory=factory)
     ...
-    factory.interrupt()  # cancel: running and later executes raise TurnCancelled
+    token.cancel(reason)  # or factory.interrupt(): running and later executes raise TurnCancelled
     factory.close()      # kill every worker the factory started
 
 Backends: ``local`` (bubblewrap; the default where it works), ``pyodide``, ``daytona``, and
@@ -16,7 +16,6 @@ import functools
 import importlib.util
 import logging
 import sys
-import threading
 from pathlib import Path
 
 from typing import TYPE_CHECKING, Any
@@ -26,6 +25,7 @@ from fleet_kernel.errors import SandboxUnavailableError
 from fleet_kernel.sandbox.local import ProcessSession, probe_bwrap
 
 if TYPE_CHECKING:
+    from fleet_kernel.cancel import CancelToken
     from fleet_kernel.sandbox.base import InterpreterFactory, SandboxCrashed, SandboxObserver, observer
     from fleet_kernel.sandbox.interpreter import SandboxFactory, SandboxInterpreter
 
@@ -79,7 +79,7 @@ def _instructions(root: str, exec_timeout_s: float, limits: SandboxLimits, *, is
     )
 
 
-def open_sandbox(settings: Settings, workspace: Path, *, cancel: threading.Event | None = None) -> SandboxFactory:
+def open_sandbox(settings: Settings, workspace: Path, *, cancel: CancelToken | None = None) -> SandboxFactory:
     """An interpreter factory on the configured backend (``settings.sandbox``), working in ``workspace``.
 
     Raises:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fleet_kernel.cancel import CancelToken
 from fleet_kernel.config import Settings
 from fleet_kernel.errors import FleetError, SandboxUnavailableError
 from fleet_kernel.sandbox.interpreter import SandboxFactory
@@ -238,7 +239,7 @@ def delete_session_sandboxes(settings: Settings, session_id: str) -> int:
 # -- the backend ----------------------------------------------------------------------------------
 
 
-def open_daytona(settings: Settings, workspace: Path, *, cancel: threading.Event | None = None) -> SandboxFactory:
+def open_daytona(settings: Settings, workspace: Path, *, cancel: CancelToken | None = None) -> SandboxFactory:
     """An interpreter factory whose interpreters each run in a context of the session's Daytona sandbox.
 
     Raises:

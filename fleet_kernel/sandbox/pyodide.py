@@ -21,10 +21,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
+from fleet_kernel.cancel import CancelToken
 from fleet_kernel.config import SandboxLimits, Settings
 from fleet_kernel.errors import SandboxUnavailableError
 from fleet_kernel.sandbox._protocol import MAX_MESSAGE_BYTES, PipeSession, SessionClosed
@@ -339,7 +339,7 @@ def execution_instructions(exec_timeout_s: float) -> str:
     )
 
 
-def open_pyodide(settings: Settings, workspace: Path, *, cancel: threading.Event | None = None,
+def open_pyodide(settings: Settings, workspace: Path, *, cancel: CancelToken | None = None,
                  deno_dir: Path | None = None) -> SandboxFactory:
     """An interpreter factory whose interpreters each run in their own Pyodide worker process.
 
