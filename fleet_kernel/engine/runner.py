@@ -251,7 +251,7 @@ class TurnRunner:
             await self._announced(turn.turn_id)
             job = await self._prepare(running)
             outcome = await self._execute(running, job)
-            await self._collect_artifacts(running, job)
+            await self._collect_artifacts(running, job, cancelled=outcome.status == "cancelled")
         except Exception as exc:  # noqa: BLE001 - report any engine failure as turn.failed
             log.exception("turn %s failed in the engine", turn.turn_id)
             from fleet_kernel.engine.turn import Outcome
@@ -328,19 +328,21 @@ class TurnRunner:
             assert cause is not None
             return stopped(cause)
 
-    async def _collect_artifacts(self, running: _Running, job: TurnJob) -> None:
+    async def _collect_artifacts(self, running: _Running, job: TurnJob, *, cancelled: bool) -> None:
         """Files new or changed under ``artifacts/`` become artifact records and events.
 
         Sizes are checked before anything is read, each file is read and hashed through one descriptor
-        opened without following links, and collection stops at the turn's deadline or cancellation.
+        opened without following links, and collection stops at the turn's deadline, or a grace period
+        after it for a turn that was stopped (the token is spent by then: the outcome says why it ended).
         """
         turn = running.turn
         storage = self.settings.policy.storage
         max_bytes = int(storage.max_artifact_mb * 1024 * 1024)
-        deadline = max(running.started + self.settings.limits.turn_timeout_s, time.monotonic() + CANCEL_GRACE_S)
+        grace = time.monotonic() + CANCEL_GRACE_S
+        deadline = grace if cancelled else max(running.started + self.settings.limits.turn_timeout_s, grace)
 
         def should_stop() -> bool:
-            return job.cancel.is_set() or running.cancel_requested.is_set() or time.monotonic() > deadline
+            return time.monotonic() > deadline
 
         workspace = Workspace(job.workspace)
         known = await self.store.latest_artifact_digests(turn.session_id)
