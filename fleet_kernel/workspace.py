@@ -15,7 +15,11 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-MEMORY_FILE = "memory/MEMORIES.md"
+FILES_DIR = "files"  # the user's attachments
+ARTIFACTS_DIR = "artifacts"  # what turns produce for the user
+MEMORY_DIR = "memory"
+MEMORY_FILE = f"{MEMORY_DIR}/MEMORIES.md"  # the model's notes, kept across the turns of one session
+LAYOUT = (FILES_DIR, ARTIFACTS_DIR, MEMORY_DIR)  # the folders of every workspace, here and in each sandbox
 MEMORY_HEADER = "# Memories\n\nNotes kept across turns of this session.\n"
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -47,7 +51,7 @@ class Workspace:
         needs access: ``$FLEET_HOME``, ``workspaces/`` and every workspace folder are 0700, files 0600.
         """
         private_dir(self.root)
-        for sub in ("files", "artifacts", "memory"):
+        for sub in LAYOUT:
             path = self.root / sub
             if path.is_symlink() or (path.exists() and not path.is_dir()):
                 path.unlink()
@@ -78,18 +82,18 @@ class Workspace:
         digest = hashlib.sha256(data).hexdigest()
         for n in range(1, 10_000):
             candidate = f"{stem}{suffix}" if n == 1 else f"{stem}-{n}{suffix}"
-            target = self.root / "files" / candidate
+            target = self.root / FILES_DIR / candidate
             if os.path.lexists(target):
                 if not target.is_symlink() and target.is_file() and _sha256(target) == digest:
-                    return f"files/{candidate}"
+                    return f"{FILES_DIR}/{candidate}"
                 continue  # a different file, or a link or pipe planted by code: never write through it
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
-            return f"files/{candidate}"
+            return f"{FILES_DIR}/{candidate}"
         raise ValueError(f"too many files named like {name!r}")
 
-    def scan(self, sub: str = "artifacts", *, limit: int = 10_000) -> dict[str, FileInfo]:
+    def scan(self, sub: str = ARTIFACTS_DIR, *, limit: int = 10_000) -> dict[str, FileInfo]:
         """Regular files under ``sub`` (symlinks ignored), keyed by workspace-relative path."""
         found: dict[str, FileInfo] = {}
         base = self.root / sub
@@ -110,19 +114,19 @@ class Workspace:
     def manifest(self, *, max_entries: int = 50) -> str:
         """A bounded listing for the prompt: what the model can open with plain file calls."""
         lines = ["/workspace (your durable session folder; read and write it with normal Python file calls):"]
-        entries = [info for sub in ("files", "artifacts") for info in self.scan(sub, limit=max_entries + 1).values()]
+        entries = [info for sub in (FILES_DIR, ARTIFACTS_DIR) for info in self.scan(sub, limit=max_entries + 1).values()]
         for info in entries[:max_entries]:
             lines.append(f"  {info.path}  ({info.size} bytes, {info.mime})")
         if len(entries) > max_entries:
-            lines.append(f"  ... more files not listed; use os.listdir('/workspace/files') to see all")
+            lines.append(f"  ... more files not listed; use os.listdir('/workspace/{FILES_DIR}') to see all")
         if not entries:
-            lines.append("  files/ and artifacts/ are empty")
+            lines.append(f"  {FILES_DIR}/ and {ARTIFACTS_DIR}/ are empty")
         memory = self.root / MEMORY_FILE
         size = memory.stat().st_size if memory.exists() else 0
         lines.append(
             f"  {MEMORY_FILE}  ({size} bytes): your durable memory; read it first, append what a later turn needs"
         )
-        lines.append("  Save plots, tables and other outputs under /workspace/artifacts/ to show them to the user.")
+        lines.append(f"  Save plots, tables and other outputs under /workspace/{ARTIFACTS_DIR}/ to show them to the user.")
         return "\n".join(lines)
 
 
