@@ -23,7 +23,6 @@ from pydantic_core import PydanticCustomError
 from fleet_kernel.errors import ConfigError, ValidationError
 
 
-
 def _registered_sandbox(name: str) -> str:
     """A sandbox name must be registered (``fleet_kernel.sandbox.contract``, read when a value is checked)."""
     from fleet_kernel.sandbox import contract

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import html
 import re
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -23,7 +24,7 @@ from fleet_kernel.textsafe import terminal_safe
 if TYPE_CHECKING:
     import nbformat
 
-    from fleet_kernel.store import Store, TurnRow
+    from fleet_kernel.store import SessionRow, Store, TurnRow
 
 KEEP_OUTPUT_CHARS = 64_000
 """Output kept per iteration in memory; the store keeps all of it."""
@@ -33,6 +34,7 @@ OPEN_ITERATIONS = 3
 """A transcript with this many iterations or fewer shows them expanded; longer ones start collapsed."""
 INLINE_IMAGE_MIMES = ("image/png", "image/jpeg")
 MAX_INLINE_IMAGE_BYTES = 5 * 1024 * 1024
+SLUG_CHARS = 48
 KERNELSPEC = {"name": "fleet", "display_name": "Fleet RLM", "language": "markdown"}
 LANGUAGE_INFO = {
     "name": "markdown",
@@ -42,6 +44,15 @@ LANGUAGE_INFO = {
     "codemirror_mode": "markdown",
 }
 ERROR_NAMES = {"cancelled": "TurnCancelled", "failed": "TurnFailed", "interrupted": "TurnFailed"}
+MONO = "font-family:var(--jp-code-font-family,SFMono-Regular,Menlo,Consolas,monospace)"
+"""Code and output are set in monospace even where the host page styles ``pre`` (nbconvert's HTML does)."""
+WRAP = "white-space:pre-wrap;word-break:normal;overflow-wrap:anywhere"
+"""Long lines wrap at spaces (at any character only when a word is wider than the page)."""
+WRAP_PROMPTS = (
+    "<style>.jp-Cell:has(.fleet-transcript) .jp-InputArea-editor pre"
+    f"{{{WRAP}}}</style>"
+)
+"""Static HTML (nbconvert) wraps a long prompt instead of cutting it off; only cells holding a transcript."""
 
 
 # ---------------------------------------------------------------------------------------------- the view
@@ -281,14 +292,14 @@ def render_text(view: TurnView) -> str:
 def render_html(view: TurnView) -> str:
     """The transcript as self-contained HTML; every model-written string is escaped."""
     esc = html.escape
-    out = [f'<div class="fleet-transcript"><p style="opacity:.75"><em>{esc(_header(view))}</em></p>']
+    out = [WRAP_PROMPTS, f'<div class="fleet-transcript"><p style="opacity:.75"><em>{esc(_header(view))}</em></p>']
     opened = " open" if len(view.iterations) <= OPEN_ITERATIONS else ""
     for it in view.iterations:
         out.append(f"<details{opened}><summary><b>{esc(it.label)}</b>{esc(iteration_note(it))}</summary>")
         out.append(iteration_html(it))
         out.append("</details>")
     for line in _artifact_lines(view, ""):
-        out.append(f"<div>artifact: <code>{esc(line)}</code></div>")
+        out.append(f'<div>artifact: <code style="{MONO}">{esc(line)}</code></div>')
     if view.status == "completed":
         out.append(f'<hr/><div class="fleet-answer">{markdown_html(view.answer or "*(empty answer)*")}</div>')
     elif view.outcome_text():
@@ -316,12 +327,13 @@ def iteration_html(it: IterationView, *, output_limit: int = SHOW_OUTPUT_CHARS) 
         parts.append(highlight_python(it.code))
     if it.output or it.output_dropped:
         shown = clip(it.output, output_limit, it.output_dropped)
-        parts.append(f'<pre style="border-left:3px solid #999;padding-left:6px">{esc(shown)}</pre>')
+        style = f"border-left:3px solid #999;padding-left:6px;{WRAP};{MONO}"
+        parts.append(f'<pre style="{style}">{esc(shown)}</pre>')
     for tool in it.tools:
-        parts.append(f"<div>tool: <code>{esc(tool)}</code></div>")
+        parts.append(f'<div>tool: <code style="{MONO}">{esc(tool)}</code></div>')
     if it.error:
         message = f"{it.error.get('type', 'Error')}: {it.error.get('message', '')}"
-        parts.append(f'<pre style="color:#b00">{esc(message)}</pre>')
+        parts.append(f'<pre style="color:#b00;{WRAP};{MONO}">{esc(message)}</pre>')
     return "\n".join(parts)
 
 
@@ -330,7 +342,8 @@ def highlight_python(code: str) -> str:
     from pygments.formatters import HtmlFormatter
     from pygments.lexers import PythonLexer
 
-    return highlight(code, PythonLexer(), HtmlFormatter(noclasses=True, nobackground=True))
+    formatter = HtmlFormatter(noclasses=True, nobackground=True, prestyles=f"{WRAP};{MONO}")
+    return highlight(code, PythonLexer(), formatter)
 
 
 def markdown_html(text: str) -> str:
@@ -425,9 +438,10 @@ async def session_notebook(store: Store, session_id: str) -> nbformat.NotebookNo
     from nbformat import v4
 
     session = await store.get_session(session_id)
-    cells = []
-    for turn in await store.list_turns(session_id):
-        view = await turn_view(store, turn)
+    turns = await store.list_turns(session_id)
+    views = [await turn_view(store, turn) for turn in turns]
+    cells = [v4.new_markdown_cell(title_markdown(session, views), metadata={"fleet": {"role": "title"}})]
+    for turn, view in zip(turns, views, strict=True):
         cell = v4.new_code_cell(source=turn.task, execution_count=turn.position)
         cell.outputs = await turn_outputs(store, view, turn.position)
         cell.metadata["fleet"] = {"turn_id": turn.turn_id, "status": turn.status}
@@ -438,3 +452,30 @@ async def session_notebook(store: Store, session_id: str) -> nbformat.NotebookNo
     nb.metadata["fleet"] = {"session_id": session.session_id, "title": session.title}
     nbformat.validate(nb)
     return nb
+
+
+def title_markdown(session: SessionRow, turns: list[TurnView]) -> str:
+    """The exported notebook's first cell: the session's title, its models and its dates."""
+    models = list(dict.fromkeys(_model_name(t.model) for t in turns if t.model))
+    facts = [
+        f"Fleet session `{session.session_id}`",
+        f"{len(turns)} turn{'s' * (len(turns) != 1)}",
+        f"model{'s' * (len(models) > 1)}: {', '.join(f'`{m}`' for m in models)}" if models else "no model yet",
+        f"created {session.created_at:%Y-%m-%d %H:%M} UTC",
+        f"updated {session.updated_at:%Y-%m-%d %H:%M} UTC",
+    ]
+    title = (session.title or "Untitled session").replace("\n", " ")
+    return f"# {_md_escape(title)}\n\n" + " · ".join(facts) + "\n"
+
+
+def notebook_filename(session: SessionRow) -> str:
+    """``fleet-<slug of the title>-<short id>.ipynb``: ASCII, lower case, safe in any folder or header."""
+    ascii_title = unicodedata.normalize("NFKD", session.title).encode("ascii", "ignore").decode()
+    slug = re.sub(r"[^a-z0-9]+", "-", ascii_title.lower()).strip("-")[:SLUG_CHARS].rstrip("-")
+    short = session.session_id.partition("_")[2][:8] or session.session_id[:8]
+    return "-".join(part for part in ("fleet", slug, short) if part) + ".ipynb"
+
+
+def _md_escape(text: str) -> str:
+    """Text shown literally in Markdown: its punctuation escaped, raw HTML impossible."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~])", r"\\\1", text)

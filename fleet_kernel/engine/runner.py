@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import importlib
 import logging
 import threading
 import time
@@ -17,12 +18,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fleet_kernel import safe_files
 from fleet_kernel.config import Settings
 from fleet_kernel.engine.sink import EventHub, EventWriter, TurnEmitter, follow
 from fleet_kernel.errors import ValidationError
 from fleet_kernel.events import Event
 from fleet_kernel.store import Store, TurnRow
-from fleet_kernel.workspace import Workspace
+from fleet_kernel.workspace import Workspace, guess_mime
 
 if TYPE_CHECKING:
     from fleet_kernel.engine.turn import LMFactory, Outcome, TurnJob
@@ -44,6 +46,7 @@ class _Running:
     cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
     reason: str = "cancelled"
     task: asyncio.Task[None] | None = None
+    started: float = field(default_factory=time.monotonic)  # the deadline counts from here
 
 
 class TurnHandle:
@@ -267,6 +270,8 @@ class TurnRunner:
             pass  # a slow store must not hold the turn back
 
     async def _prepare(self, running: _Running) -> TurnJob:
+        # dspy loads (or finishes loading) on a thread: the loop keeps delivering this turn's first events
+        await asyncio.to_thread(importlib.import_module, "fleet_kernel.engine.turn")
         from fleet_kernel.engine.turn import TurnJob
 
         turn = running.turn
@@ -323,19 +328,46 @@ class TurnRunner:
         return outcome
 
     async def _collect_artifacts(self, running: _Running, job: TurnJob) -> None:
-        """Files new or changed under ``artifacts/`` become artifact records and events."""
+        """Files new or changed under ``artifacts/`` become artifact records and events.
+
+        Sizes are checked before anything is read, each file is read and hashed through one descriptor
+        opened without following links, and collection stops at the turn's deadline or cancellation.
+        """
         turn = running.turn
         storage = self.settings.policy.storage
+        max_bytes = int(storage.max_artifact_mb * 1024 * 1024)
+        deadline = max(running.started + self.settings.limits.turn_timeout_s, time.monotonic() + CANCEL_GRACE_S)
+
+        def should_stop() -> bool:
+            return job.cancel.is_set() or running.cancel_requested.is_set() or time.monotonic() > deadline
+
+        workspace = Workspace(job.workspace)
         known = await self.store.latest_artifact_digests(turn.session_id)
-        found = await asyncio.to_thread(Workspace(job.workspace).scan, "artifacts")
-        changed = [info for path, info in found.items() if known.get(path) != info.sha256]
-        for info in changed[: storage.max_artifacts_per_turn]:
-            if info.size > storage.max_artifact_mb * 1024 * 1024:
+        found = await asyncio.to_thread(workspace.files, "artifacts")
+        added = 0
+        for path, st in found:
+            if added >= storage.max_artifacts_per_turn:
+                break
+            if should_stop():
+                log.warning("turn %s: artifact collection stopped (deadline or cancellation)", turn.turn_id)
+                break
+            if st.st_size > max_bytes:
+                log.warning("turn %s: %s is %d bytes, over storage.max_artifact_mb; not collected",
+                            turn.turn_id, path, st.st_size)
                 continue
-            data = await asyncio.to_thread((job.workspace / info.path).read_bytes)
+            try:
+                changed = await asyncio.to_thread(workspace.read_if_changed, path, st, known.get(path),
+                                                  max_bytes=max_bytes, should_stop=should_stop)
+            except safe_files.Refused as exc:
+                log.warning("turn %s: artifact not collected: %s", turn.turn_id, exc)
+                continue
+            if changed is None:
+                continue
+            data, _ = changed
             row = await self.store.add_artifact(
-                session_id=turn.session_id, turn_id=turn.turn_id, path=info.path, mime=info.mime, data=data
+                session_id=turn.session_id, turn_id=turn.turn_id, path=path, mime=guess_mime(path), data=data
             )
+            added += 1
             running.emitter.emit(
                 "artifact",
                 {"artifact_id": row.artifact_id, "path": row.path, "mime": row.mime, "size": row.size, "sha256": row.sha256},

@@ -306,9 +306,9 @@ async def finish_turn(
             continue
         pub.display(*image_bundle(art["path"], art["mime"], blob))
     data, metadata = transcript_bundle(view)
-    if text_mode:  # the terminal already printed the transcript line by line
+    if text_mode:  # the terminal already printed the transcript and its summary line by line
         outcome = view.answer if view.status == "completed" else view.outcome_text()
-        data["text/plain"] = f"── {view.summary()}\n{outcome}\n"
+        data["text/plain"] = f"{outcome}\n"
     pub.send("execute_result", {"execution_count": execution_count, "data": data, "metadata": metadata})
     error = error_content(view)
     if error is not None:

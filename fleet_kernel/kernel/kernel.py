@@ -19,7 +19,7 @@ from ipykernel.kernelbase import Kernel
 
 from fleet_kernel import __version__
 from fleet_kernel.kernel import commands
-from fleet_kernel.kernel.context import KernelContext, load_off_loop, route_output_to_log
+from fleet_kernel.kernel.context import KernelContext, load_off_loop, route_output_to_log, skip_unused_imports
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ class FleetKernel(Kernel):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        skip_unused_imports()
         self.log_path = route_output_to_log()
         self.ctx = KernelContext()
         self._active: Any = None  # the running TurnHandle
@@ -140,6 +141,7 @@ class FleetKernel(Kernel):
         cell_id: str | None = None,
     ) -> dict[str, Any]:
         self._executed = True
+        code = commands.substitute(self.ctx.params, code)
         text = code.strip()
         if not text:
             return self._ok()
