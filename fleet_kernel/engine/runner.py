@@ -22,7 +22,7 @@ from fleet_kernel import safe_files
 from fleet_kernel.config import Settings
 from fleet_kernel.engine.sink import EventHub, EventWriter, TurnEmitter, follow
 from fleet_kernel.errors import ValidationError
-from fleet_kernel.events import Event
+from fleet_kernel.events import Artifact, Event, TurnCancelledData, TurnCompleted, TurnFailed, TurnStarted
 from fleet_kernel.store import Store, TurnRow
 from fleet_kernel.workspace import Workspace, guess_mime
 
@@ -183,13 +183,12 @@ class TurnRunner:
         emitter = TurnEmitter(self._writer, session_id=session_id, turn_id=turn.turn_id)
         limits = settings.limits
         emitter.emit(
-            "turn.started",
-            {
-                "task": task,
-                "run_id": turn.run_id,
-                "model": self.settings.lm_model,
-                "sandbox": sandbox,
-                "limits": {
+            TurnStarted(
+                task=task,
+                run_id=turn.run_id,
+                model=self.settings.lm_model,
+                sandbox=sandbox,
+                limits={
                     "max_iters": limits.max_iters,
                     "max_llm_calls": limits.max_llm_calls,
                     "timeout_s": limits.turn_timeout_s,
@@ -199,7 +198,7 @@ class TurnRunner:
                     "max_tokens": settings.policy.lm.max_tokens,
                     "sub_max_tokens": settings.policy.lm.sub_cap,
                 },
-            },
+            ),
         )
         running = _Running(turn, emitter, settings)
         self._running[turn.turn_id] = running
@@ -369,8 +368,7 @@ class TurnRunner:
             )
             added += 1
             running.emitter.emit(
-                "artifact",
-                {"artifact_id": row.artifact_id, "path": row.path, "mime": row.mime, "size": row.size, "sha256": row.sha256},
+                Artifact(artifact_id=row.artifact_id, path=row.path, mime=row.mime, size=row.size, sha256=row.sha256)
             )
 
     async def _finish(self, running: _Running, outcome: Outcome, duration_ms: float) -> None:
@@ -394,17 +392,18 @@ class TurnRunner:
             except Exception:  # noqa: BLE001 - still end the stream; the row is reaped later if it stays running
                 log.exception("recording the outcome of %s failed", turn.turn_id)
         if outcome.status == "completed":
-            data: dict[str, Any] = {
-                "answer": outcome.answer or "",
-                "usage": usage,
-                "duration_ms": round(duration_ms, 3),
-                "extracted": outcome.extracted,
-            }
-            running.emitter.emit("turn.completed", data)
+            running.emitter.emit(
+                TurnCompleted(
+                    answer=outcome.answer or "",
+                    usage=usage,
+                    duration_ms=round(duration_ms, 3),
+                    extracted=outcome.extracted,
+                )
+            )
         elif outcome.status == "cancelled":
-            running.emitter.emit("turn.cancelled", {"reason": outcome.reason or running.reason})
+            running.emitter.emit(TurnCancelledData(reason=outcome.reason or running.reason))
         else:
-            running.emitter.emit("turn.failed", {"error": outcome.error or {"type": "error", "message": "failed"}})
+            running.emitter.emit(TurnFailed(error=outcome.error or {"type": "error", "message": "failed"}))
         await committed.wait()
         self._running.pop(turn.turn_id, None)
 
