@@ -238,9 +238,9 @@ class TurnRunner:
         return turn_id in self._running
 
     def sandbox_name(self) -> str:
-        from fleet_kernel.sandbox import default_backend
+        from fleet_kernel.sandbox import choose
 
-        return self.settings.sandbox or default_backend()
+        return choose(self.settings)
 
     # ------------------------------------------------------------------ the turn
 
