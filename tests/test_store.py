@@ -14,7 +14,7 @@ import pytest
 
 from fleet_kernel.errors import ConflictError, NotFoundError, StoreUnavailableError, ValidationError
 from fleet_kernel.events import make_event
-from fleet_kernel.store import Store
+from fleet_kernel.store import Interrupted, Store
 
 
 def _events(session_id: str, turn_id: str, seqs: range) -> list:
@@ -107,11 +107,13 @@ async def test_stale_turn_is_interrupted_with_a_terminal_event(store: Store) -> 
     turn, _ = await store.claim_turn(ses.session_id, "t")
     await store.append_events(_events(ses.session_id, turn.turn_id, range(1, 4)))
     assert await store.reap_stale_turns() == []  # fresh heartbeat
-    assert await store.reap_stale_turns(timedelta(seconds=-1)) == [turn.turn_id]
+    reaped = await store.reap_stale_turns(timedelta(seconds=-1))
     row = await store.get_turn(turn.turn_id)
     assert row.status == "interrupted" and "stopped before it finished" in row.error["message"]
-    events = await store.events_after(turn.turn_id)
-    assert [e.type for e in events][-1] == "turn.failed" and events[-1].seq == 4
+    # The store writes no event: its caller emits the terminal one, at the seq after the last stored.
+    assert reaped == [Interrupted(turn.turn_id, ses.session_id, 4, row.error)]
+    assert [e.seq for e in await store.events_after(turn.turn_id)] == [1, 2, 3]
+    assert await store.reap_stale_turns(timedelta(seconds=-1)) == []  # ended once
 
 
 async def test_blobs_attachments_artifacts(store: Store) -> None:

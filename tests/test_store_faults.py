@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import update
 
 from fleet_kernel.errors import ConflictError
-from fleet_kernel.store import LEASE, PROCESS_OWNER, Store, TurnRow, utcnow
+from fleet_kernel.store import LEASE, PROCESS_OWNER, Interrupted, Store, TurnRow, utcnow
 
 
 def _exited_owner() -> str:
@@ -34,20 +34,22 @@ async def test_a_turn_of_an_exited_process_gives_way_to_the_next_claim(store: St
     old, _ = await store.claim_turn(ses.session_id, "left running by a killed process")
     await _set_owner(store, old.turn_id, _exited_owner())  # its heartbeat is fresh: only the pid tells
 
-    new, created = await store.claim_turn(ses.session_id, "the next turn")
+    claim = await store.claim_turn(ses.session_id, "the next turn")
 
+    new, created = claim
     assert created and new.turn_id != old.turn_id
     row = await store.get_turn(old.turn_id)
     assert row.status == "interrupted" and "stopped before it finished" in row.error["message"]
-    events = await store.events_after(old.turn_id)
-    assert [(e.seq, e.type) for e in events] == [(1, "turn.failed")]
+    # The store writes no event: it hands the ended turn, with the seq of its terminal event, to the caller.
+    assert claim.interrupted == Interrupted(old.turn_id, ses.session_id, 1, row.error)
+    assert await store.events_after(old.turn_id) == []
 
 
 async def test_the_reaper_finds_an_exited_owner_without_waiting_for_a_lease(store: Store) -> None:
     ses = await store.create_session()
     old, _ = await store.claim_turn(ses.session_id, "t")
     await _set_owner(store, old.turn_id, _exited_owner())
-    assert await store.reap_stale_turns() == [old.turn_id]
+    assert [t.turn_id for t in await store.reap_stale_turns()] == [old.turn_id]
     assert await store.reap_stale_turns() == []
 
 
@@ -59,8 +61,9 @@ async def test_an_owner_on_another_machine_keeps_its_turn_for_the_lease_only(sto
     with pytest.raises(ConflictError):
         await store.claim_turn(ses.session_id, "too early")
     await _set_owner(store, old.turn_id, elsewhere, silent_for=LEASE + timedelta(seconds=1))
-    _new, created = await store.claim_turn(ses.session_id, "after the lease")
-    assert created and (await store.get_turn(old.turn_id)).status == "interrupted"
+    claim = await store.claim_turn(ses.session_id, "after the lease")
+    assert claim.created and (await store.get_turn(old.turn_id)).status == "interrupted"
+    assert claim.interrupted is not None and claim.interrupted.turn_id == old.turn_id
 
 
 async def test_a_live_owner_that_missed_a_few_beats_keeps_its_turn(store: Store) -> None:

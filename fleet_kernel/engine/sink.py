@@ -160,7 +160,7 @@ class EventWriter:
         delivered = False
         while True:
             try:
-                event = await self.store.fail_turn(turn_id, error)
+                event = await self._store_failed(terminal, error)
                 self.last_error = None
             except Exception as exc:  # noqa: BLE001 - the store is still unwritable: tell watchers here, retry
                 self.last_error = describe_write_error(exc, self.store.location)
@@ -175,6 +175,18 @@ class EventWriter:
                 self._closed(turn_id)
             self._broken.pop(turn_id, None)
             return
+
+    async def _store_failed(self, terminal: Event, error: dict[str, Any]) -> Event | None:
+        """End the turn as failed and store its ``turn.failed`` at the seq the store reserves for it;
+        ``None`` if its stream had ended already."""
+        seq = await self.store.fail_turn(terminal.turn_id, error)
+        if seq is None:
+            return None
+        event = make_event(
+            "turn.failed", {"error": error}, seq=seq, session_id=terminal.session_id, turn_id=terminal.turn_id
+        )
+        await self.store.append_events([event])
+        return event
 
     def _failed_event(self, terminal: Event, error: dict[str, Any]) -> Event:
         seq = self._last_seq.get(terminal.turn_id, 0) + 1
