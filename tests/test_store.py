@@ -14,7 +14,7 @@ import pytest
 
 from fleet_kernel.errors import ConflictError, NotFoundError, StoreUnavailableError, ValidationError
 from fleet_kernel.events import make_event
-from fleet_kernel.store import Interrupted, Store
+from fleet_kernel.store import EndedTurn, Store
 
 
 def _events(session_id: str, turn_id: str, seqs: range) -> list:
@@ -111,7 +111,7 @@ async def test_stale_turn_is_interrupted_with_a_terminal_event(store: Store) -> 
     row = await store.get_turn(turn.turn_id)
     assert row.status == "interrupted" and "stopped before it finished" in row.error["message"]
     # The store writes no event: its caller emits the terminal one, at the seq after the last stored.
-    assert reaped == [Interrupted(turn.turn_id, ses.session_id, 4, row.error)]
+    assert reaped == [EndedTurn(turn.turn_id, ses.session_id, 4, row.error)]
     assert [e.seq for e in await store.events_after(turn.turn_id)] == [1, 2, 3]
     assert await store.reap_stale_turns(timedelta(seconds=-1)) == []  # ended once
 

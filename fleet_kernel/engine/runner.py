@@ -22,7 +22,7 @@ from fleet_kernel.config import Settings
 from fleet_kernel.engine.sink import EventHub, EventWriter, TurnEmitter, follow
 from fleet_kernel.errors import ValidationError
 from fleet_kernel.events import Event
-from fleet_kernel.store import Interrupted, Store, TurnRow
+from fleet_kernel.store import EndedTurn, Store, TurnRow
 from fleet_kernel.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ class TurnRunner:
             await self._writer.close()
             self._writer = None
 
-    async def reap(self) -> list[Interrupted]:
+    async def reap(self) -> list[EndedTurn]:
         """End the running turns whose owner is gone (see ``Store.reap_stale_turns``), each with its
         terminal event; returns them."""
         await self.open()
@@ -128,7 +128,7 @@ class TurnRunner:
         self._end_interrupted(interrupted)
         return interrupted
 
-    def _end_interrupted(self, turns: Iterable[Interrupted]) -> None:
+    def _end_interrupted(self, turns: Iterable[EndedTurn]) -> None:
         """Emit the one terminal event of each turn the store ended for its owner, at the seq reserved for it."""
         assert self._writer is not None
         for turn in turns:

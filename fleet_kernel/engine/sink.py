@@ -129,6 +129,8 @@ class EventWriter:
                     await asyncio.sleep(0.1 * (attempt + 1))
         else:
             self.last_error = error
+            for event in batch:  # what is stored of each turn none of whose events this writer committed
+                self._last_seq.setdefault(event.turn_id, event.seq - 1)
             self._break({e.turn_id for e in batch}, {"type": "store_unwritable", "message": error})
             for event in [e for e in batch if e.terminal]:
                 self._end_broken(event)
@@ -178,12 +180,12 @@ class EventWriter:
 
     async def _store_failed(self, terminal: Event, error: dict[str, Any]) -> Event | None:
         """End the turn as failed and store its ``turn.failed`` at the seq the store reserves for it;
-        ``None`` if its stream had ended already."""
-        seq = await self.store.fail_turn(terminal.turn_id, error)
-        if seq is None:
+        ``None`` if its stream had ended already (or another process ends it)."""
+        ended = await self.store.fail_turn(terminal.turn_id, error)
+        if ended is None:
             return None
         event = make_event(
-            "turn.failed", {"error": error}, seq=seq, session_id=terminal.session_id, turn_id=terminal.turn_id
+            "turn.failed", {"error": ended.error}, seq=ended.seq, session_id=ended.session_id, turn_id=ended.turn_id
         )
         await self.store.append_events([event])
         return event

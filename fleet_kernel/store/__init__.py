@@ -14,10 +14,10 @@ from fleet_kernel.store.connection import describe_write_error, uninterrupted
 from fleet_kernel.store.events import EVENTS_CHANNEL, EventStore
 from fleet_kernel.store.files import FileStore
 from fleet_kernel.store.models import ArtifactRow, AttachmentRow, SessionRow, TurnRow, new_id, utcnow
-from fleet_kernel.store.turns import HUNG_AFTER, LEASE, PROCESS_OWNER, Claim, Interrupted, TurnStore
+from fleet_kernel.store.turns import HUNG_AFTER, LEASE, PROCESS_OWNER, Claim, EndedTurn, TurnStore
 
 __all__ = [
-    "Store", "Claim", "Interrupted", "SessionRow", "TurnRow", "AttachmentRow", "ArtifactRow",
+    "Store", "Claim", "EndedTurn", "SessionRow", "TurnRow", "AttachmentRow", "ArtifactRow",
     "new_id", "utcnow", "describe_write_error", "PROCESS_OWNER", "LEASE", "HUNG_AFTER", "EVENTS_CHANNEL",
 ]  # fmt: skip
 

@@ -1,10 +1,11 @@
 """Turns: claims, leases and their owners' liveness, heartbeats, cancellation, and the end of turns
 whose owner is gone.
 
-The store records no event: ending an abandoned turn reserves the seq of its terminal event in the
-turn row and returns it (``Interrupted``); the engine emits that event through its one writer, which
-validates it and delivers it to watchers in the process as well. Only the transaction that moved the
-turn out of ``running`` returns it, so however many processes reap at once, one event is emitted.
+The store records no event: ending a turn on the engine's behalf (its owner is gone, or its events
+could not all be stored) reserves the seq of its terminal event in the turn row, makes this process
+the turn's owner, and returns it (``EndedTurn``); the engine emits that event through its one writer,
+which validates it and delivers it to watchers in the process as well. Only the transaction that moved
+the turn out of ``running`` returns it, so however many processes reap at once, one event is emitted.
 """
 
 from __future__ import annotations
@@ -84,8 +85,9 @@ def abandoned(row: TurnRow, now: datetime) -> bool:
 
 
 @dataclass(frozen=True)
-class Interrupted:
-    """A turn the store ended because its owner is gone; the engine emits its ``turn.failed`` at ``seq``."""
+class EndedTurn:
+    """A turn the store has ended whose terminal event is not stored yet: the engine emits it, a
+    ``turn.failed`` with ``error``, at ``seq``."""
 
     turn_id: str
     session_id: str
@@ -97,9 +99,9 @@ class Claim(tuple[TurnRow, bool]):
     """What ``claim_turn`` did: the pair ``(turn, created)``, and in ``interrupted`` the session's
     abandoned turn it ended to make room, whose terminal event the caller emits."""
 
-    interrupted: Interrupted | None
+    interrupted: EndedTurn | None
 
-    def __new__(cls, turn: TurnRow, created: bool, interrupted: Interrupted | None = None) -> Self:
+    def __new__(cls, turn: TurnRow, created: bool, interrupted: EndedTurn | None = None) -> Self:
         claim = super().__new__(cls, (turn, created))
         claim.interrupted = interrupted
         return claim
@@ -142,7 +144,7 @@ class TurnStore(SessionStore):
                     )
                 return Claim(existing, False)
             now = utcnow()
-            interrupted: Interrupted | None = None
+            interrupted: EndedTurn | None = None
             try:
                 async with self._write() as s:
                     ses = await s.get(SessionRow, session_id)
@@ -299,7 +301,7 @@ class TurnStore(SessionStore):
             row.cancel_reason = reason
             return row, "requested"
 
-    async def reap_stale_turns(self, stale_after: timedelta | None = None) -> list[Interrupted]:
+    async def reap_stale_turns(self, stale_after: timedelta | None = None) -> list[EndedTurn]:
         """End running turns whose owner is gone as ``interrupted``; returns them, for the caller to emit
         each one's terminal event.
 
@@ -325,13 +327,13 @@ class TurnStore(SessionStore):
             now = utcnow()
             return [_interrupt(row) for row in rows if gone(row, now)]
 
-    async def fail_turn(self, turn_id: str, error: dict[str, Any]) -> int | None:
-        """End a turn as ``failed`` right after its last committed event; returns the seq its terminal
-        ``turn.failed`` must take, or ``None`` if its stream has ended already.
+    async def fail_turn(self, turn_id: str, error: dict[str, Any]) -> EndedTurn | None:
+        """End a turn as ``failed`` right after its last committed event; returns it, for the caller to
+        store its terminal event, or ``None`` if its stream has ended already.
 
-        For a turn some of whose events could not be committed: nothing after the gap is ever stored, and
-        the caller stores the terminal event at the seq returned. Called again before that event is
-        stored, it returns the same seq.
+        For a turn some of whose events could not be committed: nothing after the gap is ever stored. A
+        turn this process ended before without its terminal event being stored (an earlier call, or a
+        reap) is returned as it was ended; one another process ended is that process's to finish.
         """
         async with self._write() as s:
             row = await s.scalar(select(TurnRow).where(TurnRow.turn_id == turn_id).with_for_update())
@@ -342,27 +344,29 @@ class TurnStore(SessionStore):
             )
             if last in TERMINAL_TYPES:
                 return None
-            if last is None and row.status != "running" and row.last_seq > 0:
-                return row.last_seq  # reserved by an earlier call whose event was not stored
-            _end(row, "failed", error)
-            return row.last_seq
+            if row.status == "running" or last is not None or row.last_seq == 0:
+                return _end(row, "failed", error)
+            if row.owner != PROCESS_OWNER:  # its terminal seq is reserved, and another process emits it
+                return None
+            return EndedTurn(row.turn_id, row.session_id, row.last_seq, row.error or error)
 
 
-def _end(row: TurnRow, status: str, error: dict[str, Any]) -> None:
-    """End a turn in the caller's transaction, reserving the seq of its terminal event."""
+def _end(row: TurnRow, status: str, error: dict[str, Any]) -> EndedTurn:
+    """End a turn in the caller's transaction, reserving the seq of its terminal event for this process."""
     row.status = status
     row.finished_at = utcnow()
     row.error = error
+    row.owner = PROCESS_OWNER
     row.last_seq += 1
+    return EndedTurn(row.turn_id, row.session_id, row.last_seq, error)
 
 
-def _interrupt(row: TurnRow) -> Interrupted:
+def _interrupt(row: TurnRow) -> EndedTurn:
     error = {
         "type": "interrupted",
         "message": f"the process running this turn ({row.owner}) stopped before it finished; run it again",
     }
-    _end(row, "interrupted", error)
-    return Interrupted(row.turn_id, row.session_id, row.last_seq, error)
+    return _end(row, "interrupted", error)
 
 
 def _title_from(task: str) -> str:
