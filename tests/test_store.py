@@ -217,7 +217,7 @@ CANCELLER = textwrap.dedent(
 
 async def test_callers_cancelled_mid_query_do_not_hang_shutdown(store: Store, tmp_path: Path) -> None:
     # An SSE client that goes away cancels its reader in the middle of a query; the process must still exit.
-    # (Without Store's ``_uninterrupted`` this hangs in most runs: aiosqlite 0.22 under SQLAlchemy 2.1.)
+    # (Without the store's ``uninterrupted`` guard this hangs in most runs: aiosqlite 0.22 under SQLAlchemy 2.1.)
     script = tmp_path / "canceller.py"
     script.write_text(CANCELLER)
     proc = await asyncio.create_subprocess_exec(sys.executable, str(script), store.url, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
