@@ -162,6 +162,9 @@ class TurnStore(SessionStore):
                         .where(TurnRow.session_id == session_id, TurnRow.status == "running")
                         .with_for_update()  # PostgreSQL: a concurrent reaper waits, then finds it ended
                     )
+                    ours = running is not None and running.idempotency_key == idempotency_key
+                    if ours and idempotency_key is not None:
+                        continue  # committed since the check above (PostgreSQL reads each statement anew)
                     if running is not None and abandoned(running, now):
                         interrupted = _interrupt(running)
                         await s.flush()  # the old turn stops running before the new one starts
