@@ -38,6 +38,7 @@ HEARTBEAT_S = 0.5
 CANCEL_GRACE_S = 1.0
 ANNOUNCE_WAIT_S = 0.25
 MAX_TASK_CHARS = 100_000
+MAX_CELL_ID_CHARS = 200
 
 
 @dataclass
@@ -174,11 +175,15 @@ class TurnRunner:
         *,
         idempotency_key: str | None = None,
         limits: dict[str, Any] | None = None,
+        cell_id: str | None = None,
+        supersedes_turn_id: str | None = None,
     ) -> TurnHandle:
         """Claim and start a turn (or return the one that owns ``idempotency_key``).
 
         ``limits`` lowers this turn's ``[limits]`` (``max_turn_tokens``, ``max_iters``, ...); none may
-        exceed the policy.
+        exceed the policy. ``cell_id`` names the notebook cell the turn runs from (Jupyter's
+        ``cellId``): the turn then supersedes that cell's latest turn in the history later turns see.
+        ``supersedes_turn_id`` names the replaced turn directly (a turn of this session).
 
         Raises:
             ValidationError: empty or oversized task, the key belongs to another task, or a limit is
@@ -190,12 +195,20 @@ class TurnRunner:
             raise ValidationError("the task is empty: write what the model should do")
         if len(task) > MAX_TASK_CHARS:
             raise ValidationError(f"the task is {len(task)} characters; the limit is {MAX_TASK_CHARS}. Attach long text as a file")
+        if cell_id is not None and not 0 < len(cell_id) <= MAX_CELL_ID_CHARS:
+            raise ValidationError(f"a cell id has 1 to {MAX_CELL_ID_CHARS} characters; this one has {len(cell_id)}")
         settings = self.settings.for_turn(limits)
         await self.open()
         assert self._writer is not None
         sandbox = self.sandbox_name()
         claim = await self.store.claim_turn(
-            session_id, task, idempotency_key=idempotency_key, model=self.settings.lm_model, sandbox=sandbox
+            session_id,
+            task,
+            idempotency_key=idempotency_key,
+            model=self.settings.lm_model,
+            sandbox=sandbox,
+            cell_id=cell_id,
+            supersedes_turn_id=supersedes_turn_id,
         )
         if claim.interrupted is not None:  # the session's turn whose owner is gone, ended by this claim
             self._end_interrupted([claim.interrupted])
@@ -221,6 +234,8 @@ class TurnRunner:
                     "max_tokens": settings.policy.lm.max_tokens,
                     "sub_max_tokens": settings.policy.lm.sub_cap,
                 },
+                cell_id=turn.cell_id,
+                supersedes_turn_id=turn.supersedes_turn_id,
             ),
         )
         running = _Running(turn, emitter, settings)
@@ -431,13 +446,16 @@ class TurnRunner:
 
 
 def format_history(turns: list[TurnRow], max_chars: int) -> str:
-    """Earlier turns as the model sees them, newest kept when over ``max_chars``."""
+    """Earlier turns as the model sees them (``Store.history``), newest kept when over ``max_chars``.
+
+    Turns are numbered in the order given, the order of the notebook's cells, not the order they ran.
+    """
     if not turns:
         return "(this is the first turn of the session)"
     blocks = []
-    for turn in turns:
+    for number, turn in enumerate(turns, 1):
         answer = turn.answer if turn.status == "completed" else f"({turn.status}: {(turn.error or {}).get('message', '')})"
-        blocks.append(f"--- turn {turn.position} ---\nUser: {turn.task}\nAssistant: {answer}")
+        blocks.append(f"--- turn {number} ---\nUser: {turn.task}\nAssistant: {answer}")
     text = "\n\n".join(blocks)
     if len(text) > max_chars:
         text = "... (older turns omitted)\n" + text[-max_chars:]
