@@ -18,7 +18,8 @@ FORGOTTEN = datetime(2026, 12, 1)
 
 def line(n: int, status: str = "completed", cell: str | None = None, supersedes: int | None = None,
          forgotten: bool = False) -> TurnLine:  # fmt: skip
-    return TurnLine(f"t{n}", n, status, cell, f"t{supersedes}" if supersedes else None, FORGOTTEN if forgotten else None)
+    earlier = f"t{supersedes}" if supersedes else None
+    return TurnLine(f"t{n}", n, status, cell, earlier, FORGOTTEN if forgotten else None)
 
 
 def seen(*lines: TurnLine) -> list[str]:

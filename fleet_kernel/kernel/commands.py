@@ -314,7 +314,9 @@ async def cmd_history(ctx: KernelContext, args: list[str]) -> Reply:
         await ctx.store.set_in_history(ctx.session_id, args[1], keep)
         if keep:
             return Reply(f"Turn {args[1]} is back in the history the next turns see.")
-        return Reply(f"Turn {args[1]} is out of the history the next turns see (undo: %fleet history restore {args[1]}).")
+        return Reply(
+            f"Turn {args[1]} is out of the history the next turns see (undo: %fleet history restore {args[1]})."
+        )
     window = ctx.settings.policy.history
     turns = await ctx.store.history(ctx.session_id, window=window.window_turns)
     forgotten = [t for t in await ctx.store.list_turns(ctx.session_id) if t.forgotten_at is not None]
