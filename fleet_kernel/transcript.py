@@ -35,14 +35,6 @@ OPEN_ITERATIONS = 3
 INLINE_IMAGE_MIMES = ("image/png", "image/jpeg")
 MAX_INLINE_IMAGE_BYTES = 5 * 1024 * 1024
 SLUG_CHARS = 48
-KERNELSPEC = {"name": "fleet", "display_name": "Fleet RLM", "language": "markdown"}
-LANGUAGE_INFO = {
-    "name": "markdown",
-    "mimetype": "text/markdown",
-    "file_extension": ".md",
-    "pygments_lexer": "markdown",
-    "codemirror_mode": "markdown",
-}
 ERROR_NAMES = {"cancelled": "TurnCancelled", "failed": "TurnFailed", "interrupted": "TurnFailed"}
 MONO = "font-family:var(--jp-code-font-family,SFMono-Regular,Menlo,Consolas,monospace)"
 """Code and output are set in monospace even where the host page styles ``pre`` (nbconvert's HTML does)."""
@@ -437,6 +429,8 @@ async def session_notebook(store: Store, session_id: str) -> nbformat.NotebookNo
     import nbformat
     from nbformat import v4
 
+    from fleet_kernel.kernel import spec
+
     session = await store.get_session(session_id)
     turns = await store.list_turns(session_id)
     views = [await turn_view(store, turn) for turn in turns]
@@ -447,8 +441,8 @@ async def session_notebook(store: Store, session_id: str) -> nbformat.NotebookNo
         cell.metadata["fleet"] = {"turn_id": turn.turn_id, "status": turn.status}
         cells.append(cell)
     nb = v4.new_notebook(cells=cells)
-    nb.metadata["kernelspec"] = dict(KERNELSPEC)
-    nb.metadata["language_info"] = dict(LANGUAGE_INFO)
+    nb.metadata["kernelspec"] = dict(spec.KERNELSPEC)
+    nb.metadata["language_info"] = dict(spec.LANGUAGE_INFO)
     nb.metadata["fleet"] = {"session_id": session.session_id, "title": session.title}
     nbformat.validate(nb)
     return nb

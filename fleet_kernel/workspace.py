@@ -73,7 +73,7 @@ class Workspace:
 
         Returns the path relative to the workspace (``files/report.csv``, or ``files/report-2.csv``).
         """
-        name = _SAFE_NAME.sub("_", Path(filename).name).strip("._") or "attachment"
+        name = safe_filename(filename)
         stem, suffix = os.path.splitext(name)
         digest = hashlib.sha256(data).hexdigest()
         for n in range(1, 10_000):
@@ -143,6 +143,11 @@ def usage(root: Path) -> tuple[int, int]:
                 st = os.lstat(os.path.join(dirpath, name))
                 size += st.st_size if stat.S_ISREG(st.st_mode) else 0
     return size, entries
+
+
+def safe_filename(filename: str) -> str:
+    """The name an attachment is stored under: its last part, letters, digits and ``._-`` only."""
+    return _SAFE_NAME.sub("_", Path(filename).name).strip("._") or "attachment"
 
 
 def guess_mime(path: str) -> str:

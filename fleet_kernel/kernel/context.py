@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from fleet_kernel.config import Settings
     from fleet_kernel.engine.runner import TurnRunner
+    from fleet_kernel.engine.sessions import Sessions
     from fleet_kernel.store import Store
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ WARM_MODULES = (
     "fleet_kernel.config",
     "fleet_kernel.engine.runner",  # then the store opens on the loop, before the rest loads
     "fleet_kernel.transcript",
+    "fleet_kernel.engine.sessions",
     "fleet_kernel.kernel.display",
     "fleet_kernel.sandbox",
     "fleet_kernel.engine.turn",  # dspy and LiteLLM: the slow one
@@ -153,19 +155,25 @@ class KernelContext:
 
     # ------------------------------------------------------------------ session
 
+    async def sessions(self) -> Sessions:
+        """The sessions service over this kernel's store and its current settings (opened if need be)."""
+        await self.open()
+        await load_off_loop("fleet_kernel.engine.sessions")
+        from fleet_kernel.engine.sessions import Sessions
+
+        assert self.store is not None
+        return Sessions(self.store, self.settings)
+
     async def ensure_session(self) -> str:
         """The kernel's session, created on its first turn (titled from that turn's task by the store)."""
-        await self.open()
-        assert self.store is not None
+        sessions = await self.sessions()
         if self.session_id is None:
-            self.session_id = (await self.store.create_session("")).session_id
+            self.session_id = (await sessions.create()).session_id
         return self.session_id
 
     async def use_session(self, session_id: str) -> None:
         """Continue an existing session: its history feeds the next turn. Raises ``NotFoundError``."""
-        await self.open()
-        assert self.store is not None
-        self.session_id = (await self.store.get_session(session_id)).session_id
+        self.session_id = (await (await self.sessions()).get(session_id)).session_id
 
     # ------------------------------------------------------------------ output
 
