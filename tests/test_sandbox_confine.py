@@ -250,3 +250,27 @@ def test_what_code_leaves_in_its_copy_cannot_trip_the_copy_back(home: Path) -> N
     assert run_turn(settings, "print(sorted(os.listdir('artifacts')) if (os := __import__('os')) else 0)") \
         == "['d', 'hard']"
     assert writable_by_others(home) == []
+
+
+def test_sparse_files_cost_the_host_no_more_than_they_cost_the_sandbox(home: Path) -> None:
+    """A hole costs nothing in the tmpfs; copied back as bytes, files of max_file_mb each would fill the host's disk."""
+    settings = make_settings(home, workspace_mb=64, max_file_mb=200)
+    code = (
+        "import os\n"
+        "for i in range(8):\n"
+        "    with open(f'/workspace/artifacts/sparse-{i}.bin', 'wb') as f:\n"
+        "        f.write(b'head'); f.seek(190 << 20); f.write(b'tail')\n"
+        "print('made')\n"
+    )
+    assert "made" in str(run_turn(settings, code))
+    artifacts = Workspace.for_session(settings.workspaces_dir, SESSION).root / "artifacts"
+    copied = sorted(artifacts.glob("sparse-*.bin"))
+    assert len(copied) == 8
+    for path in copied:
+        st = path.stat()
+        assert st.st_size == (190 << 20) + 4  # the file reads the same as in the sandbox ...
+        assert st.st_blocks * 512 < 1 << 20  # ... and its holes stayed holes
+        with path.open("rb") as handle:
+            assert handle.read(4) == b"head"
+            handle.seek(190 << 20)
+            assert handle.read() == b"tail"

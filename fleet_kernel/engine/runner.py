@@ -18,12 +18,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fleet_kernel import safe_files
 from fleet_kernel.config import Settings
 from fleet_kernel.engine.sink import EventHub, EventWriter, TurnEmitter, follow
 from fleet_kernel.errors import ValidationError
-from fleet_kernel.events import Event
+from fleet_kernel.events import Artifact, Event, TurnCancelledData, TurnCompleted, TurnFailed, TurnStarted
 from fleet_kernel.store import Store, TurnRow
-from fleet_kernel.workspace import Workspace
+from fleet_kernel.workspace import Workspace, guess_mime
 
 if TYPE_CHECKING:
     from fleet_kernel.engine.turn import LMFactory, Outcome, TurnJob
@@ -45,6 +46,7 @@ class _Running:
     cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
     reason: str = "cancelled"
     task: asyncio.Task[None] | None = None
+    started: float = field(default_factory=time.monotonic)  # the deadline counts from here
 
 
 class TurnHandle:
@@ -181,13 +183,12 @@ class TurnRunner:
         emitter = TurnEmitter(self._writer, session_id=session_id, turn_id=turn.turn_id)
         limits = settings.limits
         emitter.emit(
-            "turn.started",
-            {
-                "task": task,
-                "run_id": turn.run_id,
-                "model": self.settings.lm_model,
-                "sandbox": sandbox,
-                "limits": {
+            TurnStarted(
+                task=task,
+                run_id=turn.run_id,
+                model=self.settings.lm_model,
+                sandbox=sandbox,
+                limits={
                     "max_iters": limits.max_iters,
                     "max_llm_calls": limits.max_llm_calls,
                     "timeout_s": limits.turn_timeout_s,
@@ -197,7 +198,7 @@ class TurnRunner:
                     "max_tokens": settings.policy.lm.max_tokens,
                     "sub_max_tokens": settings.policy.lm.sub_cap,
                 },
-            },
+            ),
         )
         running = _Running(turn, emitter, settings)
         self._running[turn.turn_id] = running
@@ -326,22 +327,48 @@ class TurnRunner:
         return outcome
 
     async def _collect_artifacts(self, running: _Running, job: TurnJob) -> None:
-        """Files new or changed under ``artifacts/`` become artifact records and events."""
+        """Files new or changed under ``artifacts/`` become artifact records and events.
+
+        Sizes are checked before anything is read, each file is read and hashed through one descriptor
+        opened without following links, and collection stops at the turn's deadline or cancellation.
+        """
         turn = running.turn
         storage = self.settings.policy.storage
+        max_bytes = int(storage.max_artifact_mb * 1024 * 1024)
+        deadline = max(running.started + self.settings.limits.turn_timeout_s, time.monotonic() + CANCEL_GRACE_S)
+
+        def should_stop() -> bool:
+            return job.cancel.is_set() or running.cancel_requested.is_set() or time.monotonic() > deadline
+
+        workspace = Workspace(job.workspace)
         known = await self.store.latest_artifact_digests(turn.session_id)
-        found = await asyncio.to_thread(Workspace(job.workspace).scan, "artifacts")
-        changed = [info for path, info in found.items() if known.get(path) != info.sha256]
-        for info in changed[: storage.max_artifacts_per_turn]:
-            if info.size > storage.max_artifact_mb * 1024 * 1024:
+        found = await asyncio.to_thread(workspace.files, "artifacts")
+        added = 0
+        for path, st in found:
+            if added >= storage.max_artifacts_per_turn:
+                break
+            if should_stop():
+                log.warning("turn %s: artifact collection stopped (deadline or cancellation)", turn.turn_id)
+                break
+            if st.st_size > max_bytes:
+                log.warning("turn %s: %s is %d bytes, over storage.max_artifact_mb; not collected",
+                            turn.turn_id, path, st.st_size)
                 continue
-            data = await asyncio.to_thread((job.workspace / info.path).read_bytes)
+            try:
+                changed = await asyncio.to_thread(workspace.read_if_changed, path, st, known.get(path),
+                                                  max_bytes=max_bytes, should_stop=should_stop)
+            except safe_files.Refused as exc:
+                log.warning("turn %s: artifact not collected: %s", turn.turn_id, exc)
+                continue
+            if changed is None:
+                continue
+            data, _ = changed
             row = await self.store.add_artifact(
-                session_id=turn.session_id, turn_id=turn.turn_id, path=info.path, mime=info.mime, data=data
+                session_id=turn.session_id, turn_id=turn.turn_id, path=path, mime=guess_mime(path), data=data
             )
+            added += 1
             running.emitter.emit(
-                "artifact",
-                {"artifact_id": row.artifact_id, "path": row.path, "mime": row.mime, "size": row.size, "sha256": row.sha256},
+                Artifact(artifact_id=row.artifact_id, path=row.path, mime=row.mime, size=row.size, sha256=row.sha256)
             )
 
     async def _finish(self, running: _Running, outcome: Outcome, duration_ms: float) -> None:
@@ -365,17 +392,18 @@ class TurnRunner:
             except Exception:  # noqa: BLE001 - still end the stream; the row is reaped later if it stays running
                 log.exception("recording the outcome of %s failed", turn.turn_id)
         if outcome.status == "completed":
-            data: dict[str, Any] = {
-                "answer": outcome.answer or "",
-                "usage": usage,
-                "duration_ms": round(duration_ms, 3),
-                "extracted": outcome.extracted,
-            }
-            running.emitter.emit("turn.completed", data)
+            running.emitter.emit(
+                TurnCompleted(
+                    answer=outcome.answer or "",
+                    usage=usage,
+                    duration_ms=round(duration_ms, 3),
+                    extracted=outcome.extracted,
+                )
+            )
         elif outcome.status == "cancelled":
-            running.emitter.emit("turn.cancelled", {"reason": outcome.reason or running.reason})
+            running.emitter.emit(TurnCancelledData(reason=outcome.reason or running.reason))
         else:
-            running.emitter.emit("turn.failed", {"error": outcome.error or {"type": "error", "message": "failed"}})
+            running.emitter.emit(TurnFailed(error=outcome.error or {"type": "error", "message": "failed"}))
         await committed.wait()
         self._running.pop(turn.turn_id, None)
 

@@ -24,6 +24,7 @@ from fleet_kernel.engine.lm import build_lms, explain_lm_error, scrub
 from fleet_kernel.engine.observe import TurnObserver
 from fleet_kernel.engine.sink import TurnEmitter
 from fleet_kernel.errors import FleetError, LMError, TurnCancelled
+from fleet_kernel.events import LMFinished
 from fleet_kernel.sandbox import base as sandbox_base
 from fleet_kernel.sandbox import open_sandbox
 
@@ -140,10 +141,7 @@ def run_turn(job: TurnJob) -> Outcome:
         root_lm, sub_lm = (job.lm_factory or build_lms)(settings)
     except LMError as exc:
         # The contract: every turn reports its LM step, even one that could not start.
-        job.emitter.emit(
-            "lm.finished",
-            {"role": "root", "model": settings.lm_model, "duration_ms": 0.0, "usage": {}, "cost_usd": None},
-        )
+        job.emitter.emit(LMFinished(role="root", model=settings.lm_model, duration_ms=0.0, usage={}, cost_usd=None))
         return _failure(exc, settings)
 
     job.budget.watch(root_lm, sub_lm)

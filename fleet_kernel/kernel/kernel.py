@@ -173,7 +173,7 @@ class FleetKernel(Kernel):
 
     async def _turn(self, task: str, parent: dict[str, Any]) -> dict[str, Any]:
         from fleet_kernel.kernel.display import PlainLive, Publisher, TextLive, WidgetLive, finish_turn
-        from fleet_kernel.transcript import TurnView
+        from fleet_kernel.view import TurnView
 
         self._interrupted.clear()
         pub, view, mode = Publisher(self, parent), TurnView(), self.ctx.live_mode()

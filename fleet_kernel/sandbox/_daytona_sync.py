@@ -14,10 +14,12 @@ import functools
 import json
 import logging
 import os
+import stat
 from pathlib import Path
 
 from daytona import FileDownloadRequest, FileUpload
 
+from fleet_kernel import safe_files
 from fleet_kernel.errors import SandboxUnavailableError
 from fleet_kernel.sandbox._daytona_box import DaytonaBox
 from fleet_kernel.workspace import Workspace, usage
@@ -56,7 +58,8 @@ def listing_command(root: str = REMOTE_ROOT) -> str:
 
 def _valid(rel: str) -> bool:
     parts = rel.split("/")
-    return len(parts) > 1 and parts[0] in SYNCED and not any(p in ("", ".", "..") for p in parts)
+    return (len(parts) > 1 and parts[0] in SYNCED and not any(p in ("", ".", "..") for p in parts)
+            and safe_files.is_text(rel))  # a name that is not UTF-8 cannot travel over the API
 
 
 def remote_files(box: DaytonaBox) -> dict[str, tuple[int, str]]:
@@ -68,10 +71,12 @@ def remote_files(box: DaytonaBox) -> dict[str, tuple[int, str]]:
     return {rel: (int(size), str(digest)) for rel, (size, digest) in found.items() if _valid(rel)}
 
 
-def local_files(root: Path) -> dict[str, tuple[int, str]]:
+def local_files(root: Path, max_bytes: int | None = None) -> dict[str, tuple[int, str]]:
+    """Regular files of the local folder, hashed through descriptors that follow no link; files over
+    ``max_bytes`` are left out (logged)."""
     workspace = Workspace(root)
     return {rel: (info.size, info.sha256) for sub in SYNCED
-            for rel, info in workspace.scan(sub, limit=MAX_FILES).items()}
+            for rel, info in workspace.scan(sub, limit=MAX_FILES, max_bytes=max_bytes).items()}
 
 
 def ensure_remote_dirs(box: DaytonaBox) -> None:
@@ -88,9 +93,13 @@ def ensure_remote_dirs(box: DaytonaBox) -> None:
 Quota = tuple[int, int]  # [sandbox] workspace_mb in bytes, workspace_files
 
 
-def push(box: DaytonaBox, root: Path, *, quota: Quota | None = None) -> None:
-    """Before a turn: upload local changes, delete what was deleted locally, fetch what only the sandbox has."""
-    local = local_files(root)
+def push(box: DaytonaBox, root: Path, *, quota: Quota | None = None, max_file_bytes: int | None = None) -> None:
+    """Before a turn: upload local changes, delete what was deleted locally, fetch what only the sandbox has.
+
+    Local files are read through one descriptor each (never through a link another backend's code may
+    have left); files over ``max_file_bytes`` stay local.
+    """
+    local = local_files(root, max_file_bytes)
     if box.baseline and box.baseline == {rel: digest for rel, (_, digest) in local.items()}:
         return  # nothing changed here since the last sync with this sandbox
     remote = remote_files(box)
@@ -100,16 +109,24 @@ def push(box: DaytonaBox, root: Path, *, quota: Quota | None = None) -> None:
     batch: list[FileUpload] = []
     size = 0
     for rel in uploads:
-        batch.append(FileUpload(str(root / rel), f"{REMOTE_ROOT}/{rel}"))
-        size += local[rel][0]
-        if size >= UPLOAD_BATCH_BYTES or rel == uploads[-1]:
+        try:
+            data, digest = safe_files.read_path(root, rel, max_bytes=max_file_bytes)
+        except safe_files.Refused as exc:
+            logger.warning("Daytona: %s not uploaded: %s", rel, exc)
+            data = None
+            local.pop(rel)
+        if data is not None:
+            batch.append(FileUpload(data, f"{REMOTE_ROOT}/{rel}"))
+            size += len(data)
+            local[rel] = (len(data), digest)
+        if batch and (size >= UPLOAD_BATCH_BYTES or rel == uploads[-1]):
             box.retry("upload workspace files", functools.partial(box.sandbox.fs.upload_files, batch))
             batch, size = [], 0
     for rel in deletes:
         box.retry("delete a workspace file", functools.partial(box.sandbox.fs.delete_file, f"{REMOTE_ROOT}/{rel}"))
     _download(box, root, fetches, remote, quota)
     box.baseline = {rel: digest for rel, (_, digest) in local.items()}
-    box.baseline.update({rel: remote[rel][1] for rel in fetches if (root / rel).is_file()})
+    box.baseline.update({rel: remote[rel][1] for rel in fetches if _is_file(root / rel)})
     logger.debug("Daytona sync up: %d uploaded, %d deleted, %d fetched", len(uploads), len(deletes), len(fetches))
 
 
@@ -118,7 +135,7 @@ def pull(box: DaytonaBox, root: Path, *, max_file_bytes: int, quota: Quota | Non
 
     Files that would take the local folder over ``quota`` stay in the sandbox (logged), like too big ones.
     """
-    local, remote = local_files(root), remote_files(box)
+    local, remote = local_files(root, max_file_bytes), remote_files(box)  # a bigger local file is not hashed
     fetches = [rel for rel, (size, digest) in remote.items() if local.get(rel, (0, ""))[1] != digest]
     too_big = [rel for rel in fetches if remote[rel][0] > max_file_bytes]
     for rel in too_big:
@@ -132,6 +149,13 @@ def pull(box: DaytonaBox, root: Path, *, max_file_bytes: int, quota: Quota | Non
     left = set(fetches) - set(kept)
     box.baseline = {rel: digest for rel, (_, digest) in remote.items() if rel not in too_big and rel not in left}
     return kept + deletes
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 def _within_quota(root: Path, paths: list[str], sizes: dict[str, tuple[int, str]], quota: Quota | None) -> list[str]:

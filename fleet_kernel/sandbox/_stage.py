@@ -69,11 +69,32 @@ def _copy_file(source: str, target: str, mode: int, owner: int | None) -> None:
         if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
             return
         with open(partial, "wb", opener=lambda p, f: os.open(p, f | os.O_EXCL | os.O_NOFOLLOW, mode)) as dst:
-            while chunk := src.read(_CHUNK):
-                dst.write(chunk)
+            _copy_data(src.fileno(), dst.fileno())
             if owner is not None:
                 os.fchown(dst.fileno(), owner, owner)
     os.replace(partial, target)
+
+
+def _copy_data(src: int, dst: int) -> None:
+    """Copy only the data extents: holes stay holes, so a sparse file costs the host what it cost the tmpfs."""
+    size = os.fstat(src).st_size
+    offset = 0
+    while offset < size:
+        try:
+            start = os.lseek(src, offset, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # nothing but a hole is left
+                break
+            raise
+        end = os.lseek(src, start, os.SEEK_HOLE)
+        while start < end:
+            chunk = os.pread(src, min(_CHUNK, end - start), start)
+            if not chunk:
+                break
+            os.pwrite(dst, chunk, start)
+            start += len(chunk)
+        offset = end
+    os.ftruncate(dst, size)
 
 
 def _file_mode(st: os.stat_result) -> int:

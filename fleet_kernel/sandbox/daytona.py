@@ -246,8 +246,10 @@ def open_daytona(settings: Settings, workspace: Path, *, cancel: threading.Event
     """
     workspace = workspace.absolute()
     box = acquire(settings, workspace)
+    storage = settings.policy.storage
+    largest = int(max(storage.max_upload_mb, storage.max_artifact_mb) * 1024 * 1024)  # from an upload or a pull
     try:
-        _daytona_sync.push(box, workspace, quota=_quota(settings))
+        _daytona_sync.push(box, workspace, quota=_quota(settings), max_file_bytes=largest)
     except sdk.DaytonaError as exc:
         raise unavailable(exc, box.api_url) from exc
     except (RuntimeError, ValueError) as exc:

@@ -434,7 +434,15 @@ function* walkHost(root, prefix) {
   for (const entry of entries) {
     const path = prefix ? `${prefix}/${entry.name}` : entry.name;
     if (entry.isDirectory) yield* walkHost(root, path);
-    else if (entry.isFile) yield [path, Deno.lstatSync(`${root}/${path}`)]; // symlinks are skipped
+    else if (entry.isFile) {
+      let info;
+      try {
+        info = Deno.lstatSync(`${root}/${path}`); // symlinks are skipped
+      } catch {
+        continue; // gone, or a name that is not UTF-8 (Deno cannot name it): not mirrored
+      }
+      if (info.isFile) yield [path, info];
+    }
   }
 }
 
