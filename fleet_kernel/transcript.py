@@ -17,6 +17,7 @@ import unicodedata
 from typing import TYPE_CHECKING, Any
 
 from fleet_kernel.events import Event
+from fleet_kernel.kernel import spec
 from fleet_kernel.render import (
     MONO,
     SHOW_OUTPUT_CHARS,
@@ -220,8 +221,6 @@ async def session_notebook(store: Store, session_id: str) -> nbformat.NotebookNo
     """
     import nbformat
     from nbformat import v4
-
-    from fleet_kernel.kernel import spec
 
     session = await store.get_session(session_id)
     turns = await store.list_turns(session_id)
