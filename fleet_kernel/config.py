@@ -23,8 +23,6 @@ from fleet_kernel.errors import ConfigError, ValidationError
 
 SandboxName = Literal["local", "pyodide", "daytona", "unsafe-local"]
 SANDBOX_NAMES: tuple[str, ...] = ("local", "pyodide", "daytona", "unsafe-local")
-OutputMode = Literal["rich", "text"]
-DEFAULT_HOME = "~/.fleet"
 
 
 class _Section(BaseModel):
@@ -103,6 +101,9 @@ class Storage(_Section):
     max_upload_mb: float = Field(25, gt=0, le=10_240)
     max_artifacts_per_turn: int = Field(50, ge=0, le=10_000)
     max_artifact_mb: float = Field(25, gt=0, le=10_240)
+
+
+OutputMode = Literal["rich", "text"]
 
 
 class Kernel(_Section):
@@ -267,6 +268,9 @@ def _config_path(env: dict[str, str]) -> Path | None:
         return Path(env["FLEET_CONFIG"]).expanduser()
     local = Path("fleet.toml")
     return local if local.is_file() else None
+
+
+DEFAULT_HOME = "~/.fleet"
 
 
 def home_dir(env: Mapping[str, str] | None = None) -> Path:
