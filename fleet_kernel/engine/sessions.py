@@ -157,7 +157,7 @@ class Sessions:
             await asyncio.to_thread(_delete_daytona_sandbox, self.settings, session_id)
         except Exception as exc:  # noqa: BLE001 - the session is deleted already; say so rather than fail
             log.warning(
-                "could not delete the Daytona sandbox of session %s (Daytona deletes it after it stops): %s",
+                "could not delete the sandbox of session %s (Daytona deletes it after it stops): %s",
                 session_id,
                 getattr(exc, "message", exc),
             )
