@@ -198,7 +198,7 @@ class TurnFailed(EventData):
 
 
 class TurnCancelledData(EventData):
-    """Interrupt, Stop button, `PUT /api/runs/{run_id}/cancellation`."""
+    """Interrupt, Stop button, `PUT /api/runs/{run_id}/cancellation`; when several come, the first one's reason."""
 
     type: ClassVar[str] = "turn.cancelled"
     reason: str

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fleet_kernel import sandbox
 from fleet_kernel.config import Settings
 from fleet_kernel.errors import NotFoundError, PayloadTooLargeError
 from fleet_kernel.store import AttachmentRow, SessionRow, Store
@@ -152,9 +153,9 @@ class Sessions:
         return tuple(turn.turn_id for turn in turns)
 
     async def _forget_sandbox(self, session_id: str) -> None:
-        """The session's warm sandbox goes with it; if the backend fails, its own expiry is the backstop."""
+        """The backend drops what it keeps for the session (Daytona: its warm sandbox, which also auto-deletes)."""
         try:
-            await asyncio.to_thread(_delete_daytona_sandbox, self.settings, session_id)
+            await asyncio.to_thread(sandbox.forget, self.settings, session_id)
         except Exception as exc:  # noqa: BLE001 - the session is deleted already; say so rather than fail
             log.warning(
                 "could not delete the sandbox of session %s (Daytona deletes it after it stops): %s",
@@ -170,13 +171,6 @@ class Sessions:
         """
         session = await self.store.get_session(session_id)
         return Export(notebook_filename(session), await session_notebook(self.store, session_id))
-
-
-def _delete_daytona_sandbox(settings: Settings, session_id: str) -> None:
-    if settings.sandbox == "daytona":
-        from fleet_kernel.sandbox import daytona  # only here: the Daytona SDK is an optional extra
-
-        daytona.delete_session_sandboxes(settings, session_id)
 
 
 def _mime(declared: str | None, path: str) -> str:
