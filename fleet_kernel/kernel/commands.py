@@ -73,16 +73,13 @@ async def cmd_help(ctx: KernelContext, args: list[str]) -> Reply:
 async def cmd_session(ctx: KernelContext, args: list[str]) -> Reply:
     action = args[0] if args else ""
     if action == "new":
-        await ctx.open()
-        assert ctx.store is not None
-        ctx.session_id = (await ctx.store.create_session(" ".join(args[1:]))).session_id
+        ctx.session_id = (await (await ctx.sessions()).create(" ".join(args[1:]))).session_id
         return Reply(f"New session {ctx.session_id}; the next cell is its first turn.")
     if action == "use":
         if len(args) != 2:
             raise _usage_error("usage: %fleet session use <session_id> (see %fleet session list)")
         await ctx.use_session(args[1])
-        assert ctx.store is not None
-        session = await ctx.store.get_session(args[1])
+        session = await (await ctx.sessions()).get(args[1])
         return Reply(
             f"Using session {session.session_id} ({session.title or 'untitled'}, {session.turn_count} turns); "
             "its history feeds the next turn."
@@ -93,16 +90,12 @@ async def cmd_session(ctx: KernelContext, args: list[str]) -> Reply:
         raise _usage_error(f"unknown session action {action!r}: use new, use or list")
     if ctx.session_id is None:
         return Reply("No session yet: the first turn creates one (or %fleet session use <id>).")
-    await ctx.open()
-    assert ctx.store is not None
-    session = await ctx.store.get_session(ctx.session_id)
+    session = await (await ctx.sessions()).get(ctx.session_id)
     return Reply(f"Session {session.session_id}: {session.title or 'untitled'} ({session.turn_count} turns)")
 
 
 async def _list_sessions(ctx: KernelContext) -> Reply:
-    await ctx.open()
-    assert ctx.store is not None
-    sessions = await ctx.store.list_sessions(limit=50)
+    sessions = await (await ctx.sessions()).list(limit=50)
     if not sessions:
         return Reply("No sessions in the store yet.")
     lines, rows = [], []
@@ -200,50 +193,28 @@ def _last_turn_usage(usage: dict[str, Any]) -> str:
 
 
 async def cmd_attach(ctx: KernelContext, args: list[str]) -> Reply:
-    from fleet_kernel.errors import NotFoundError, PayloadTooLargeError
-    from fleet_kernel.workspace import Workspace, guess_mime
-
     if len(args) != 1:
         raise _usage_error("usage: %fleet attach <local file>")
     source = Path(args[0]).expanduser()
-    if not source.is_file():
-        raise NotFoundError(f"no file {source} (paths are relative to {Path.cwd()})")
-    limit_mb = ctx.settings.policy.storage.max_upload_mb
-    if source.stat().st_size > limit_mb * 1024 * 1024:
-        raise PayloadTooLargeError(f"{source.name} is larger than storage.max_upload_mb ({limit_mb:g} MB)")
-    session_id = await ctx.ensure_session()
-    assert ctx.store is not None
-    data = await asyncio.to_thread(source.read_bytes)
-    workspace = await asyncio.to_thread(Workspace.for_session, ctx.settings.workspaces_dir, session_id)
-    path = await asyncio.to_thread(workspace.add_file, source.name, data)
-    await ctx.store.add_attachment(
-        session_id=session_id, filename=source.name, path=path, mime=guess_mime(path), data=data
-    )
+    sessions = await ctx.sessions()
+    data = await sessions.read_file(source)
+    attached = await sessions.attach(await ctx.ensure_session(), source.name, data)
+    row = attached.attachment
+    taken = f"; files/ already held another {source.name}" if attached.renamed else ""
     return Reply(
-        f"Attached {source.name} as /workspace/{path} ({len(data):,} bytes); the model sees it in /workspace/files."
+        f"Attached {source.name} as /workspace/{row.path} ({row.size:,} bytes{taken}); "
+        "the model sees it in /workspace/files."
     )
 
 
 async def cmd_export(ctx: KernelContext, args: list[str]) -> Reply:
-    import nbformat
-
-    from fleet_kernel.transcript import notebook_filename, session_notebook
-
     if len(args) > 1 or (args and not args[0].endswith((".ipynb", "/")) and not Path(args[0]).is_dir()):
         raise _usage_error("usage: %fleet export [file.ipynb | folder] (default: a file named after the session)")
     if ctx.session_id is None:
         raise _usage_error("nothing to export yet: run a turn first, or %fleet session use <id>")
-    await ctx.open()
-    assert ctx.store is not None
-    session = await ctx.store.get_session(ctx.session_id)
-    nb = await session_notebook(ctx.store, ctx.session_id)
-    target = Path(args[0] if args else ".").expanduser()
-    if not target.name.endswith(".ipynb"):
-        target = target / notebook_filename(session)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, str(target))
-    turns = sum(cell.cell_type == "code" for cell in nb.cells)
-    return Reply(f"Wrote {turns} turns of session {ctx.session_id} to {target.resolve()}")
+    export = await (await ctx.sessions()).export(ctx.session_id)
+    target = await asyncio.to_thread(export.write, Path(args[0] if args else ".").expanduser())
+    return Reply(f"Wrote {export.turns} turns of session {ctx.session_id} to {target.resolve()}")
 
 
 class Sidecar:
@@ -254,7 +225,7 @@ class Sidecar:
 
 
 async def cmd_serve(ctx: KernelContext, args: list[str]) -> Reply:
-    from fleet_api.server import spawn_sidecar
+    from fleet_kernel.kernel.sidecar import spawn_sidecar
     from fleet_kernel.errors import FleetError
 
     settings = ctx.settings
@@ -363,9 +334,7 @@ async def complete(ctx: KernelContext, code: str, cursor_pos: int) -> tuple[list
     elif done[0] in SUBCOMMANDS and len(done) == 1:
         options = list(SUBCOMMANDS[done[0]])
     elif done[:2] == ["session", "use"] and len(done) == 2:
-        await ctx.open()
-        assert ctx.store is not None
-        options = [s.session_id for s in await ctx.store.list_sessions(limit=100)]
+        options = [s.session_id for s in await (await ctx.sessions()).list(limit=100)]
     elif done == ["set"]:
         options = list(ctx.params)
     elif done == ["attach"] or done == ["export"]:

@@ -30,6 +30,12 @@ def test_attach_puts_the_file_in_the_workspace_for_the_next_turn(
     assert "the secret word is albatross" in "".join(c["text"] for c in turn.of("stream"))
     (workspace,) = (fleet_home / "workspaces").iterdir()
     assert (workspace / "files" / "notes.txt").read_text() == "the secret word is albatross\n"
+    other = tmp_path / "other" / "notes.txt"
+    other.parent.mkdir()
+    other.write_text("a different file of the same name\n")
+    again = kernel.run(f"%fleet attach {other}").text()
+    assert "Attached notes.txt as /workspace/files/notes-2.txt" in again and "already held another notes.txt" in again
+    assert (workspace / "files" / "notes.txt").read_text() == "the secret word is albatross\n"
 
 
 def test_export_writes_the_session_as_a_notebook(kernel: Kernel, scripted_lm, tmp_path: Path) -> None:
