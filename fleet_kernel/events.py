@@ -55,6 +55,18 @@ class TurnUsage(_Data):
     cost_usd: float = 0.0
 
 
+class TurnFileInfo(_Data):
+    """An attachment in ``/workspace/files/`` for this turn; ``renamed`` when it was placed under a
+    suffixed name because another file held its own."""
+
+    attachment_id: str
+    name: str
+    path: str
+    size: int
+    sha256: str
+    renamed: bool = False
+
+
 class TurnStarted(_Data):
     """Always ``seq`` 1: what runs, on which model and sandbox, within which limits."""
 
@@ -63,6 +75,10 @@ class TurnStarted(_Data):
     model: str | None
     sandbox: str
     limits: TurnLimits
+    skills: list[str] = []
+    """Skills preselected for the turn (their cards are in its prompt)."""
+    attachments: list[TurnFileInfo] = []
+    """The turn's files (``attachment_ids``), as placed in ``/workspace/files/``."""
 
 
 class IterationStarted(_Data):
@@ -143,6 +159,8 @@ class TurnCompleted(_Data):
     duration_ms: float
     extracted: bool = False
     """True when the model ran out of iterations and the answer was extracted, not submitted."""
+    result: Any = None
+    """The value the model submitted for the turn's ``output_schema``, validated; null without one."""
 
 
 class TurnFailed(_Data):

@@ -498,6 +498,7 @@ class Store:
         answer: str | None = None,
         error: dict[str, Any] | None = None,
         usage: dict[str, Any] | None = None,
+        result: Any = None,
     ) -> None:
         async with self._write() as s:
             row = await s.get(TurnRow, turn_id)
@@ -505,6 +506,7 @@ class Store:
                 return
             row.status = status
             row.answer = answer
+            row.result = result
             row.error = error
             row.usage = usage
             row.finished_at = utcnow()
