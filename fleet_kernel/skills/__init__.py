@@ -70,7 +70,7 @@ class Skill:
         Raises:
             ValidationError: ``path`` is not a resource of this skill, or it cannot be read as a plain file.
         """
-        rel = path.strip().lstrip("./") if isinstance(path, str) else ""
+        rel = path.strip().removeprefix("./") if isinstance(path, str) else ""
         if rel not in self.resources:
             listed = ", ".join(self.resources) or "none"
             raise ValidationError(f"skill {self.name!r} has no resource {str(path)[:200]!r}; its resources: {listed}")
