@@ -169,6 +169,7 @@ async def cmd_status(ctx: KernelContext, args: list[str]) -> Reply:
         f"model: {settings.lm_model or '(not configured)'}",
         f"sandbox: {sandbox}",
         f"output: {ctx.output_mode()}",
+        f"skills: {', '.join(ctx.skills) or '(none preselected; %fleet skill use <name>)'}",
         f"store: {ctx.store.safe_url}",
         f"home: {settings.home}",
         f"engine loaded: {'yes' if ctx.warm.is_set() else 'loading'}",
