@@ -14,15 +14,27 @@ import tomllib
 from functools import cached_property
 from pathlib import Path
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic import ValidationError as PydanticValidationError
+from pydantic_core import PydanticCustomError
 
 from fleet_kernel.errors import ConfigError, ValidationError
 
-SandboxName = Literal["local", "pyodide", "daytona", "unsafe-local"]
-SANDBOX_NAMES: tuple[str, ...] = ("local", "pyodide", "daytona", "unsafe-local")
+
+def _registered_sandbox(name: str) -> str:
+    """A sandbox name must be registered (``fleet_kernel.sandbox.contract``, read when a value is checked)."""
+    from fleet_kernel.sandbox import contract
+
+    known = contract.names()
+    if name not in known:
+        expected = " or ".join(filter(None, (", ".join(map(repr, known[:-1])), repr(known[-1]))))
+        raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+    return name
+
+
+SandboxName = Annotated[str, AfterValidator(_registered_sandbox)]
 
 
 class _Section(BaseModel):

@@ -9,6 +9,7 @@ This module imports no dspy, so a kernel can start before dspy is loaded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import importlib
 import logging
@@ -19,12 +20,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleet_kernel import safe_files
+from fleet_kernel.cancel import CancelToken
 from fleet_kernel.config import Settings
 from fleet_kernel.engine import choices as turn_choices
+from fleet_kernel.engine.budget import BudgetExceeded
 from fleet_kernel.engine.choices import TurnChoices
 from fleet_kernel.engine.sink import EventHub, EventWriter, TurnEmitter, follow
-from fleet_kernel.errors import NotFoundError, ValidationError
-from fleet_kernel.events import Event
+from fleet_kernel.errors import NotFoundError, TurnDeadlineExceeded, ValidationError
+from fleet_kernel.events import Artifact, Event, LMFinished, TurnCancelledData, TurnCompleted, TurnFailed, TurnStarted
 from fleet_kernel.skills import Catalogue, load_catalogue
 from fleet_kernel.store import AttachmentRow, Store, TurnRow
 from fleet_kernel.workspace import Workspace, guess_mime
@@ -47,12 +50,14 @@ class _Running:
     settings: Settings
     catalogue: Catalogue
     choices: TurnChoices
-    job: TurnJob | None = None
-    cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
-    reason: str = "cancelled"
+    cancel: CancelToken = field(default_factory=CancelToken)  # the turn's one cancel token, handed down to it
     task: asyncio.Task[None] | None = None
     started: float = field(default_factory=time.monotonic)  # the deadline counts from here
     setup_error: dict[str, str] | None = None  # the turn could not be set up (its files); it fails
+
+    @property
+    def reason(self) -> str:
+        return self.cancel.reason or "cancelled"
 
 
 class TurnHandle:
@@ -208,13 +213,12 @@ class TurnRunner:
             setup_error = {"type": "attachment_error", "message": f"the turn's files could not be placed: {exc}"}
         limits = settings.limits
         emitter.emit(
-            "turn.started",
-            {
-                "task": task,
-                "run_id": turn.run_id,
-                "model": self.settings.lm_model,
-                "sandbox": sandbox,
-                "limits": {
+            TurnStarted(
+                task=task,
+                run_id=turn.run_id,
+                model=self.settings.lm_model,
+                sandbox=sandbox,
+                limits={
                     "max_iters": limits.max_iters,
                     "max_llm_calls": limits.max_llm_calls,
                     "timeout_s": limits.turn_timeout_s,
@@ -224,9 +228,9 @@ class TurnRunner:
                     "max_tokens": settings.policy.lm.max_tokens,
                     "sub_max_tokens": settings.policy.lm.sub_cap,
                 },
-                "skills": list(selected),
-                "attachments": [f.event() for f in choices.files],
-            },
+                skills=list(selected),
+                attachments=[f.event() for f in choices.files],
+            ),
         )
         running = _Running(turn, emitter, settings, catalogue, choices, setup_error=setup_error)
         self._running[turn.turn_id] = running
@@ -283,25 +287,23 @@ class TurnRunner:
         return follow(self.store, self.hub, turn_id, after_seq, quiet_s=quiet_s)
 
     def cancel(self, turn_id: str, reason: str = "cancelled") -> bool:
-        """Cancel a turn running in this process; thread-safe. Returns false if it does not run here."""
+        """Cancel a turn running in this process; thread-safe. Returns false if it does not run here.
+
+        The first reason a turn is cancelled for is the one it ends with.
+        """
         running = self._running.get(turn_id)
         if running is None:
             return False
-        running.reason = reason
-        if running.job is not None:
-            running.job.interrupt(reason)
-        loop = running.task.get_loop() if running.task is not None else None
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(running.cancel_requested.set)
+        running.cancel.cancel(reason)
         return True
 
     def is_running_here(self, turn_id: str) -> bool:
         return turn_id in self._running
 
     def sandbox_name(self) -> str:
-        from fleet_kernel.sandbox import default_backend
+        from fleet_kernel.sandbox import choose
 
-        return self.settings.sandbox or default_backend()
+        return choose(self.settings)
 
     # ------------------------------------------------------------------ the turn
 
@@ -313,14 +315,15 @@ class TurnRunner:
             if running.setup_error is not None:
                 from fleet_kernel.engine.turn import Outcome
 
+                # The contract: every turn reports its LM step, even one that could not start.
+                running.emitter.emit(
+                    LMFinished(role="root", model=self.settings.lm_model, duration_ms=0.0, usage={}, cost_usd=None)
+                )
                 await self._finish(running, Outcome("failed", error=running.setup_error), 0.0)
                 return
             job = await self._prepare(running)
-            running.job = job
-            if running.cancel_requested.is_set():
-                job.interrupt(running.reason)
             outcome = await self._execute(running, job)
-            await self._collect_artifacts(running, job)
+            await self._collect_artifacts(running, job, cancelled=outcome.status == "cancelled")
         except Exception as exc:  # noqa: BLE001 - report any engine failure as turn.failed
             log.exception("turn %s failed in the engine", turn.turn_id)
             from fleet_kernel.engine.turn import Outcome
@@ -354,62 +357,66 @@ class TurnRunner:
             history=format_history(past, window.max_chars),
             workspace=workspace.root,
             workspace_manifest=manifest,
-            cancel=threading.Event(),
+            cancel=running.cancel,
             lm_factory=self.lm_factory,
             catalogue=running.catalogue,
             choices=running.choices,
         )
 
     async def _execute(self, running: _Running, job: TurnJob) -> Outcome:
-        from fleet_kernel.engine.turn import Outcome, run_turn
+        from fleet_kernel.engine.turn import run_turn, stopped
 
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Outcome] = loop.create_future()
+        cancelled: asyncio.Future[None] = loop.create_future()
 
         def work() -> None:
-            outcome = run_turn(job)
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(outcome))
+            try:
+                outcome = run_turn(job)
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(outcome))
+            finally:
+                job.end()  # after the outcome is on its way, so the end is never taken for a cancellation
 
+        def wake() -> None:
+            # A used-up budget is noticed on the turn's own threads, which then unwind: no hurry for them.
+            if not isinstance(running.cancel.error(), BudgetExceeded):
+                with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
+                    loop.call_soon_threadsafe(lambda: cancelled.done() or cancelled.set_result(None))
+
+        running.cancel.on_cancel(wake)
         context = contextvars.Context()  # a clean context: nothing of the caller's leaks into the turn
         threading.Thread(target=context.run, args=(work,), name=f"fleet-{running.turn.turn_id}", daemon=True).start()
-        waiter = asyncio.ensure_future(running.cancel_requested.wait())
-        try:
-            timeout = job.settings.limits.turn_timeout_s
-            await asyncio.wait({done, waiter}, timeout=timeout, return_when="FIRST_COMPLETED")
-        finally:
-            waiter.cancel()
+        timeout = job.settings.limits.turn_timeout_s
+        await asyncio.wait({done, cancelled}, timeout=timeout, return_when="FIRST_COMPLETED")
         if done.done():
             return done.result()
-        deadline = not running.cancel_requested.is_set()
-        reason = (
-            f"the turn ran past its {job.settings.limits.turn_timeout_s:g} s deadline (limits.turn_timeout_s)"
-            if deadline
-            else running.reason
+        running.cancel.cancel(  # a no-op when something else stopped the turn first
+            f"the turn ran past its {timeout:g} s deadline (limits.turn_timeout_s)", TurnDeadlineExceeded
         )
-        job.interrupt(reason)
         try:
-            outcome = await asyncio.wait_for(asyncio.shield(done), CANCEL_GRACE_S)
+            return await asyncio.wait_for(asyncio.shield(done), CANCEL_GRACE_S)
         except TimeoutError:
             # The worker is stuck in a call it cannot leave (a slow provider); it will unwind on its own
             # and its late events are dropped because the turn is closed below.
-            outcome = Outcome("cancelled", reason=reason)
-        if deadline and outcome.status == "cancelled":
-            return Outcome("failed", error={"type": "deadline_exceeded", "message": reason}, usage=outcome.usage)
-        return outcome
+            cause = running.cancel.error()
+            assert cause is not None
+            return stopped(cause)
 
-    async def _collect_artifacts(self, running: _Running, job: TurnJob) -> None:
+    async def _collect_artifacts(self, running: _Running, job: TurnJob, *, cancelled: bool) -> None:
         """Files new or changed under ``artifacts/`` become artifact records and events.
 
         Sizes are checked before anything is read, each file is read and hashed through one descriptor
-        opened without following links, and collection stops at the turn's deadline or cancellation.
+        opened without following links, and collection stops at the turn's deadline, or a grace period
+        after it for a turn that was stopped (the token is spent by then: the outcome says why it ended).
         """
         turn = running.turn
         storage = self.settings.policy.storage
         max_bytes = int(storage.max_artifact_mb * 1024 * 1024)
-        deadline = max(running.started + self.settings.limits.turn_timeout_s, time.monotonic() + CANCEL_GRACE_S)
+        grace = time.monotonic() + CANCEL_GRACE_S
+        deadline = grace if cancelled else max(running.started + self.settings.limits.turn_timeout_s, grace)
 
         def should_stop() -> bool:
-            return job.cancel.is_set() or running.cancel_requested.is_set() or time.monotonic() > deadline
+            return time.monotonic() > deadline
 
         workspace = Workspace(job.workspace)
         known = await self.store.latest_artifact_digests(turn.session_id)
@@ -439,8 +446,7 @@ class TurnRunner:
             )
             added += 1
             running.emitter.emit(
-                "artifact",
-                {"artifact_id": row.artifact_id, "path": row.path, "mime": row.mime, "size": row.size, "sha256": row.sha256},
+                Artifact(artifact_id=row.artifact_id, path=row.path, mime=row.mime, size=row.size, sha256=row.sha256)
             )
 
     async def _finish(self, running: _Running, outcome: Outcome, duration_ms: float) -> None:
@@ -464,18 +470,19 @@ class TurnRunner:
             except Exception:  # noqa: BLE001 - still end the stream; the row is reaped later if it stays running
                 log.exception("recording the outcome of %s failed", turn.turn_id)
         if outcome.status == "completed":
-            data: dict[str, Any] = {
-                "answer": outcome.answer or "",
-                "usage": usage,
-                "duration_ms": round(duration_ms, 3),
-                "extracted": outcome.extracted,
-                "result": outcome.result,
-            }
-            running.emitter.emit("turn.completed", data)
+            running.emitter.emit(
+                TurnCompleted(
+                    answer=outcome.answer or "",
+                    usage=usage,
+                    duration_ms=round(duration_ms, 3),
+                    extracted=outcome.extracted,
+                    result=outcome.result,
+                )
+            )
         elif outcome.status == "cancelled":
-            running.emitter.emit("turn.cancelled", {"reason": outcome.reason or running.reason})
+            running.emitter.emit(TurnCancelledData(reason=outcome.reason or running.reason))
         else:
-            running.emitter.emit("turn.failed", {"error": outcome.error or {"type": "error", "message": "failed"}})
+            running.emitter.emit(TurnFailed(error=outcome.error or {"type": "error", "message": "failed"}))
         await committed.wait()
         self._running.pop(turn.turn_id, None)
 

@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fleet_kernel.events import ROOT_AGENT, Event, make_event
+from fleet_kernel.events import ROOT_AGENT, Event, EventData, TurnFailed, make_event
 from fleet_kernel.store import Store, describe_write_error
 
 log = logging.getLogger(__name__)
@@ -178,9 +178,7 @@ class EventWriter:
 
     def _failed_event(self, terminal: Event, error: dict[str, Any]) -> Event:
         seq = self._last_seq.get(terminal.turn_id, 0) + 1
-        return make_event(
-            "turn.failed", {"error": error}, seq=seq, session_id=terminal.session_id, turn_id=terminal.turn_id
-        )
+        return make_event(TurnFailed(error=error), seq=seq, session_id=terminal.session_id, turn_id=terminal.turn_id)
 
     def _deliver_terminal(self, turn_id: str, event: Event) -> None:
         self.hub.publish([event])
@@ -226,8 +224,7 @@ class TurnEmitter:
 
     def emit(
         self,
-        type_: str,
-        data: dict[str, Any],
+        data: EventData,
         *,
         agent_id: str = ROOT_AGENT,
         parent_agent_id: str | None = None,
@@ -237,7 +234,6 @@ class TurnEmitter:
             if self.closed:
                 return None
             event = make_event(
-                type_,
                 data,
                 seq=self._next_seq,
                 session_id=self.session_id,

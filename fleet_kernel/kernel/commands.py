@@ -26,12 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleet_kernel.kernel.context import KernelContext, load_off_loop
+from fleet_kernel.kernel.context import KernelContext
+from fleet_kernel.sandbox import contract as sandbox_contract
 
 PREFIX = "%fleet"
 PARAMETER = re.compile(r"\{\{([A-Za-z_]\w*)\}\}|\{([A-Za-z_]\w*)\}")
 """``{name}`` of a set parameter is its value, ``{{name}}`` the literal ``{name}``; other braces stay as written."""
-SANDBOXES = ("local", "pyodide", "daytona", "unsafe-local")
+SANDBOXES = sandbox_contract.names()
 OUTPUTS = ("rich", "text")
 
 
@@ -139,11 +140,9 @@ async def cmd_sandbox(ctx: KernelContext, args: list[str]) -> Reply:
             raise _usage_error(f"unknown sandbox {args[0]!r}: use one of {', '.join(SANDBOXES)}")
         ctx.update_settings(sandbox=args[0])
         return Reply(f"The next turns run code in the {args[0]} sandbox.")
-    await load_off_loop("fleet_kernel.sandbox")
-    from fleet_kernel.sandbox import default_backend
-
-    chosen = ctx.settings.sandbox
-    return Reply(f"Sandbox: {chosen}" if chosen else f"Sandbox: {default_backend()} (the default here)")
+    if chosen := ctx.settings.sandbox:
+        return Reply(f"Sandbox: {chosen}")
+    return Reply(f"Sandbox: {await asyncio.to_thread(sandbox_contract.choose, ctx.settings)} (the default here)")
 
 
 async def cmd_output(ctx: KernelContext, args: list[str]) -> Reply:
@@ -160,10 +159,7 @@ async def cmd_status(ctx: KernelContext, args: list[str]) -> Reply:
     await ctx.open()
     assert ctx.store is not None
     settings = ctx.settings
-    await load_off_loop("fleet_kernel.sandbox")
-    from fleet_kernel.sandbox import default_backend
-
-    sandbox = settings.sandbox or f"{await asyncio.to_thread(default_backend)} (the default here)"
+    sandbox = settings.sandbox or f"{await asyncio.to_thread(sandbox_contract.choose, settings)} (the default here)"
     lines = [
         f"session: {ctx.session_id or '(none yet)'}",
         f"model: {settings.lm_model or '(not configured)'}",

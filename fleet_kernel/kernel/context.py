@@ -95,10 +95,10 @@ class KernelContext:
 
     def _probe_sandbox(self) -> None:
         """Find the default backend now (it runs bubblewrap once) rather than in the first turn."""
-        from fleet_kernel.sandbox import default_backend
+        from fleet_kernel.sandbox import choose
 
         try:
-            default_backend()
+            choose(self.settings)
         except Exception:
             log.warning("probing the sandbox failed", exc_info=True)
 

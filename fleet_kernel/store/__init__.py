@@ -30,7 +30,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 
 from fleet_kernel.errors import ConflictError, NotFoundError, StoreUnavailableError, ValidationError
-from fleet_kernel.events import ROOT_AGENT, TERMINAL_TYPES, Event, utc_timestamp
+from fleet_kernel.events import ROOT_AGENT, TERMINAL_TYPES, Event, TurnFailed, utc_timestamp
 from fleet_kernel.store import migrate
 from fleet_kernel.store.models import (
     ArtifactRow,
@@ -817,7 +817,7 @@ def _end_turn(s: AsyncSession, row: TurnRow, status: str, error: dict[str, Any])
         turn_id=row.turn_id,
         seq=row.last_seq,
         session_id=row.session_id,
-        type="turn.failed",
+        type=TurnFailed.type,
         agent_id=ROOT_AGENT,
         parent_agent_id=None,
         ts=utc_timestamp(),
