@@ -10,10 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jsonschema import Draft202012Validator, FormatChecker
-from jsonschema.exceptions import SchemaError
 from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic_core import core_schema
 
@@ -21,6 +19,9 @@ from fleet_kernel import safe_files
 from fleet_kernel.errors import ValidationError
 from fleet_kernel.store.models import AttachmentRow
 from fleet_kernel.workspace import Workspace
+
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
 
 MAX_SCHEMA_CHARS = 16_000
 MAX_SCHEMA_DEPTH = 8
@@ -107,6 +108,9 @@ def check_output_schema(schema: Any) -> dict[str, Any]:
     if schema.get("type") != "object":
         raise ValidationError('output_schema must describe an object: give it "type": "object" and "properties"')
     _check_node(schema, "output_schema", 0)
+    from jsonschema import Draft202012Validator  # seconds to import: only for turns that have a schema
+    from jsonschema.exceptions import SchemaError
+
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
@@ -158,6 +162,8 @@ def result_type(schema: dict[str, Any]) -> type:
     dspy.RLM parses each SUBMITted field with pydantic; a value this type rejects goes back to the model
     as a ``[Type Error]`` it can fix in its next step. The prompt shows the user's schema as the field's.
     """
+    from jsonschema import Draft202012Validator, FormatChecker
+
     validator = Draft202012Validator(schema, format_checker=FormatChecker())
 
     def check(value: dict[str, Any]) -> dict[str, Any]:
