@@ -15,7 +15,7 @@ import importlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +29,7 @@ from fleet_kernel.engine.sink import EventHub, EventWriter, TurnEmitter, follow
 from fleet_kernel.errors import NotFoundError, TurnDeadlineExceeded, ValidationError
 from fleet_kernel.events import Artifact, Event, LMFinished, TurnCancelledData, TurnCompleted, TurnFailed, TurnStarted
 from fleet_kernel.skills import Catalogue, load_catalogue
-from fleet_kernel.store import AttachmentRow, Store, TurnRow
+from fleet_kernel.store import AttachmentRow, EndedTurn, Store, TurnRow
 from fleet_kernel.workspace import Workspace, guess_mime
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ class TurnRunner:
         async with self._started:
             if self._writer is None:
                 self._writer = EventWriter(self.store, self.hub, on_broken=self._events_lost)
-                await self.store.reap_stale_turns()
+                self._end_interrupted(await self.store.reap_stale_turns())
                 self._supervisor = asyncio.get_running_loop().create_task(self._supervise(), name="fleet-heartbeat")
         return self
 
@@ -132,6 +132,21 @@ class TurnRunner:
         if self._writer is not None:
             await self._writer.close()
             self._writer = None
+
+    async def reap(self) -> list[EndedTurn]:
+        """End the running turns whose owner is gone (see ``Store.reap_stale_turns``), each with its
+        terminal event; returns them."""
+        await self.open()
+        interrupted = await self.store.reap_stale_turns()
+        self._end_interrupted(interrupted)
+        return interrupted
+
+    def _end_interrupted(self, turns: Iterable[EndedTurn]) -> None:
+        """Emit the one terminal event of each turn the store ended for its owner, at the seq reserved for it."""
+        assert self._writer is not None
+        for turn in turns:
+            emitter = TurnEmitter(self._writer, session_id=turn.session_id, turn_id=turn.turn_id, first_seq=turn.seq)
+            emitter.emit(TurnFailed(error=turn.error))
 
     @property
     def store_error(self) -> str | None:
@@ -197,9 +212,12 @@ class TurnRunner:
         await self.open()
         assert self._writer is not None
         sandbox = self.sandbox_name()
-        turn, created = await self.store.claim_turn(
+        claim = await self.store.claim_turn(
             session_id, task, idempotency_key=idempotency_key, model=self.settings.lm_model, sandbox=sandbox
         )
+        if claim.interrupted is not None:  # the session's turn whose owner is gone, ended by this claim
+            self._end_interrupted([claim.interrupted])
+        turn, created = claim
         handle = TurnHandle(self, turn, created)
         if not created:
             return handle
