@@ -10,6 +10,7 @@
     %fleet export [file.ipynb | folder]              write the session as a notebook (fleet-<title>-<id>.ipynb)
     %fleet serve [port]                              start the HTTP API on this kernel's store
     %fleet set [name [value]]                        show or set a parameter: {name} in later cells is its value
+    %fleet skill [list | show N | use N... | clear]  list skill cards, read one, put up to 4 in the next turns' prompt
 
 A command raises ``FleetError`` with advice when it cannot do what was asked; the kernel renders it once.
 """
@@ -157,6 +158,7 @@ async def cmd_status(ctx: KernelContext, args: list[str]) -> Reply:
         f"model: {settings.lm_model or '(not configured)'}",
         f"sandbox: {sandbox}",
         f"output: {ctx.output_mode()}",
+        f"skills: {', '.join(ctx.skills) or '(none preselected; %fleet skill use <name>)'}",
         f"store: {ctx.store.safe_url}",
         f"home: {settings.home}",
         f"engine loaded: {'yes' if ctx.warm.is_set() else 'loading'}",
@@ -269,6 +271,39 @@ async def cmd_set(ctx: KernelContext, args: list[str]) -> Reply:
     return Reply(f"{name} = {ctx.params[name]!r}; {{{name}}} in the next cells is this value.")
 
 
+async def cmd_skill(ctx: KernelContext, args: list[str]) -> Reply:
+    from fleet_kernel.skills import load_catalogue
+
+    action, names = (args[0], args[1:]) if args else ("list", [])
+    catalogue = await asyncio.to_thread(load_catalogue, ctx.settings.home)
+    if action == "list":
+        if names:
+            raise _usage_error("usage: %fleet skill list")
+        chosen = set(ctx.skills)
+        lines = [f"{'*' if s.name in chosen else ' '} {s.name} ({s.source}): {s.description}" for s in catalogue]
+        rows = [f"| {'**' if s.name in chosen else ''}`{s.name}` | {s.source} | {_md(s.description)} |"
+                for s in catalogue]
+        note = f"Selected for the next turns: {', '.join(ctx.skills)}" if ctx.skills else "None selected."
+        markdown = "| skill | source | description |\n|---|---|---|\n" + "\n".join(rows) + f"\n\n{note}"
+        return Reply("\n".join([*lines, note]), markdown)
+    if action == "show":
+        if len(names) != 1:
+            raise _usage_error("usage: %fleet skill show <name> (see %fleet skill list)")
+        skill = catalogue.get(names[0])
+        resources = f"\n\nResources: {', '.join(skill.resources)}" if skill.resources else ""
+        return Reply(f"{skill.name} ({skill.source}): {skill.description}\n\n{skill.body}{resources}",
+                     f"**{skill.name}** ({skill.source}): {_md(skill.description)}\n\n{skill.body}{resources}")
+    if action == "use":
+        if not names:
+            raise _usage_error("usage: %fleet skill use <name>... (up to 4; %fleet skill clear to stop)")
+        ctx.skills = catalogue.select(names)
+        return Reply(f"The next turns have these skills in their prompt: {', '.join(ctx.skills)}.")
+    if action == "clear":
+        ctx.skills = ()
+        return Reply("No skills are preselected; every turn still sees the list and can load_skill(name).")
+    raise _usage_error(f"unknown skill action {action!r}: use list, show, use or clear")
+
+
 COMMANDS: dict[str, Handler] = {
     "help": cmd_help,
     "session": cmd_session,
@@ -281,8 +316,10 @@ COMMANDS: dict[str, Handler] = {
     "export": cmd_export,
     "serve": cmd_serve,
     "set": cmd_set,
+    "skill": cmd_skill,
 }
-SUBCOMMANDS = {"session": ("new", "use", "list"), "output": OUTPUTS, "sandbox": SANDBOXES, "model": ("default",)}
+SUBCOMMANDS = {"session": ("new", "use", "list"), "output": OUTPUTS, "sandbox": SANDBOXES, "model": ("default",),
+               "skill": ("list", "show", "use", "clear")}
 
 
 # ---------------------------------------------------------------------------------------------- dispatch
@@ -337,6 +374,10 @@ async def complete(ctx: KernelContext, code: str, cursor_pos: int) -> tuple[list
         options = [s.session_id for s in await (await ctx.sessions()).list(limit=100)]
     elif done == ["set"]:
         options = list(ctx.params)
+    elif done[:2] in (["skill", "show"], ["skill", "use"]) and (done[1] == "use" or len(done) == 2):
+        from fleet_kernel.skills import load_catalogue
+
+        options = sorted((await asyncio.to_thread(load_catalogue, ctx.settings.home)).skills)
     elif done == ["attach"] or done == ["export"]:
         options = _paths(word)
     return [o for o in options if o.startswith(word)], word_start, cursor_pos

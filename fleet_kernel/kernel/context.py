@@ -57,6 +57,7 @@ class KernelContext:
         self.runner: TurnRunner | None = None
         self.session_id: str | None = None
         self.params: dict[str, str] = {}  # %fleet set: {name} in later cells is the value
+        self.skills: tuple[str, ...] = ()  # %fleet skill use: cards in the prompt of the next turns
         self.explicit_output: OutputMode | None = None  # %fleet output
         self.widgets_seen = False  # a widget manager (JupyterLab) opened its control comm
         self.console_seen = False  # a terminal asked for its up-arrow history before any cell ran

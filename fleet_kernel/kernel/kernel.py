@@ -180,7 +180,7 @@ class FleetKernel(Kernel):
             session_id = await self.ctx.ensure_session()
             await load_off_loop("fleet_kernel.sandbox")  # the runner names the sandbox; that package loads dspy
             assert self.ctx.runner is not None
-            handle = await self.ctx.runner.start(session_id, task)
+            handle = await self.ctx.runner.start(session_id, task, skills=self.ctx.skills)
         except BaseException:
             live.close()
             if mode != "text":
