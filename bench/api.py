@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from scripted_lm import step
 
 from fleet_api.server import spawn_sidecar
+from fleet_kernel.events import TurnCompleted
 
 TARGET_FIRST_EVENT_MS = 20.0
 TARGET_CROSS_P95_MS = 100.0
@@ -164,7 +165,7 @@ async def concurrent_turns(
     watches = await asyncio.gather(*(start_and_watch(s, t) for s, t in zip(sessions, tasks, strict=True)))
     elapsed = time.perf_counter() - begin
     lags = [lag for w in watches for lag in w.lags_ms]
-    completed = sum(w.last_type == "turn.completed" for w in watches)
+    completed = sum(w.last_type == TurnCompleted.type for w in watches)
     seen = clock.read()
     commit_lags = [(t - seen[(turn, seq)]) * 1000 for w in watches for turn, seq, t in w.live if (turn, seq) in seen]
     return {

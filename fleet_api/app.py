@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from fleet_api import routes
 from fleet_api.auth import BearerAuth
@@ -19,7 +20,7 @@ from fleet_api.deps import FleetState
 from fleet_api.errors import install_error_handlers
 from fleet_api.hosts import AllowedHosts, own_names
 from fleet_api.limits import BodyLimit
-from fleet_api.openapi import install_openapi
+from fleet_api.openapi import install_docs_redirect, install_openapi
 from fleet_api.origin import SameOriginWrites
 from fleet_api.routes.attachments import UPLOAD_PATH
 from fleet_api.sse import HEARTBEAT_S
@@ -31,23 +32,24 @@ from fleet_kernel.store import Store
 
 log = logging.getLogger("fleet_api")
 
-REAP_INTERVAL_S = 10.0
+REAP_INTERVAL_S = 1.0  # a dead owner's turn ends within a second or so (a read when nothing is stale)
 DESCRIPTION = (
     "Sessions, turns and their event streams from Fleet's shared store: watch, continue or cancel a "
     'notebook session from any HTTP client. Errors are `{"error": {"code", "message"}}`. '
-    "When FLEET_API_TOKEN is set, every route but /api/health needs `Authorization: Bearer <token>`. "
+    "When FLEET_API_TOKEN is set, every route but /api/health and these docs needs `Authorization: Bearer <token>` "
+    "(the Authorize button sets it for Try it out). "
     "Requests must name this server in `Host` (421 otherwise); POST, PUT, PATCH and DELETE from another "
     "origin are refused (403) and their bodies must be application/json (multipart/form-data for "
     "uploads; 415 otherwise)."
 )
 
 
-async def _reap_forever(store: Store) -> None:
+async def _reap_forever(runner: TurnRunner) -> None:
     """Mark turns whose process died as interrupted, so their watchers get a terminal event."""
     while True:
         await asyncio.sleep(REAP_INTERVAL_S)
         try:
-            await store.reap_stale_turns()
+            await runner.reap()
         except Exception:  # the store may be down for a moment; try again at the next round
             log.warning("reaping stale turns failed", exc_info=True)
 
@@ -77,7 +79,7 @@ def create_app(
             tail = StoreTail(store, runner.hub)
             app.state.fleet = FleetState(settings, store, runner, heartbeat_s, tail)
             loop = asyncio.get_running_loop()
-            janitor = loop.create_task(_reap_forever(store), name="fleet-reaper")
+            janitor = loop.create_task(_reap_forever(runner), name="fleet-reaper")
             warm = loop.create_task(asyncio.to_thread(_warm_up, app.state.fleet), name="fleet-warm-up")
             try:
                 yield
@@ -89,7 +91,7 @@ def create_app(
         finally:
             await store.close()
 
-    app = FastAPI(
+    app = FastAPIOffline(  # Swagger UI from the package's own files, not a CDN: the docs work offline
         title="Fleet API",
         version=__version__,
         description=DESCRIPTION,
@@ -97,9 +99,12 @@ def create_app(
         openapi_url="/api/openapi.json",
         docs_url="/api/docs",
         redoc_url=None,
+        static_url="/api/docs/static",
+        swagger_ui_oauth2_redirect_url="/api/docs/oauth2-redirect",
     )
     install_error_handlers(app)
     install_openapi(app)
+    install_docs_redirect(app)
     for router in routes.ROUTERS:
         app.include_router(router, prefix="/api")
     upload_limit = int(settings.policy.storage.max_upload_mb * 1024 * 1024)

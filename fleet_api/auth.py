@@ -1,4 +1,4 @@
-"""Bearer-token check for every route but ``/api/health``, as a pure ASGI middleware.
+"""Bearer-token check for every route but ``/api/health`` and the docs, as a pure ASGI middleware.
 
 A middleware rather than a dependency so that the token is checked before anything else looks at
 the request: an unauthenticated caller learns nothing from validation errors or unknown routes.
@@ -14,7 +14,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fleet_api.errors import error_response
 
-OPEN_PATHS = frozenset({"/api/health"})
+# The docs (page, packaged assets, schema) are open: a browser cannot send a bearer token when it loads a
+# page, and they tell nothing about this deployment (the schema is the committed openapi.json).
+OPEN_PATHS = frozenset({"/api/health", "/api/openapi.json", "/api/docs", "/docs"})
+OPEN_PREFIXES = ("/api/docs/",)
 
 
 class BearerAuth:
@@ -25,7 +28,7 @@ class BearerAuth:
         self.token = token.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self._authorized(scope):
+        if scope["type"] != "http" or _is_open(scope["path"]) or self._authorized(scope):
             await self.app(scope, receive, send)
             return
         response = error_response(
@@ -39,6 +42,10 @@ class BearerAuth:
     def _authorized(self, scope: Scope) -> bool:
         scheme, _, credentials = Headers(scope=scope).get("authorization", "").partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(credentials.strip().encode(), self.token)
+
+
+def _is_open(path: str) -> bool:
+    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
 
 
 def is_loopback(host: str) -> bool:

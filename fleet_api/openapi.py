@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
+from fastapi.responses import RedirectResponse
 
 from fleet_kernel.config import Settings
 
@@ -36,6 +37,14 @@ def install_openapi(app: FastAPI) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def install_docs_redirect(app: FastAPI) -> None:
+    """``/docs``, where FastAPI apps usually keep it, leads to the interactive docs at ``/api/docs``."""
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs(request: Request) -> RedirectResponse:
+        return RedirectResponse(f"{request.scope.get('root_path', '')}/api/docs")
 
 
 def build_openapi() -> dict[str, Any]:

@@ -13,15 +13,28 @@ import re
 import tomllib
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic import ValidationError as PydanticValidationError
+from pydantic_core import PydanticCustomError
 
-from fleet_kernel.errors import ConfigError
+from fleet_kernel.errors import ConfigError, ValidationError
 
-SandboxName = Literal["local", "pyodide", "daytona", "unsafe-local"]
-SANDBOX_NAMES: tuple[str, ...] = ("local", "pyodide", "daytona", "unsafe-local")
+
+def _registered_sandbox(name: str) -> str:
+    """A sandbox name must be registered (``fleet_kernel.sandbox.contract``, read when a value is checked)."""
+    from fleet_kernel.sandbox import contract
+
+    known = contract.names()
+    if name not in known:
+        expected = " or ".join(filter(None, (", ".join(map(repr, known[:-1])), repr(known[-1]))))
+        raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+    return name
+
+
+SandboxName = Annotated[str, AfterValidator(_registered_sandbox)]
 
 
 class _Section(BaseModel):
@@ -38,6 +51,41 @@ class Limits(_Section):
     max_output_chars: int = Field(10_000, ge=100, le=1_000_000, description="REPL output shown to the model")
     max_depth: int = Field(2, ge=0, le=8, description="nesting depth of child RLMs")
     max_children: int = Field(8, ge=0, le=100, description="child RLMs per turn")
+    max_turn_tokens: int = Field(
+        2_000_000, ge=1, le=10_000_000_000, description="prompt plus completion tokens over all LM calls of a turn"
+    )
+    max_turn_cost_usd: float | None = Field(None, gt=0, le=1_000_000, description="LM cost of a turn; none: no cap")
+
+    def lowered(self, overrides: Mapping[str, Any]) -> Limits:
+        """These limits with one turn's ``overrides``, none above what this policy allows.
+
+        Raises:
+            ValidationError: an unknown limit, an invalid value, or one above the policy.
+        """
+        try:
+            merged = Limits.model_validate({**self.model_dump(), **overrides})
+        except PydanticValidationError as exc:
+            raise ValidationError(_format_validation_error("limits", exc)) from exc
+        for name in overrides:
+            allowed, value = getattr(self, name), getattr(merged, name)
+            if allowed is not None and (value is None or value > allowed):
+                raise ValidationError(
+                    f"limits.{name} may be at most {allowed} for a turn (the fleet.toml policy); got {value}"
+                )
+        return merged
+
+
+class LMPolicy(_Section):
+    """What each LM request may ask for."""
+
+    max_tokens: int = Field(4096, ge=1, le=1_000_000, description="completion cap sent with every root LM call")
+    sub_max_tokens: int | None = Field(
+        None, ge=1, le=1_000_000, description="the cap for llm_query and child RLM calls; default max_tokens"
+    )
+
+    @property
+    def sub_cap(self) -> int:
+        return self.sub_max_tokens or self.max_tokens
 
 
 class SandboxLimits(_Section):
@@ -50,6 +98,8 @@ class SandboxLimits(_Section):
     max_processes: int = Field(64, ge=1, le=4096)
     max_file_mb: int = Field(256, ge=1, le=65_536, description="largest file code may write")
     max_output_bytes: int = Field(1_000_000, ge=1_000, le=100_000_000, description="captured output per execution")
+    workspace_mb: int = Field(1024, ge=1, le=1_048_576, description="size of a session workspace")
+    workspace_files: int = Field(100_000, ge=16, le=10_000_000, description="files and folders in a workspace")
 
 
 class History(_Section):
@@ -75,6 +125,7 @@ class Policy(_Section):
     """The whole of ``fleet.toml``."""
 
     limits: Limits = Limits()
+    lm: LMPolicy = LMPolicy()
     sandbox: SandboxLimits = SandboxLimits()
     history: History = History()
     storage: Storage = Storage()
@@ -156,6 +207,13 @@ class Settings(BaseModel):
     @property
     def limits(self) -> Limits:
         return self.policy.limits
+
+    def for_turn(self, limits: Mapping[str, Any] | None) -> Settings:
+        """These settings with one turn's limits lowered (see ``Limits.lowered``); unchanged without any."""
+        if not limits:
+            return self
+        policy = self.policy.model_copy(update={"limits": self.limits.lowered(limits)})
+        return self.model_copy(update={"policy": policy})
 
     @cached_property
     def workspaces_dir(self) -> Path:

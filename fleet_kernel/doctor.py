@@ -37,9 +37,9 @@ async def check_sandbox(settings: Settings, echo: Echo) -> bool:
     import tempfile
     from pathlib import Path
 
-    from fleet_kernel.sandbox import default_backend, open_sandbox
+    from fleet_kernel.sandbox import choose, open_sandbox
 
-    name = settings.sandbox or default_backend()
+    name = await asyncio.to_thread(choose, settings)  # opening it below says what is wrong, with the fix
 
     def probe() -> str:
         with tempfile.TemporaryDirectory() as tmp:
@@ -72,6 +72,8 @@ async def check_lm(settings: Settings, echo: Echo) -> bool:
         root, _ = build_lms(settings)
     except FleetError as exc:
         return _line(echo, False, "lm", exc.message)
+    if settings.lm_model and settings.lm_model.startswith("replay/"):
+        return check_cassette(settings.lm_model.removeprefix("replay/"), echo)
 
     def ping() -> str:
         started = time.perf_counter()
@@ -82,6 +84,24 @@ async def check_lm(settings: Settings, echo: Echo) -> bool:
         return _line(echo, True, "lm", await asyncio.to_thread(ping))
     except Exception as exc:  # noqa: BLE001 - report, never crash the doctor
         return _line(echo, False, "lm", explain_lm_error(exc, settings).message)
+
+
+def check_cassette(path: str, echo: Echo) -> bool:
+    """A replay model answers only what was recorded, so the doctor reads its cassette instead of asking it."""
+    from fleet_kernel.engine.replay import Cassette
+
+    try:
+        cassette = Cassette.load(path)
+    except FleetError as exc:
+        return _line(echo, False, "lm", exc.message)
+    count = len(cassette.exchanges)
+    if not count:
+        record = f"record some with FLEET_LM_RECORD={cassette.path} and a real FLEET_LM_MODEL"
+        return _line(echo, False, "lm", f"the replay cassette {cassette.path} holds no exchanges: {record}")
+    source = cassette.data.get("model") or "an unnamed model"
+    when = f" at {cassette.data['recorded_at']}" if cassette.data.get("recorded_at") else ""
+    detail = f"replays {cassette.path}: {count} exchanges recorded from {source}{when} (answers only those)"
+    return _line(echo, True, "lm", detail)
 
 
 async def check_daytona(settings: Settings, echo: Echo) -> bool:

@@ -1,22 +1,27 @@
 """The event vocabulary: every step of a turn as one typed, versioned envelope.
 
 Defined once here and imported by the engine (emits), the store (keeps), the API (streams over SSE),
-the kernel (renders) and the notebook export (transcribes). ``make_event`` validates ``data`` against
-the type's model, so an unknown type or a missing field fails loudly instead of travelling as a dict.
+the kernel (renders) and the notebook export (transcribes). Each event's data is one class carrying its
+``type``; code emits instances, and the registry and docs/events.md's table are built from the classes.
+``make_event`` validates the data, so a missing or unknown field fails loudly instead of travelling as a
+dict, and makes its text ``terminal_safe``: events carry what sandboxed code printed and what the model wrote
+to terminals and ``text/plain`` outputs, where control sequences would act on the user's terminal.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict
+
+from fleet_kernel.textsafe import terminal_safe_data
 
 ENVELOPE_VERSION = 1
 
 
 class _Data(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 class ErrorInfo(_Data):
@@ -29,6 +34,14 @@ class TurnLimits(_Data):
     max_llm_calls: int
     timeout_s: float
     exec_timeout_s: float
+    max_turn_tokens: int | None = None
+    """Prompt plus completion tokens over all LM calls of the turn (``limits.max_turn_tokens``)."""
+    max_turn_cost_usd: float | None = None
+    """LM cost of the turn, when set (``limits.max_turn_cost_usd``)."""
+    max_tokens: int | None = None
+    """Completion cap sent with each root LM call (``lm.max_tokens``)."""
+    sub_max_tokens: int | None = None
+    """Completion cap sent with each ``llm_query`` and child RLM call (``lm.sub_max_tokens``)."""
 
 
 class LMUsage(_Data):
@@ -43,9 +56,18 @@ class TurnUsage(_Data):
     cost_usd: float = 0.0
 
 
-class TurnStarted(_Data):
-    """Always ``seq`` 1: what runs, on which model and sandbox, within which limits."""
+class EventData(_Data):
+    """The data of one event type; ``type`` is the envelope's ``type`` for it."""
 
+    type: ClassVar[str]
+
+
+class TurnStarted(EventData):
+    """Always `seq` 1, as soon as the turn is accepted: what runs, on which model and sandbox, within which
+    limits. `max_turn_cost_usd` is null without a cost budget; `max_tokens`/`sub_max_tokens` are the caps
+    sent with each root / sub-LM and child request."""
+
+    type: ClassVar[str] = "turn.started"
     task: str
     run_id: str
     model: str | None
@@ -53,36 +75,52 @@ class TurnStarted(_Data):
     limits: TurnLimits
 
 
-class IterationStarted(_Data):
+class IterationStarted(EventData):
+    """Before the model is asked for the next step."""
+
+    type: ClassVar[str] = "iteration.started"
     iteration: int
     max_iters: int
 
 
-class Reasoning(_Data):
+class Reasoning(EventData):
+    """The model's reasoning for the step."""
+
+    type: ClassVar[str] = "reasoning"
     iteration: int
     text: str
 
 
-class Code(_Data):
+class Code(EventData):
+    """The code it wrote, before it runs."""
+
+    type: ClassVar[str] = "code"
     iteration: int
     code: str
 
 
-class Output(_Data):
-    """A chunk of what the code printed, sent while it runs."""
+class Output(EventData):
+    """Chunks of what the code prints, while it runs (coalesced, ≤ ~20/s)."""
 
+    type: ClassVar[str] = "output"
     iteration: int
     stream: Literal["stdout", "stderr"]
     text: str
 
 
-class ExecutionFinished(_Data):
+class ExecutionFinished(EventData):
+    """The code finished, failed or timed out; `error` is null unless it failed."""
+
+    type: ClassVar[str] = "execution.finished"
     iteration: int
     duration_ms: float
     error: ErrorInfo | None = None
 
 
-class LMFinished(_Data):
+class LMFinished(EventData):
+    """Each LM call (root steps, `llm_query`, child RLMs)."""
+
+    type: ClassVar[str] = "lm.finished"
     role: Literal["root", "sub"]
     model: str | None
     duration_ms: float
@@ -90,34 +128,47 @@ class LMFinished(_Data):
     cost_usd: float | None = None
 
 
-class ToolStarted(_Data):
+class ToolStarted(EventData):
+    """A host tool called from sandbox code (`llm_query`, `llm_query_batched`, user tools) starts."""
+
+    type: ClassVar[str] = "tool.started"
     call_id: str
     name: str
     args_preview: str
 
 
-class ToolFinished(_Data):
+class ToolFinished(EventData):
+    """That host tool call returned or raised."""
+
+    type: ClassVar[str] = "tool.finished"
     call_id: str
     ok: bool
     result_preview: str
     duration_ms: float
 
 
-class AgentStarted(_Data):
-    """A child RLM, built by model-written code, starts; its own events carry its ``agent_id``."""
+class AgentStarted(EventData):
+    """A child `dspy.RLM`, built by model code, starts; its own events carry its `agent_id`."""
 
+    type: ClassVar[str] = "agent.started"
     agent_id: str
     parent_agent_id: str | None
     depth: int
     task: str
 
 
-class AgentFinished(_Data):
+class AgentFinished(EventData):
+    """That child RLM returned or raised."""
+
+    type: ClassVar[str] = "agent.finished"
     agent_id: str
     ok: bool
 
 
-class Artifact(_Data):
+class Artifact(EventData):
+    """A file new or changed under `/workspace/artifacts/`."""
+
+    type: ClassVar[str] = "artifact"
     artifact_id: str
     path: str
     mime: str
@@ -125,45 +176,44 @@ class Artifact(_Data):
     sha256: str
 
 
-class TurnCompleted(_Data):
+class TurnCompleted(EventData):
+    """The turn ended with an answer."""
+
+    type: ClassVar[str] = "turn.completed"
     answer: str
     usage: TurnUsage
     duration_ms: float
     extracted: bool = False
-    """True when the model ran out of iterations and the answer was extracted, not submitted."""
+    """True when the model ran out of iterations and dspy extracted the answer."""
 
 
-class TurnFailed(_Data):
+class TurnFailed(EventData):
+    """The turn failed. The message says what to set or check; it never contains a credential."""
+
+    type: ClassVar[str] = "turn.failed"
     error: ErrorInfo
+    """`type` `budget_exceeded`: the turn used up `limits.max_turn_tokens` or `max_turn_cost_usd` (the message
+    says which, and how much was used); `deadline_exceeded`: it ran past `limits.turn_timeout_s`;
+    `interrupted`: the process running it died and the next runner on the store closed it."""
 
 
-class TurnCancelledData(_Data):
+class TurnCancelledData(EventData):
+    """Interrupt, Stop button, `PUT /api/runs/{run_id}/cancellation`; when several come, the first one's reason."""
+
+    type: ClassVar[str] = "turn.cancelled"
     reason: str
 
 
-EVENT_TYPES: dict[str, type[_Data]] = {
-    "turn.started": TurnStarted,
-    "iteration.started": IterationStarted,
-    "reasoning": Reasoning,
-    "code": Code,
-    "output": Output,
-    "execution.finished": ExecutionFinished,
-    "lm.finished": LMFinished,
-    "tool.started": ToolStarted,
-    "tool.finished": ToolFinished,
-    "agent.started": AgentStarted,
-    "agent.finished": AgentFinished,
-    "artifact": Artifact,
-    "turn.completed": TurnCompleted,
-    "turn.failed": TurnFailed,
-    "turn.cancelled": TurnCancelledData,
-}
-TERMINAL_TYPES = frozenset({"turn.completed", "turn.failed", "turn.cancelled"})
-EventType = Literal[
-    "turn.started", "iteration.started", "reasoning", "code", "output", "execution.finished", "lm.finished",
-    "tool.started", "tool.finished", "agent.started", "agent.finished", "artifact",
-    "turn.completed", "turn.failed", "turn.cancelled",
-]  # fmt: skip
+EVENT_CLASSES: tuple[type[EventData], ...] = (
+    TurnStarted, IterationStarted, Reasoning, Code, Output, ExecutionFinished, LMFinished,
+    ToolStarted, ToolFinished, AgentStarted, AgentFinished, Artifact,
+    TurnCompleted, TurnFailed, TurnCancelledData,
+)  # fmt: skip
+"""Every event type, in the order of a turn (the docs table's order)."""
+EVENT_TYPES: dict[str, type[EventData]] = {cls.type: cls for cls in EVENT_CLASSES}
+TERMINAL_CLASSES: tuple[type[EventData], ...] = (TurnCompleted, TurnFailed, TurnCancelledData)
+TERMINAL_TYPES = frozenset(cls.type for cls in TERMINAL_CLASSES)
+EventType = Literal[tuple(EVENT_TYPES)]  # type: ignore[valid-type]
 
 ROOT_AGENT = "root"
 
@@ -187,6 +237,11 @@ class Event(BaseModel):
     def terminal(self) -> bool:
         return self.type in TERMINAL_TYPES
 
+    @property
+    def payload(self) -> EventData:
+        """``data`` as its type's class (an ``Output``, a ``TurnCompleted``…)."""
+        return EVENT_TYPES[self.type].model_validate(self.data)
+
     def to_json(self) -> str:
         return self.model_dump_json()
 
@@ -197,20 +252,19 @@ def utc_timestamp(moment: datetime | None = None) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
-def validate_data(type_: str, data: dict[str, Any]) -> dict[str, Any]:
-    """Check ``data`` against its type's model; return it in canonical JSON form.
+def data_of(type_: str, fields: dict[str, Any]) -> EventData:
+    """Recorded (wire) data as its type's class.
 
     Raises:
         KeyError: unknown event type (a programming error).
-        pydantic.ValidationError: a field is missing or of the wrong type.
+        pydantic.ValidationError: a field is missing, unknown or of the wrong type.
     """
-    model = EVENT_TYPES[type_]
-    return model.model_validate(data).model_dump(mode="json")
+    return EVENT_TYPES[type_].model_validate(fields)
 
 
 def make_event(
-    type_: str,
-    data: dict[str, Any],
+    data: EventData | str,
+    fields: dict[str, Any] | None = None,
     *,
     seq: int,
     session_id: str,
@@ -219,13 +273,69 @@ def make_event(
     parent_agent_id: str | None = None,
     ts: str | None = None,
 ) -> Event:
+    """The envelope of ``data`` (an event class instance, or a type name and its recorded fields)."""
+    if isinstance(data, str):
+        data = data_of(data, fields or {})
+    # Dump and validate again: an instance changed after it was built is checked like a fresh one.
+    canonical = type(data).model_validate(data.model_dump(warnings=False)).model_dump(mode="json")
     return Event(
         seq=seq,
-        type=type_,  # type: ignore[arg-type]
+        type=data.type,
         session_id=session_id,
         turn_id=turn_id,
         agent_id=agent_id,
         parent_agent_id=parent_agent_id,
         ts=ts or utc_timestamp(),
-        data=validate_data(type_, data),
+        data=terminal_safe_data(canonical),
     )
+
+
+def parse_event(envelope: str | bytes | dict[str, Any]) -> tuple[Event, EventData]:
+    """An envelope (JSON text or a decoded dict, as stored or streamed) and its typed data.
+
+    Raises:
+        pydantic.ValidationError: not an envelope of a known type, or its data does not fit the type.
+    """
+    event = Event.model_validate_json(envelope) if isinstance(envelope, str | bytes) else Event.model_validate(envelope)
+    return event, event.payload
+
+
+def is_terminal(event: Event | dict[str, Any]) -> bool:
+    """Whether an event (an envelope or its decoded JSON) ends its turn."""
+    return (event.type if isinstance(event, Event) else event.get("type")) in TERMINAL_TYPES
+
+
+# ---------------------------------------------------------------------------------------------- docs
+
+
+def _shape(annotation: Any) -> str:
+    """A field's type as the docs table writes it: nested fields in braces, literals as ``a|b``."""
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    if get_origin(annotation) is Literal:
+        return ": " + "\\|".join(str(a) for a in get_args(annotation))
+    if len(args) == 1:
+        return _shape(args[0])
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "{" + ", ".join(annotation.model_fields) + "}"
+    return ""
+
+
+def _one_line(text: str | None) -> str:
+    return " ".join((text or "").split())
+
+
+def event_table() -> str:
+    """The Markdown table of docs/events.md, from the classes: fields, then docstrings and field docs."""
+    rows = ["| type | data | when |", "|---|---|---|"]
+    for cls in EVENT_CLASSES:
+        fields = ", ".join(f"{name}{_shape(info.annotation)}" for name, info in cls.model_fields.items())
+        notes = [_one_line(cls.__doc__)]
+        for name, info in cls.model_fields.items():
+            if info.description:
+                notes.append(f"`{name}`: {_one_line(info.description)}")
+        rows.append(f"| `{cls.type}` | `{fields}` | {' '.join(notes)} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(event_table(), end="")

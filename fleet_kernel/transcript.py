@@ -1,7 +1,7 @@
 """A turn's stored events as a readable transcript, and a whole session as a notebook.
 
-``TurnView`` folds a turn's events (live or stored) into iterations, usage and an outcome; the kernel's
-live display and the final cell output both read it. ``transcript_bundle`` renders the view as one
+The turn is read through its ``TurnView`` (``fleet_kernel.view``), the one fold of its events that the
+kernel's live displays read too. ``transcript_bundle`` renders the view as one
 mimebundle (``text/markdown``, escaped ``text/html``, ``text/plain``) that reads well in JupyterLab
 without widgets, on GitHub, in ``jupyter console`` and through nbconvert. ``session_notebook`` exports
 a session as an nbformat 4 notebook: one cell per turn, its task as source, its transcript and
@@ -13,25 +13,40 @@ from __future__ import annotations
 import base64
 import html
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+import unicodedata
 from typing import TYPE_CHECKING, Any
 
-from fleet_kernel.events import ROOT_AGENT, Event
+from fleet_kernel.events import Event
+from fleet_kernel.render import (
+    MONO,
+    SHOW_OUTPUT_CHARS,
+    WRAP,
+    clip,
+    error_line,
+    fence,
+    highlight_python,
+    iteration_html,
+    iteration_note,
+)
+from fleet_kernel.textsafe import terminal_safe
+from fleet_kernel.view import KEEP_OUTPUT_CHARS, IterationView, TurnView
+
+__all__ = [  # the view and the fragments, for code that reads them from here
+    "KEEP_OUTPUT_CHARS", "SHOW_OUTPUT_CHARS", "IterationView", "TurnView", "clip", "fence", "highlight_python",
+    "iteration_html", "iteration_note", "render_html", "render_markdown", "render_text", "session_notebook",
+    "transcript_bundle", "turn_view",
+]  # fmt: skip
 
 if TYPE_CHECKING:
     import nbformat
 
-    from fleet_kernel.store import Store, TurnRow
+    from fleet_kernel.store import SessionRow, Store, TurnRow
 
-KEEP_OUTPUT_CHARS = 64_000
-"""Output kept per iteration in memory; the store keeps all of it."""
-SHOW_OUTPUT_CHARS = 4_000
-"""Output shown per iteration in a transcript."""
 OPEN_ITERATIONS = 3
 """A transcript with this many iterations or fewer shows them expanded; longer ones start collapsed."""
 INLINE_IMAGE_MIMES = ("image/png", "image/jpeg")
 MAX_INLINE_IMAGE_BYTES = 5 * 1024 * 1024
+SLUG_CHARS = 48
 KERNELSPEC = {"name": "fleet", "display_name": "Fleet RLM", "language": "markdown"}
 LANGUAGE_INFO = {
     "name": "markdown",
@@ -41,187 +56,14 @@ LANGUAGE_INFO = {
     "codemirror_mode": "markdown",
 }
 ERROR_NAMES = {"cancelled": "TurnCancelled", "failed": "TurnFailed", "interrupted": "TurnFailed"}
-
-
-# ---------------------------------------------------------------------------------------------- the view
-
-
-@dataclass
-class IterationView:
-    """One RLM iteration of one agent: what the model thought, wrote, and what the code printed."""
-
-    agent_id: str
-    iteration: int
-    max_iters: int
-    reasoning: str = ""
-    code: str = ""
-    output: str = ""
-    output_dropped: int = 0
-    duration_ms: float | None = None
-    error: dict[str, str] | None = None
-    tools: list[str] = field(default_factory=list)
-    finished: bool = False
-
-    @property
-    def label(self) -> str:
-        who = "" if self.agent_id == ROOT_AGENT else f"{self.agent_id} · "
-        return f"{who}iteration {self.iteration}/{self.max_iters}"
-
-    def add_output(self, text: str) -> None:
-        room = KEEP_OUTPUT_CHARS - len(self.output)
-        self.output += text[: max(room, 0)]
-        self.output_dropped += max(len(text) - max(room, 0), 0)
-
-
-@dataclass
-class TurnView:
-    """Everything a renderer needs about one turn, folded from its events in ``seq`` order."""
-
-    session_id: str = ""
-    turn_id: str = ""
-    task: str = ""
-    model: str | None = None
-    sandbox: str = ""
-    max_iters: int = 0
-    iterations: list[IterationView] = field(default_factory=list)
-    lm_calls: int = 0
-    sub_lm_calls: int = 0
-    tokens: int = 0
-    cost_usd: float = 0.0
-    artifacts: list[dict[str, Any]] = field(default_factory=list)
-    agents: dict[str, str] = field(default_factory=dict)
-    status: str = "running"
-    answer: str = ""
-    error: dict[str, str] | None = None
-    reason: str = ""
-    duration_ms: float | None = None
-    extracted: bool = False
-
-    @classmethod
-    def of(cls, events: Iterable[Event], turn: TurnRow | None = None) -> TurnView:
-        view = cls()
-        for event in events:
-            view.apply(event)
-        if turn is not None:
-            view.adopt_row(turn)
-        return view
-
-    def adopt_row(self, turn: TurnRow) -> None:
-        """Fill what the events did not say (a turn reaped before its terminal event, say)."""
-        self.session_id, self.turn_id = turn.session_id, turn.turn_id
-        self.task = self.task or turn.task
-        self.model = self.model or turn.model
-        if self.status == "running" and turn.status != "running":
-            self.status = turn.status
-            self.answer = turn.answer or ""
-            self.error = turn.error
-
-    @property
-    def current(self) -> IterationView | None:
-        return self.iterations[-1] if self.iterations else None
-
-    @property
-    def done(self) -> bool:
-        return self.status != "running"
-
-    def _iteration(self, agent_id: str, number: int) -> IterationView:
-        for it in reversed(self.iterations):
-            if it.agent_id == agent_id and it.iteration == number:
-                return it
-        it = IterationView(agent_id, number, self.max_iters)
-        self.iterations.append(it)
-        return it
-
-    def apply(self, event: Event) -> IterationView | None:
-        """Fold one event in; returns the iteration it touched, if any."""
-        data, kind = event.data, event.type
-        self.session_id, self.turn_id = event.session_id, event.turn_id
-        if kind == "turn.started":
-            self.task, self.model, self.sandbox = data["task"], data.get("model"), data.get("sandbox", "")
-            self.max_iters = data["limits"]["max_iters"]
-        elif kind == "iteration.started":
-            for it in self.iterations:
-                it.finished = True
-            it = self._iteration(event.agent_id, data["iteration"])
-            it.max_iters = data["max_iters"]
-            return it
-        elif kind in ("reasoning", "code", "output", "execution.finished"):
-            it = self._iteration(event.agent_id, data["iteration"])
-            if kind == "reasoning":
-                it.reasoning = data["text"]
-            elif kind == "code":
-                it.code = data["code"]
-            elif kind == "output":
-                it.add_output(data["text"])
-            else:
-                it.duration_ms, it.error = data["duration_ms"], data.get("error")
-            return it
-        elif kind == "lm.finished":
-            self.lm_calls += 1
-            self.sub_lm_calls += data["role"] == "sub"
-            usage = data.get("usage") or {}
-            self.tokens += int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
-            self.cost_usd += float(data.get("cost_usd") or 0.0)
-        elif kind == "tool.started" and self.current is not None:
-            self.current.tools.append(f"{data['name']}({data['args_preview']})")
-            return self.current
-        elif kind == "agent.started":
-            self.agents[data["agent_id"]] = data["task"]
-        elif kind == "artifact":
-            self.artifacts.append(dict(data))
-        elif event.terminal:
-            self._finish(kind, data)
-        return None
-
-    def _finish(self, kind: str, data: dict[str, Any]) -> None:
-        for it in self.iterations:
-            it.finished = True
-        if kind == "turn.completed":
-            self.status, self.answer = "completed", data["answer"]
-            self.duration_ms, self.extracted = data.get("duration_ms"), data.get("extracted", False)
-            usage = data.get("usage") or {}
-            self.lm_calls = max(self.lm_calls, int(usage.get("lm_calls") or 0))
-            self.cost_usd = max(self.cost_usd, float(usage.get("cost_usd") or 0.0))
-        elif kind == "turn.failed":
-            self.status, self.error = "failed", data["error"]
-        else:
-            self.status, self.reason = "cancelled", data["reason"]
-
-    def summary(self) -> str:
-        """One line: status, iterations, LM calls, tokens, cost, duration."""
-        done = sum(1 for it in self.iterations if it.agent_id == ROOT_AGENT)
-        parts = [self.status, f"{done} iteration{'s' * (done != 1)}", f"{self.lm_calls} LM calls"]
-        if self.sub_lm_calls:
-            parts[-1] += f" ({self.sub_lm_calls} sub)"
-        parts += [f"{self.tokens:,} tokens", f"${self.cost_usd:.4f}"]
-        if self.duration_ms is not None:
-            parts.append(f"{self.duration_ms / 1000:.1f} s")
-        return " · ".join(parts)
-
-    def outcome_text(self) -> str:
-        if self.status == "cancelled":
-            return f"The turn was cancelled: {self.reason or 'cancelled'}."
-        if self.error:
-            return f"The turn failed: {self.error.get('message', '')} ({self.error.get('type', 'error')})"
-        return ""
+WRAP_PROMPTS = (
+    "<style>.jp-Cell:has(.fleet-transcript) .jp-InputArea-editor pre"
+    f"{{{WRAP}}}</style>"
+)
+"""Static HTML (nbconvert) wraps a long prompt instead of cutting it off; only cells holding a transcript."""
 
 
 # ---------------------------------------------------------------------------------------------- rendering
-
-
-def clip(text: str, limit: int = SHOW_OUTPUT_CHARS, dropped: int = 0) -> str:
-    """``text`` cut to ``limit`` characters with a note saying how much more the store keeps."""
-    extra = max(len(text) - limit, 0) + dropped
-    if not extra:
-        return text
-    return text[:limit].rstrip("\n") + f"\n... ({extra:,} more characters; the store keeps the full output)\n"
-
-
-def fence(text: str, lang: str = "") -> str:
-    """A Markdown code fence longer than any backtick run inside ``text``."""
-    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
-    ticks = "`" * max(3, longest + 1)
-    return f"{ticks}{lang}\n{text.rstrip(chr(10))}\n{ticks}"
 
 
 def _model_name(model: str | None) -> str:
@@ -268,7 +110,7 @@ def render_text(view: TurnView) -> str:
         if it.output or it.output_dropped:
             lines += ["output:", _indent(clip(it.output, dropped=it.output_dropped))]
         if it.error:
-            lines.append(f"error: {it.error.get('type', 'Error')}: {it.error.get('message', '')}")
+            lines.append(f"error: {error_line(it)}")
     lines += _artifact_lines(view, "artifact: ")
     if view.status == "completed":
         lines += ["── answer " + "─" * 20, view.answer or "(empty answer)"]
@@ -280,56 +122,20 @@ def render_text(view: TurnView) -> str:
 def render_html(view: TurnView) -> str:
     """The transcript as self-contained HTML; every model-written string is escaped."""
     esc = html.escape
-    out = [f'<div class="fleet-transcript"><p style="opacity:.75"><em>{esc(_header(view))}</em></p>']
+    out = [WRAP_PROMPTS, f'<div class="fleet-transcript"><p style="opacity:.75"><em>{esc(_header(view))}</em></p>']
     opened = " open" if len(view.iterations) <= OPEN_ITERATIONS else ""
     for it in view.iterations:
         out.append(f"<details{opened}><summary><b>{esc(it.label)}</b>{esc(iteration_note(it))}</summary>")
         out.append(iteration_html(it))
         out.append("</details>")
     for line in _artifact_lines(view, ""):
-        out.append(f"<div>artifact: <code>{esc(line)}</code></div>")
+        out.append(f'<div>artifact: <code style="{MONO}">{esc(line)}</code></div>')
     if view.status == "completed":
         out.append(f'<hr/><div class="fleet-answer">{markdown_html(view.answer or "*(empty answer)*")}</div>')
     elif view.outcome_text():
         out.append(f"<hr/><p><b>{esc(view.outcome_text())}</b></p>")
     out.append("</div>")
     return "\n".join(out)
-
-
-def iteration_note(it: IterationView) -> str:
-    note = ""
-    if it.duration_ms is not None:
-        note += f" · ran {it.duration_ms / 1000:.2f} s"
-    if it.error:
-        note += f" · {it.error.get('type', 'error')}"
-    return note
-
-
-def iteration_html(it: IterationView, *, output_limit: int = SHOW_OUTPUT_CHARS) -> str:
-    """Reasoning, highlighted code and output of one iteration (escaped)."""
-    esc = html.escape
-    parts = []
-    if it.reasoning:
-        parts.append(f'<div style="white-space:pre-wrap;font-style:italic">{esc(it.reasoning)}</div>')
-    if it.code:
-        parts.append(highlight_python(it.code))
-    if it.output or it.output_dropped:
-        shown = clip(it.output, output_limit, it.output_dropped)
-        parts.append(f'<pre style="border-left:3px solid #999;padding-left:6px">{esc(shown)}</pre>')
-    for tool in it.tools:
-        parts.append(f"<div>tool: <code>{esc(tool)}</code></div>")
-    if it.error:
-        message = f"{it.error.get('type', 'Error')}: {it.error.get('message', '')}"
-        parts.append(f'<pre style="color:#b00">{esc(message)}</pre>')
-    return "\n".join(parts)
-
-
-def highlight_python(code: str) -> str:
-    from pygments import highlight
-    from pygments.formatters import HtmlFormatter
-    from pygments.lexers import PythonLexer
-
-    return highlight(code, PythonLexer(), HtmlFormatter(noclasses=True, nobackground=True))
 
 
 def markdown_html(text: str) -> str:
@@ -355,6 +161,8 @@ def _indent(text: str) -> str:
 def transcript_bundle(view: TurnView) -> tuple[dict[str, str], dict[str, Any]]:
     """The final output of a turn: ``(data, metadata)`` for an ``execute_result``."""
     data = {"text/markdown": render_markdown(view), "text/html": render_html(view), "text/plain": render_text(view)}
+    for mime in ("text/markdown", "text/plain"):  # events are terminal-safe; older ones and turn rows may not be
+        data[mime] = terminal_safe(data[mime])
     meta = {
         "fleet": {"session_id": view.session_id, "turn_id": view.turn_id, "status": view.status, "model": view.model}
     }
@@ -367,6 +175,7 @@ def error_content(view: TurnView) -> dict[str, Any] | None:
         return None
     ename = ERROR_NAMES[view.status]
     evalue = view.reason if view.status == "cancelled" else (view.error or {}).get("message", view.status)
+    evalue = terminal_safe(evalue)
     return {"ename": ename, "evalue": evalue, "traceback": [f"\x1b[0;31m{ename}\x1b[0m: {evalue}"]}
 
 
@@ -421,9 +230,10 @@ async def session_notebook(store: Store, session_id: str) -> nbformat.NotebookNo
     from nbformat import v4
 
     session = await store.get_session(session_id)
-    cells = []
-    for turn in await store.list_turns(session_id):
-        view = await turn_view(store, turn)
+    turns = await store.list_turns(session_id)
+    views = [await turn_view(store, turn) for turn in turns]
+    cells = [v4.new_markdown_cell(title_markdown(session, views), metadata={"fleet": {"role": "title"}})]
+    for turn, view in zip(turns, views, strict=True):
         cell = v4.new_code_cell(source=turn.task, execution_count=turn.position)
         cell.outputs = await turn_outputs(store, view, turn.position)
         cell.metadata["fleet"] = {"turn_id": turn.turn_id, "status": turn.status}
@@ -434,3 +244,30 @@ async def session_notebook(store: Store, session_id: str) -> nbformat.NotebookNo
     nb.metadata["fleet"] = {"session_id": session.session_id, "title": session.title}
     nbformat.validate(nb)
     return nb
+
+
+def title_markdown(session: SessionRow, turns: list[TurnView]) -> str:
+    """The exported notebook's first cell: the session's title, its models and its dates."""
+    models = list(dict.fromkeys(_model_name(t.model) for t in turns if t.model))
+    facts = [
+        f"Fleet session `{session.session_id}`",
+        f"{len(turns)} turn{'s' * (len(turns) != 1)}",
+        f"model{'s' * (len(models) > 1)}: {', '.join(f'`{m}`' for m in models)}" if models else "no model yet",
+        f"created {session.created_at:%Y-%m-%d %H:%M} UTC",
+        f"updated {session.updated_at:%Y-%m-%d %H:%M} UTC",
+    ]
+    title = (session.title or "Untitled session").replace("\n", " ")
+    return f"# {_md_escape(title)}\n\n" + " · ".join(facts) + "\n"
+
+
+def notebook_filename(session: SessionRow) -> str:
+    """``fleet-<slug of the title>-<short id>.ipynb``: ASCII, lower case, safe in any folder or header."""
+    ascii_title = unicodedata.normalize("NFKD", session.title).encode("ascii", "ignore").decode()
+    slug = re.sub(r"[^a-z0-9]+", "-", ascii_title.lower()).strip("-")[:SLUG_CHARS].rstrip("-")
+    short = session.session_id.partition("_")[2][:8] or session.session_id[:8]
+    return "-".join(part for part in ("fleet", slug, short) if part) + ".ipynb"
+
+
+def _md_escape(text: str) -> str:
+    """Text shown literally in Markdown: its punctuation escaped, raw HTML impossible."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~])", r"\\\1", text)

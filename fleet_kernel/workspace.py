@@ -6,16 +6,31 @@ sandbox, so it survives sandbox restarts and replacement.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import mimetypes
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-MEMORY_FILE = "memory/MEMORIES.md"
+from fleet_kernel import safe_files
+
+logger = logging.getLogger(__name__)
+
+FILES_DIR = "files"  # the user's attachments
+ARTIFACTS_DIR = "artifacts"  # what turns produce for the user
+MEMORY_DIR = "memory"
+MEMORY_FILE = f"{MEMORY_DIR}/MEMORIES.md"  # the model's notes, kept across the turns of one session
+LAYOUT = (FILES_DIR, ARTIFACTS_DIR, MEMORY_DIR)  # the folders of every workspace, here and in each sandbox
 MEMORY_HEADER = "# Memories\n\nNotes kept across turns of this session.\n"
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+MAX_VISITED = 100_000  # entries one listing looks at, however many folders code made
+MAX_DIGESTS = 100_000  # file identities remembered with their digest, across turns of this process
+_DIGESTS: dict[tuple[str, str, int, int, int, int, int], str] = {}
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -34,29 +49,28 @@ class Workspace:
 
     @classmethod
     def for_session(cls, workspaces_dir: Path, session_id: str) -> Workspace:
+        private_dir(workspaces_dir.parent)  # $FLEET_HOME
+        private_dir(workspaces_dir)
         return cls(workspaces_dir / session_id).ensure()
 
     def ensure(self) -> Workspace:
-        """Create the layout; anything sandbox code replaced by a link is replaced back, never followed."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        for sub in ("files", "artifacts", "memory"):
+        """Create the layout, owner-only; anything sandbox code replaced by a link is replaced back, never followed.
+
+        Sandboxes never write here directly (they get a copy, see ``sandbox/_stage.py``), so no other user
+        needs access: ``$FLEET_HOME``, ``workspaces/`` and every workspace folder are 0700, files 0600.
+        """
+        private_dir(self.root)
+        for sub in LAYOUT:
             path = self.root / sub
             if path.is_symlink() or (path.exists() and not path.is_dir()):
                 path.unlink()
-            path.mkdir(exist_ok=True)
+            private_dir(path)
         memory = self.root / MEMORY_FILE
         if memory.is_symlink() or (memory.exists() and not memory.is_file()):
             memory.unlink()
         if not memory.exists():
             memory.write_text(MEMORY_HEADER, encoding="utf-8")
-        # The sandbox runs as another uid inside its user namespace; let it write here.
-        for path in (self.root, *(self.root / s for s in ("files", "artifacts", "memory")), memory):
-            if path.is_symlink():
-                continue
-            try:
-                os.chmod(path, 0o777 if path.is_dir() else 0o666)
-            except OSError:
-                pass
+        os.chmod(memory, 0o600)
         return self
 
     def resolve(self, relative: str) -> Path:
@@ -71,66 +85,141 @@ class Workspace:
         """Store an attachment under ``files/`` without overwriting a different file of the same name.
 
         Returns the path relative to the workspace (``files/report.csv``, or ``files/report-2.csv``).
+        The file is created with ``O_EXCL | O_NOFOLLOW`` in a descriptor of ``files/``, so a link or
+        pipe that code planted (even a moment before) is never written through.
         """
         name = _SAFE_NAME.sub("_", Path(filename).name).strip("._") or "attachment"
         stem, suffix = os.path.splitext(name)
         digest = hashlib.sha256(data).hexdigest()
-        for n in range(1, 10_000):
-            candidate = f"{stem}{suffix}" if n == 1 else f"{stem}-{n}{suffix}"
-            target = self.root / "files" / candidate
-            if os.path.lexists(target):
-                if not target.is_symlink() and target.is_file() and _sha256(target) == digest:
-                    return f"files/{candidate}"
-                continue  # a different file, or a link or pipe planted by code: never write through it
-            target.write_bytes(data)
-            os.chmod(target, 0o666)
-            return f"files/{candidate}"
+        with safe_files.open_dir(self.root, [FILES_DIR]) as folder:
+            for n in range(1, 10_000):
+                candidate = f"{stem}{suffix}" if n == 1 else f"{stem}-{n}{suffix}"
+                try:
+                    fd = os.open(candidate, _CREATE_FLAGS, 0o600, dir_fd=folder)
+                except FileExistsError:
+                    try:
+                        if safe_files.hash_file(folder, candidate, max_bytes=len(data))[1] == digest:
+                            return f"{FILES_DIR}/{candidate}"
+                    except safe_files.Refused:
+                        pass
+                    continue  # a different file, or a link or pipe planted by code: never write through it
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+                return f"{FILES_DIR}/{candidate}"
         raise ValueError(f"too many files named like {name!r}")
 
-    def scan(self, sub: str = "artifacts", *, limit: int = 10_000) -> dict[str, FileInfo]:
-        """Regular files under ``sub`` (symlinks ignored), keyed by workspace-relative path."""
+    def scan(self, sub: str = ARTIFACTS_DIR, *, limit: int = 10_000, max_bytes: int | None = None,
+             should_stop: safe_files.StopCheck | None = None) -> dict[str, FileInfo]:
+        """Regular files under ``sub``, hashed, keyed by workspace-relative path.
+
+        Links, pipes and other non-files are ignored, as are names that are not UTF-8 and files over
+        ``max_bytes`` (logged); ``should_stop`` ends the scan early (a deadline, a cancellation).
+        """
         found: dict[str, FileInfo] = {}
-        base = self.root / sub
-        if base.is_symlink() or not base.is_dir():
-            return found
-        for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
-            dirnames.sort()
-            for name in sorted(filenames):
-                path = Path(dirpath) / name
-                if path.is_symlink() or not path.is_file():
+        for rel, st in self.files(sub, limit=limit):
+            size = st.st_size
+            if should_stop is not None and should_stop():
+                break
+            if max_bytes is not None and size > max_bytes:
+                logger.warning("%s is %d bytes, over the %d-byte limit; not read", rel, size, max_bytes)
+                continue
+            try:
+                size, digest = safe_files.hash_path(self.root, rel, max_bytes=max_bytes, should_stop=should_stop)
+            except safe_files.Refused as exc:
+                logger.warning("%s: %s", self.root, exc)
+                continue
+            found[rel] = FileInfo(rel, size, digest, guess_mime(rel))
+        return found
+
+    def read_if_changed(self, rel: str, st: os.stat_result, known: str | None, *, max_bytes: int,
+                        should_stop: safe_files.StopCheck | None = None) -> tuple[bytes, str] | None:
+        """``(data, sha256)`` of a file ``files`` listed, or None when it still hashes to ``known``.
+
+        A file whose identity (inode, size, mtime, ctime) is the one it had when it was last read with
+        digest ``known`` is not read again, so unchanged artifacts cost no reading turn after turn.
+
+        Raises:
+            safe_files.Refused: as ``safe_files.read_path``.
+        """
+        key = (str(self.root), rel, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if known is not None and _DIGESTS.get(key) == known:
+            return None
+        data, digest = safe_files.read_path(self.root, rel, max_bytes=max_bytes, should_stop=should_stop)
+        if len(_DIGESTS) >= MAX_DIGESTS:
+            _DIGESTS.pop(next(iter(_DIGESTS)))
+        _DIGESTS[key] = digest
+        return None if digest == known else (data, digest)
+
+    def files(self, sub: str, *, limit: int = 10_000, text_only: bool = True) -> list[tuple[str, os.stat_result]]:
+        """``(path, lstat)`` of the regular files under ``sub``, nothing read or hashed.
+
+        Never follows a link. Names that are not UTF-8 are left out (logged) unless ``text_only`` is
+        false, as no store, event or request can carry them as they are.
+        """
+        found: list[tuple[str, os.stat_result]] = []
+        try:
+            for visited, entry in enumerate(safe_files.walk(self.root, [sub])):
+                if visited >= MAX_VISITED:
+                    logger.warning("%s/%s holds more than %d entries; the rest is not looked at", self.root, sub,
+                                   MAX_VISITED)
+                    break
+                if entry.kind != "file":
                     continue
-                rel = path.relative_to(self.root).as_posix()
-                found[rel] = FileInfo(rel, path.stat().st_size, _sha256(path), guess_mime(rel))
+                rel = f"{sub}/{entry.path}"
+                if text_only and not safe_files.is_text(rel):
+                    logger.warning("%s/%s: the name is not UTF-8; ignored", self.root, safe_files.printable(rel))
+                    continue
+                found.append((rel, entry.st))
                 if len(found) >= limit:
-                    return found
+                    break
+        except OSError:
+            pass  # the workspace itself is gone or not a folder: nothing to list
         return found
 
     def manifest(self, *, max_entries: int = 50) -> str:
-        """A bounded listing for the prompt: what the model can open with plain file calls."""
+        """A bounded listing for the prompt: what the model can open with plain file calls.
+
+        Sizes come from ``lstat``; nothing is read or hashed. Names are escaped onto one line each, so a
+        name cannot add lines of its own to the prompt.
+        """
         lines = ["/workspace (your durable session folder; read and write it with normal Python file calls):"]
-        entries = [info for sub in ("files", "artifacts") for info in self.scan(sub, limit=max_entries + 1).values()]
-        for info in entries[:max_entries]:
-            lines.append(f"  {info.path}  ({info.size} bytes, {info.mime})")
+        entries = [item for sub in (FILES_DIR, ARTIFACTS_DIR)
+                   for item in self.files(sub, limit=max_entries + 1, text_only=False)]
+        for rel, st in entries[:max_entries]:
+            lines.append(f"  {safe_files.printable(rel)}  ({st.st_size} bytes, {guess_mime(rel)})")
         if len(entries) > max_entries:
-            lines.append(f"  ... more files not listed; use os.listdir('/workspace/files') to see all")
+            lines.append(f"  ... more files not listed; use os.listdir('/workspace/{FILES_DIR}') to see all")
         if not entries:
-            lines.append("  files/ and artifacts/ are empty")
-        memory = self.root / MEMORY_FILE
-        size = memory.stat().st_size if memory.exists() else 0
+            lines.append(f"  {FILES_DIR}/ and {ARTIFACTS_DIR}/ are empty")
+        try:
+            size = os.stat(self.root / MEMORY_FILE, follow_symlinks=False).st_size
+        except OSError:
+            size = 0
         lines.append(
             f"  {MEMORY_FILE}  ({size} bytes): your durable memory; read it first, append what a later turn needs"
         )
-        lines.append("  Save plots, tables and other outputs under /workspace/artifacts/ to show them to the user.")
+        lines.append(f"  Save plots, tables and other outputs under /workspace/{ARTIFACTS_DIR}/ to show them to the user.")
         return "\n".join(lines)
+
+
+def private_dir(path: Path) -> None:
+    """Make ``path`` (and missing parents) a folder only its owner can enter; an existing one is tightened."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not path.is_symlink() and path.stat().st_mode & 0o077:
+        os.chmod(path, 0o700)
+
+
+def usage(root: Path) -> tuple[int, int]:
+    """Bytes in regular files and entries (files, folders, links) under ``root``, never following links."""
+    size = entries = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        entries += len(dirnames) + len(filenames)
+        for name in filenames:
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(dirpath, name))
+                size += st.st_size if stat.S_ISREG(st.st_mode) else 0
+    return size, entries
 
 
 def guess_mime(path: str) -> str:
     return mimetypes.guess_type(path)[0] or "application/octet-stream"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

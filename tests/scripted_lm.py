@@ -1,7 +1,8 @@
 """A scripted OpenAI-compatible chat server on loopback: the LM every Fleet suite uses.
 
 Root-model requests (dspy's ChatAdapter prompts) are answered from scripts of RLM steps; sub-LM
-requests (plain prompts from ``llm_query``) from a function of the prompt. Scripts are chosen by a
+requests (plain prompts from ``llm_query``) from a function of the prompt (its text, or
+``{"delay": s, "text": ...}`` for a slow answer). Scripts are chosen by a
 key that appears in the request (the turn's task, say), so concurrent turns each get their own.
 
     with ScriptedLM({"*": [step("look", "print(1)"), step("done", "SUBMIT(answer='42')")]}) as lm:
@@ -14,6 +15,8 @@ Stdlib only; ``TCP_NODELAY`` and one write per response, so no Nagle delay.
 from __future__ import annotations
 
 import json
+import select
+import socket
 import sys
 import threading
 import time
@@ -45,13 +48,15 @@ class ScriptedLM:
     ChatAdapter text, e.g. ``{"answer": ...}`` for the extract fallback), or a control step:
     ``{"status": 401, "error": "..."}`` answers an HTTP error; ``{"delay": s, ...}`` waits first.
     When a script runs out, ``default`` (if set) is repeated, else the server answers HTTP 500.
+    ``requests`` holds every request body; ``disconnects`` the bodies of requests whose client went
+    away before their response was written (a delay ends early when that happens).
     """
 
     def __init__(
         self,
         scripts: dict[str, list[Step]] | None = None,
         *,
-        sub: Callable[[str], str] = _echo,
+        sub: Callable[[str], Any] = _echo,
         default: Step | None = None,
         delay_s: float = 0.0,
     ) -> None:
@@ -60,6 +65,7 @@ class ScriptedLM:
         self.default = default
         self.delay_s = delay_s
         self.requests: list[dict[str, Any]] = []
+        self.disconnects: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -108,27 +114,33 @@ class ScriptedLM:
                     return steps.pop(0)
             return self.default
 
-    def answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def answer(
+        self, body: dict[str, Any], wait: Callable[[float], None] = time.sleep
+    ) -> tuple[int, dict[str, Any]]:
+        """The response to one request; ``wait`` sleeps for the delays (and may raise to abandon it)."""
         messages = body.get("messages") or []
         text = "\n".join(str(m.get("content", "")) for m in messages)
         system = str(messages[0].get("content", "")) if messages and messages[0].get("role") == "system" else ""
         with self._lock:
             self.requests.append(body)
         if self.delay_s:
-            time.sleep(self.delay_s)
+            wait(self.delay_s)
         if "[[ ## " in system:
             found = self._next_step(text)
             if found is None:
                 return 500, {"error": {"message": "scripted LM: no step left for this request", "type": "server_error"}}
             found = dict(found)
             if "delay" in found:
-                time.sleep(float(found.pop("delay")))
+                wait(float(found.pop("delay")))
             if "status" in found:
                 return int(found["status"]), {"error": {"message": found.get("error", "scripted error"), "type": "error"}}
             content = found.pop("raw") if "raw" in found else chat_adapter_text(found)
         else:
             prompt = str(messages[-1].get("content", "")) if messages else ""
             content = self.sub(prompt)
+            if isinstance(content, dict):  # {"delay": s, "text": ...}: a slow sub-LM answer
+                wait(float(content.get("delay", 0)))
+                content = str(content.get("text", ""))
         prompt_tokens = max(1, len(text) // 4)
         completion_tokens = max(1, len(content) // 4)
         return 200, {
@@ -171,10 +183,36 @@ class ScriptedLM:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 with server._lock:
                     server.headers.append(dict(self.headers))
-                status, payload = server.answer(body)
-                self._send(status, payload)
+                try:
+                    status, payload = server.answer(body, self._wait)
+                    if self._client_left():
+                        raise _ClientLeft
+                    self._send(status, payload)
+                except (_ClientLeft, BrokenPipeError, ConnectionResetError):
+                    with server._lock:
+                        server.disconnects.append(body)
+                    self.close_connection = True
+
+            def _client_left(self) -> bool:
+                """True when the client closed its end (readable with no data) while it waits for us."""
+                try:
+                    readable, _, _ = select.select([self.connection], [], [], 0)
+                    return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+                except OSError:
+                    return True
+
+            def _wait(self, seconds: float) -> None:
+                deadline = time.monotonic() + seconds
+                while (left := deadline - time.monotonic()) > 0:
+                    if self._client_left():
+                        raise _ClientLeft
+                    time.sleep(min(left, 0.05))
 
         return Handler
+
+
+class _ClientLeft(Exception):
+    """The client disconnected before its response was written."""
 
 
 def main(argv: list[str]) -> None:

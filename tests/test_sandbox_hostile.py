@@ -29,6 +29,7 @@ from dspy.primitives.code_interpreter import CodeExecutionError
 
 from fleet_kernel.config import Limits, Policy, SandboxLimits, Settings
 from fleet_kernel.sandbox import SandboxCrashed, SandboxFactory, SandboxInterpreter, observer, open_sandbox, probe_bwrap
+from fleet_kernel.sandbox._pyfarm import NEUTRAL_ROOT
 from fleet_kernel.sandbox.local import _python_paths
 from fleet_kernel.workspace import Workspace
 
@@ -208,7 +209,7 @@ json.dumps(found)"""
     out = run(interp, program)
     assert MARKER not in out
     found = json.loads(eval(out))
-    python = tuple(_python_paths())
+    python = (*_python_paths(), NEUTRAL_ROOT)  # where it is on the host, and where the local sandbox mounts it
     for path, result in found.items():
         if path == str(Path.home()) and result["python"].startswith("OK"):  # only the way to a bound Python install
             way = {Path(p).relative_to(path).parts[0] for p in python if Path(p).is_relative_to(path)}
@@ -288,7 +289,7 @@ json.dumps(blobs)"""
     names = set(eval(run(interp, "sorted(os.environ)")))
     if box.backend == "local":
         assert names <= {"PATH", "HOME", "LANG", "PWD", "MALLOC_ARENA_MAX", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
-                         "MKL_NUM_THREADS", "XDG_CACHE_HOME", "MPLCONFIGDIR"}, names
+                         "MKL_NUM_THREADS", "XDG_CACHE_HOME", "MPLCONFIGDIR", "LD_LIBRARY_PATH"}, names
         assert {"1/environ", "self/environ"} <= set(blobs)  # it did read /proc: there was nothing to find
     else:  # Emscripten's made-up environment; Deno's real one is behind --allow-env
         assert names <= {"HOME", "LANG", "LD_LIBRARY_PATH", "LOGNAME", "PATH", "PWD", "PYTHONINSPECT", "USER", "_"}

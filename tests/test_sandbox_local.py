@@ -273,9 +273,9 @@ def test_unsafe_local_runs_without_bwrap(tmp_path: Path) -> None:
 
 
 def test_local_without_bwrap_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import fleet_kernel.sandbox as sandbox
+    from fleet_kernel.sandbox import local
 
-    monkeypatch.setattr(sandbox, "probe_bwrap", lambda: "bubblewrap is not installed: apt-get install bubblewrap")
+    monkeypatch.setattr(local, "probe_bwrap", lambda: "bubblewrap is not installed: apt-get install bubblewrap")
     with pytest.raises(SandboxUnavailableError, match="apt-get install bubblewrap.*FLEET_SANDBOX=unsafe-local"):
         open_sandbox(make_settings(tmp_path), tmp_path / "ws")
 
@@ -283,5 +283,7 @@ def test_local_without_bwrap_says_what_to_do(tmp_path: Path, monkeypatch: pytest
 def test_workspace_layout_and_instructions(factory: SandboxFactory, tmp_path: Path) -> None:
     assert {p.name for p in (tmp_path / "workspace").iterdir()} >= {"files", "artifacts", "memory"}
     assert "/workspace/memory/MEMORIES.md" in factory.execution_instructions
-    factory().execute("open('artifacts/out.txt', 'w').write('made inside')")
+    interp = factory()
+    interp.execute("open('artifacts/out.txt', 'w').write('made inside')")
+    interp.shutdown()  # the sandbox works on a copy, saved back when it stops
     assert (tmp_path / "workspace" / "artifacts" / "out.txt").read_text() == "made inside"

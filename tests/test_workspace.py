@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from fleet_kernel import safe_files
 from fleet_kernel.workspace import Workspace
 
 
@@ -52,3 +53,42 @@ def test_links_planted_by_code_are_not_followed(tmp_path: Path) -> None:
     assert not (ws.root / "artifacts").is_symlink() and not (ws.root / "memory" / "MEMORIES.md").is_symlink()
     assert ws.add_file("upload.txt", b"new") == "files/upload-2.txt"
     assert (secret / "key.txt").read_text() == "TOPSECRET"
+
+
+def test_safe_reads_take_one_descriptor_and_follow_nothing(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "key.txt").write_text("TOPSECRET")
+    ws = Workspace.for_session(tmp_path / "workspaces", "ses_1")
+    art = ws.root / "artifacts"
+    (art / "ok.txt").write_text("ok")
+    os.symlink(secret / "key.txt", art / "link.txt")
+    os.symlink(secret, art / "dir")  # a folder swapped for a link: never listed or read through
+    os.mkfifo(art / "pipe.txt")  # would block a plain open() for reading forever
+    with open(art / "sparse.bin", "wb") as handle:
+        handle.truncate(1 << 30)
+
+    assert safe_files.read_path(ws.root, "artifacts/ok.txt")[0] == b"ok"
+    for rel in ("artifacts/link.txt", "artifacts/dir/key.txt", "artifacts/pipe.txt", "artifacts/../ok.txt"):
+        with pytest.raises(safe_files.Refused):
+            safe_files.read_path(ws.root, rel)
+    with pytest.raises(safe_files.Refused, match="over the"):
+        safe_files.read_path(ws.root, "artifacts/sparse.bin", max_bytes=1 << 20)
+    with pytest.raises(safe_files.Refused, match="stopped"):
+        safe_files.read_path(ws.root, "artifacts/sparse.bin", should_stop=lambda: True)
+    assert {e.path: e.kind for e in safe_files.walk(ws.root, ["artifacts"])} == {
+        "dir": "symlink", "link.txt": "symlink", "ok.txt": "file", "pipe.txt": "other", "sparse.bin": "file"}
+    assert set(ws.scan("artifacts", max_bytes=1 << 20)) == {"artifacts/ok.txt"}
+    assert ws.scan("artifacts", should_stop=lambda: True) == {}
+    sizes = {rel: st.st_size for rel, st in ws.files("artifacts")}
+    assert sizes == {"artifacts/ok.txt": 2, "artifacts/sparse.bin": 1 << 30}
+
+
+def test_names_are_shown_on_one_line(tmp_path: Path) -> None:
+    ws = Workspace.for_session(tmp_path, "ses_1")
+    (ws.root / "files" / os.fsdecode(b"bad-\xff.txt")).write_bytes(b"x")
+    (ws.root / "files" / "a\nb\u2028c\x1b.txt").write_bytes(b"x")
+    manifest = ws.manifest().splitlines()
+    assert "  files/bad-\\xff.txt  (1 bytes, text/plain)" in manifest
+    assert "  files/a\\nb\\u2028c\\x1b.txt  (1 bytes, text/plain)" in manifest
+    assert [rel for rel, _ in ws.files("files")] == ["files/a\nb\u2028c\x1b.txt"]  # not UTF-8: left out

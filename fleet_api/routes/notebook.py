@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import re
-from urllib.parse import quote
-
 from fastapi import APIRouter, Response
 
 from fleet_api.deps import State, check_id
 from fleet_api.routes._docs import errors
+from fleet_kernel.transcript import notebook_filename
 from fleet_kernel.transcript import session_notebook as build_notebook
 
 router = APIRouter(tags=["sessions"])
@@ -26,9 +24,9 @@ async def session_notebook(session_id: str, state: State) -> Response:
 
     session = await state.store.get_session(check_id(session_id, "session"))
     notebook = await build_notebook(state.store, session_id)
-    name = re.sub(r"[^\w.-]+", "-", session.title).strip("-")[:80] or session_id
+    name = notebook_filename(session)  # an ASCII slug: no quoting needed
     return Response(
         nbformat.writes(notebook),
         media_type=NOTEBOOK_MIME,
-        headers={"Content-Disposition": f"attachment; filename*=UTF-8''{quote(name)}.ipynb"},
+        headers={"Content-Disposition": f'attachment; filename="{name}"'},
     )

@@ -12,6 +12,7 @@ from fleet_api.deps import State, check_id
 from fleet_api.routes._docs import errors
 from fleet_api.schemas import Session, SessionCreate, SessionList, SessionUpdate, TurnList
 from fleet_api.views import turn_view
+from fleet_kernel import sandbox
 from fleet_kernel.config import Settings
 
 log = logging.getLogger("fleet_api")
@@ -55,20 +56,17 @@ async def delete_session(session_id: str, state: State) -> Response:
     state.frames.forget([t.turn_id for t in turns])
     workspace = state.settings.workspaces_dir / session_id
     await asyncio.to_thread(shutil.rmtree, workspace, ignore_errors=True)
-    if state.settings.sandbox == "daytona":
-        await _delete_daytona_sandbox(state.settings, session_id)
+    await _forget_sandbox(state.settings, session_id)
     return Response(status_code=204)
 
 
-async def _delete_daytona_sandbox(settings: Settings, session_id: str) -> None:
-    """The session's warm sandbox goes with it; if Daytona fails, its auto-delete is the backstop."""
-    from fleet_kernel.sandbox import daytona  # only here: the Daytona SDK is an optional extra
-
+async def _forget_sandbox(settings: Settings, session_id: str) -> None:
+    """The backend drops what it keeps for the session (Daytona: its warm sandbox, which also auto-deletes)."""
     try:
-        await asyncio.to_thread(daytona.delete_session_sandboxes, settings, session_id)
+        await asyncio.to_thread(sandbox.forget, settings, session_id)
     except Exception as exc:  # noqa: BLE001 - the session is deleted already; say so rather than fail
         log.warning(
-            "could not delete the Daytona sandbox of session %s (Daytona deletes it after it stops): %s",
+            "could not delete the sandbox of session %s (Daytona deletes it after it stops): %s",
             session_id,
             getattr(exc, "message", exc),
         )

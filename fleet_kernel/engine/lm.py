@@ -1,18 +1,28 @@
 """The turn's language models: built from settings, metered, and their failures explained.
 
 ``MeteredLM`` is a plain ``dspy.LM`` that also remembers, per thread, the usage and cost of the call
-it just finished, so the engine's LM callback can report them in ``lm.finished``.
+it just finished, so the engine's LM callback can report them in ``lm.finished``. Within a turn it
+asks the turn's ``TurnBudget`` before each call, reports each call's usage to it, never asks for
+more than its ``max_tokens`` cap, and can close its requests in flight when the turn stops.
 """
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dspy
+from dspy.utils.exceptions import LMConfigurationError
 
 from fleet_kernel.config import Settings
 from fleet_kernel.errors import LMError
+
+if TYPE_CHECKING:
+    from fleet_kernel.engine.budget import TurnBudget
+
+_TOKEN_KEYS = ("max_tokens", "max_completion_tokens")
 
 _last_call = threading.local()
 
@@ -25,29 +35,90 @@ def take_last_usage() -> tuple[dict[str, Any], float | None]:
 
 
 class MeteredLM(dspy.LM):
-    """``dspy.LM`` that hands each call's usage and cost to the engine (see ``take_last_usage``)."""
+    """``dspy.LM`` that hands each call's usage and cost to the engine (see ``take_last_usage``).
+
+    ``budget`` (set for a turn by ``TurnBudget.watch``) gates every call; copies share it.
+    """
+
+    budget: TurnBudget | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        for key in _TOKEN_KEYS:  # model code may pass its own cap per call; never above ours
+            cap = self.kwargs.get(key)
+            if cap and kwargs.get(key) is not None:
+                kwargs[key] = min(int(kwargs[key]), int(cap))
+        budget = self.budget
+        if budget is None:
+            return super().__call__(*args, **kwargs)
+        budget.check()
+        try:
+            result = super().__call__(*args, **kwargs)
+        except Exception:
+            budget.check()  # a call cut short because the turn stopped ends the turn, not just this call
+            raise
+        budget.check()  # this call crossed a budget: the turn ends now, not at its next call
+        return result
 
     def update_history(self, entry: dict[str, Any]) -> None:
-        _last_call.value = (dict(entry.get("usage") or {}), entry.get("cost"))
+        usage, cost = dict(entry.get("usage") or {}), entry.get("cost")
+        _last_call.value = (usage, cost)
+        if self.budget is not None:
+            self.budget.add(usage, cost)
         super().update_history(entry)
 
+    def abort(self) -> None:
+        """Close this LM's requests in flight, so the model server sees the client leave, and its pools.
 
-def _make_lm(model: str, settings: Settings) -> dspy.LM:
+        dspy's native engine (lm15) waits for a reply in ``recv`` on a pooled socket; closing that socket
+        from another thread would not wake it until the reply came, shutting it down ends the read (and the
+        request) at once. The engine is closed too, so a retry cannot open a new connection.
+        """
+        with self._engine_lock:
+            engines = list(self._engine_store.values())
+        for engine in engines:
+            pool = getattr(getattr(getattr(engine, "router", None), "_transport", None), "_pool", None)
+            if pool is None:
+                continue
+            with pool._lock:
+                connections = list(pool._in_use)
+            for connection in connections:
+                with contextlib.suppress(OSError):
+                    connection.sock.shutdown(socket.SHUT_RDWR)
+        self.close()
+        inner = getattr(self.engine, "inner", None)  # while recording: the live LM behind the cassette
+        if isinstance(inner, MeteredLM):
+            inner.abort()
+
+
+def _make_lm(model: str, settings: Settings, max_tokens: int) -> dspy.LM:
     if model.startswith("replay/"):
         from fleet_kernel.engine.replay import replay_lm
 
-        return replay_lm(model.removeprefix("replay/"))
-    kwargs: dict[str, Any] = {"cache": False, "num_retries": 2}
+        return with_max_tokens(replay_lm(model.removeprefix("replay/")), max_tokens)
+    kwargs: dict[str, Any] = {"cache": False, "num_retries": 2, "max_tokens": max_tokens}
     if settings.lm_base_url:
         kwargs["api_base"] = settings.lm_base_url
     if settings.lm_api_key:
         kwargs["api_key"] = settings.lm_api_key.get_secret_value()
-    lm = MeteredLM(model, **kwargs)
+    try:
+        lm = MeteredLM(model, **kwargs)
+    except LMConfigurationError as exc:  # e.g. OpenAI reasoning models need a cap of at least 16000
+        raise LMError(
+            f"the model {model} cannot be used with [lm] max_tokens = {max_tokens} (or sub_max_tokens) in "
+            f"fleet.toml: {scrub(str(exc), settings)}",
+            code="lm_configuration",
+        ) from exc
     if settings.lm_record:
         from fleet_kernel.engine.replay import recording
 
-        return recording(lm, settings.lm_record)
+        return with_max_tokens(recording(lm, settings.lm_record), max_tokens)
     return lm
+
+
+def with_max_tokens(lm: dspy.LM, max_tokens: int) -> dspy.LM:
+    """A copy of ``lm`` asking for at most ``max_tokens`` per reply, under the key it already uses."""
+    key = next((k for k in _TOKEN_KEYS if k in lm.kwargs), "max_tokens")
+    return lm if lm.kwargs.get(key) == max_tokens else lm.copy(**{key: max_tokens})
 
 
 def build_lms(settings: Settings) -> tuple[dspy.LM, dspy.LM]:
@@ -63,8 +134,12 @@ def build_lms(settings: Settings) -> tuple[dspy.LM, dspy.LM]:
             "FLEET_LM_MODEL=replay/<cassette.json> to replay a recorded session",
             code="lm_not_configured",
         )
-    root = _make_lm(settings.lm_model, settings)
-    sub = _make_lm(settings.sub_lm_model, settings) if settings.sub_lm_model else root.copy()
+    caps = settings.policy.lm
+    root = _make_lm(settings.lm_model, settings, caps.max_tokens)
+    if settings.sub_lm_model:
+        sub = _make_lm(settings.sub_lm_model, settings, caps.sub_cap)
+    else:
+        sub = with_max_tokens(root.copy(), caps.sub_cap)
     return root, sub
 
 

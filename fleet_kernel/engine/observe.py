@@ -18,10 +18,24 @@ import dspy
 from dspy.primitives.code_interpreter import CodeExecutionError
 from dspy.utils.callback import BaseCallback
 
+from fleet_kernel.cancel import CancelToken
 from fleet_kernel.engine.lm import scrub, take_last_usage
 from fleet_kernel.engine.sink import TurnEmitter
 from fleet_kernel.errors import TurnCancelled
-from fleet_kernel.events import ROOT_AGENT
+from fleet_kernel.events import (
+    ROOT_AGENT,
+    AgentFinished,
+    AgentStarted,
+    Code,
+    EventData,
+    ExecutionFinished,
+    IterationStarted,
+    LMFinished,
+    Output,
+    Reasoning,
+    ToolFinished,
+    ToolStarted,
+)
 
 PREVIEW_CHARS = 300
 
@@ -70,7 +84,7 @@ class TurnObserver(BaseCallback):
         *,
         root_rlm: dspy.RLM,
         root_lm: Any,
-        cancel: threading.Event,
+        cancel: CancelToken,
         settings: Any,
         max_depth: int,
         max_children: int,
@@ -79,7 +93,6 @@ class TurnObserver(BaseCallback):
         self.root_rlm = root_rlm
         self.root_lm = root_lm
         self.cancel = cancel
-        self.cancel_reason = "cancelled"
         self.settings = settings
         self.max_depth = max_depth
         self.max_children = max_children
@@ -101,13 +114,12 @@ class TurnObserver(BaseCallback):
     def _frame(self) -> AgentFrame:
         return _current_agent.get() or self.root
 
-    def _emit(self, type_: str, data: dict[str, Any], frame: AgentFrame | None = None) -> None:
+    def _emit(self, data: EventData, frame: AgentFrame | None = None) -> None:
         frame = frame or self._frame()
-        self.emitter.emit(type_, data, agent_id=frame.agent_id, parent_agent_id=frame.parent_agent_id)
+        self.emitter.emit(data, agent_id=frame.agent_id, parent_agent_id=frame.parent_agent_id)
 
     def check_cancelled(self) -> None:
-        if self.cancel.is_set():
-            raise TurnCancelled(self.cancel_reason)
+        self.cancel.raise_if_cancelled()
 
     def enter_root(self) -> None:
         """Called on the turn thread before ``forward``: the root agent is current there."""
@@ -128,7 +140,7 @@ class TurnObserver(BaseCallback):
             with self._lock:
                 frame.iteration += 1
                 self._actions[call_id] = frame
-            self._emit("iteration.started", {"iteration": frame.iteration, "max_iters": frame.max_iters}, frame)
+            self._emit(IterationStarted(iteration=frame.iteration, max_iters=frame.max_iters), frame)
 
     def _start_child(self, call_id: str, instance: dspy.RLM, inputs: dict[str, Any]) -> None:
         parent = self._frame()
@@ -138,8 +150,7 @@ class TurnObserver(BaseCallback):
             self._frames_by_predict[id(instance.generate_action)] = frame
         task = preview({k: v for k, v in (inputs.get("kwargs") or inputs).items() if k != "interpreter_factory"})
         self._emit(
-            "agent.started",
-            {"agent_id": frame.agent_id, "parent_agent_id": parent.agent_id, "depth": frame.depth, "task": task},
+            AgentStarted(agent_id=frame.agent_id, parent_agent_id=parent.agent_id, depth=frame.depth, task=task),
             parent,
         )
         self._children[call_id] = (frame, _current_agent.set(frame))
@@ -149,15 +160,15 @@ class TurnObserver(BaseCallback):
         if frame is not None and exception is None and outputs is not None:
             reasoning = str(getattr(outputs, "reasoning", "") or "")
             code = strip_code(str(getattr(outputs, "code", "") or ""))
-            self._emit("reasoning", {"iteration": frame.iteration, "text": reasoning}, frame)
-            self._emit("code", {"iteration": frame.iteration, "code": code}, frame)
+            self._emit(Reasoning(iteration=frame.iteration, text=reasoning), frame)
+            self._emit(Code(iteration=frame.iteration, code=code), frame)
             frame.pending_execution = True
             return
         child = self._children.pop(call_id, None)
         if child is not None:
             frame, token = child
             parent = AgentFrame(frame.parent_agent_id or ROOT_AGENT, None, frame.depth - 1, 0)
-            self._emit("agent.finished", {"agent_id": frame.agent_id, "ok": exception is None}, parent)
+            self._emit(AgentFinished(agent_id=frame.agent_id, ok=exception is None), parent)
             try:
                 _current_agent.reset(token)
             except ValueError:  # reset from another context: leave it, the thread ends anyway
@@ -197,14 +208,13 @@ class TurnObserver(BaseCallback):
             self.usage["completion_tokens"] += completion_tokens
             self.usage["cost_usd"] += float(cost or 0.0)
         self._emit(
-            "lm.finished",
-            {
-                "role": "root" if instance is self.root_lm else "sub",
-                "model": getattr(instance, "model", None),
-                "duration_ms": round((time.perf_counter() - started) * 1000, 3),
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
-                "cost_usd": cost,
-            },
+            LMFinished(
+                role="root" if instance is self.root_lm else "sub",
+                model=getattr(instance, "model", None),
+                duration_ms=round((time.perf_counter() - started) * 1000, 3),
+                usage={"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
+                cost_usd=cost,
+            ),
             frame,
         )
 
@@ -224,34 +234,30 @@ class TurnObserver(BaseCallback):
         error = None
         if exception is not None and not isinstance(exception, TurnCancelled):
             error = {"type": type(exception).__name__, "message": scrub(preview(str(exception), 2000), self.settings)}
-        self._emit(
-            "execution.finished",
-            {"iteration": frame.iteration, "duration_ms": round((time.perf_counter() - started) * 1000, 3), "error": error},
-            frame,
-        )
+        duration_ms = round((time.perf_counter() - started) * 1000, 3)
+        self._emit(ExecutionFinished(iteration=frame.iteration, duration_ms=duration_ms, error=error), frame)
 
     # ------------------------------------------------------------------ sandbox observer
 
     def on_output(self, stream: str, text: str) -> None:
         frame = self._frame()
-        self._emit("output", {"iteration": frame.iteration, "stream": stream, "text": scrub(text, self.settings)}, frame)
+        self._emit(Output(iteration=frame.iteration, stream=stream, text=scrub(text, self.settings)), frame)
 
     def on_tool_start(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         self.check_cancelled()
         call_id = f"call-{next(self._ids)}"
         self._tool_calls[call_id] = time.perf_counter()
         shown = ", ".join([preview(a, 120) for a in args] + [f"{k}={preview(v, 120)}" for k, v in kwargs.items()])
-        self._emit("tool.started", {"call_id": call_id, "name": name, "args_preview": preview(shown)})
+        self._emit(ToolStarted(call_id=call_id, name=name, args_preview=preview(shown)))
         return call_id
 
     def on_tool_end(self, call_id: str, ok: bool, result: Any) -> None:
         started = self._tool_calls.pop(call_id, time.perf_counter())
         self._emit(
-            "tool.finished",
-            {
-                "call_id": call_id,
-                "ok": ok,
-                "result_preview": scrub(preview(result), self.settings),
-                "duration_ms": round((time.perf_counter() - started) * 1000, 3),
-            },
+            ToolFinished(
+                call_id=call_id,
+                ok=ok,
+                result_preview=scrub(preview(result), self.settings),
+                duration_ms=round((time.perf_counter() - started) * 1000, 3),
+            )
         )

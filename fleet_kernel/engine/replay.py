@@ -71,6 +71,25 @@ def _response(text: str, usage: dict[str, int], model: str) -> Response:
     )
 
 
+def _shape_problem(data: Any) -> str | None:
+    """What keeps ``data`` from being a cassette this version replays, or None."""
+    if not isinstance(data, dict) or data.get("version") != CASSETTE_VERSION:
+        return f"a cassette is a JSON object with version {CASSETTE_VERSION}"
+    if not isinstance(data.get("exchanges"), list):
+        return "it has no list of exchanges"
+    for number, entry in enumerate(data["exchanges"], 1):
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("key"), str)
+            and isinstance(entry.get("loose"), str)
+            and isinstance(entry.get("messages"), list)
+            and isinstance(entry.get("response"), dict)
+            and isinstance(entry["response"].get("text"), str)
+        ):
+            return f"exchange {number} lacks key, loose, messages or response.text"
+    return None
+
+
 class Cassette:
     """A cassette file: a header and a list of exchanges, rewritten atomically on every append."""
 
@@ -83,18 +102,20 @@ class Cassette:
     def load(cls, path: str | Path) -> Cassette:
         """Raises ``LMError`` when the file is missing or not a cassette."""
         path = Path(path).expanduser()
+        record = f"record one with FLEET_LM_RECORD={path} and a real FLEET_LM_MODEL"
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError as exc:
             raise LMError(
-                f"the replay cassette {path} does not exist: record one with FLEET_LM_RECORD={path} and a real "
-                "FLEET_LM_MODEL, or fix the path in FLEET_LM_MODEL=replay/<file>",
+                f"the replay cassette {path} does not exist: {record}, or fix the path in FLEET_LM_MODEL=replay/<file>",
                 code="lm_replay_missing",
             ) from exc
         except (OSError, ValueError) as exc:
-            raise LMError(f"cannot read the replay cassette {path}: {exc}", code="lm_replay_invalid") from exc
-        if not isinstance(data, dict) or data.get("version") != CASSETTE_VERSION:
-            raise LMError(f"{path} is not a Fleet cassette (version {CASSETTE_VERSION})", code="lm_replay_invalid")
+            message = f"cannot read the replay cassette {path} ({exc}): {record}"
+            raise LMError(message, code="lm_replay_invalid") from exc
+        problem = _shape_problem(data)
+        if problem:
+            raise LMError(f"{path} is not a Fleet cassette ({problem}): {record}", code="lm_replay_invalid")
         return cls(path, data)
 
     @classmethod

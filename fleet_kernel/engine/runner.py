@@ -9,20 +9,25 @@ This module imports no dspy, so a kernel can start before dspy is loaded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import importlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fleet_kernel import safe_files
+from fleet_kernel.cancel import CancelToken
 from fleet_kernel.config import Settings
+from fleet_kernel.engine.budget import BudgetExceeded
 from fleet_kernel.engine.sink import EventHub, EventWriter, TurnEmitter, follow
-from fleet_kernel.errors import ValidationError
-from fleet_kernel.events import Event
-from fleet_kernel.store import Store, TurnRow
-from fleet_kernel.workspace import Workspace
+from fleet_kernel.errors import TurnDeadlineExceeded, ValidationError
+from fleet_kernel.events import Artifact, Event, TurnCancelledData, TurnCompleted, TurnFailed, TurnStarted
+from fleet_kernel.store import EndedTurn, Store, TurnRow
+from fleet_kernel.workspace import Workspace, guess_mime
 
 if TYPE_CHECKING:
     from fleet_kernel.engine.turn import LMFactory, Outcome, TurnJob
@@ -39,10 +44,14 @@ MAX_TASK_CHARS = 100_000
 class _Running:
     turn: TurnRow
     emitter: TurnEmitter
-    job: TurnJob | None = None
-    cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
-    reason: str = "cancelled"
+    settings: Settings
+    cancel: CancelToken = field(default_factory=CancelToken)  # the turn's one cancel token, handed down to it
     task: asyncio.Task[None] | None = None
+    started: float = field(default_factory=time.monotonic)  # the deadline counts from here
+
+    @property
+    def reason(self) -> str:
+        return self.cancel.reason or "cancelled"
 
 
 class TurnHandle:
@@ -98,8 +107,8 @@ class TurnRunner:
         """Start the event writer and the heartbeat, and mark turns left by dead processes interrupted."""
         async with self._started:
             if self._writer is None:
-                self._writer = EventWriter(self.store, self.hub)
-                await self.store.reap_stale_turns()
+                self._writer = EventWriter(self.store, self.hub, on_broken=self._events_lost)
+                self._end_interrupted(await self.store.reap_stale_turns())
                 self._supervisor = asyncio.get_running_loop().create_task(self._supervise(), name="fleet-heartbeat")
         return self
 
@@ -118,6 +127,30 @@ class TurnRunner:
             await self._writer.close()
             self._writer = None
 
+    async def reap(self) -> list[EndedTurn]:
+        """End the running turns whose owner is gone (see ``Store.reap_stale_turns``), each with its
+        terminal event; returns them."""
+        await self.open()
+        interrupted = await self.store.reap_stale_turns()
+        self._end_interrupted(interrupted)
+        return interrupted
+
+    def _end_interrupted(self, turns: Iterable[EndedTurn]) -> None:
+        """Emit the one terminal event of each turn the store ended for its owner, at the seq reserved for it."""
+        assert self._writer is not None
+        for turn in turns:
+            emitter = TurnEmitter(self._writer, session_id=turn.session_id, turn_id=turn.turn_id, first_seq=turn.seq)
+            emitter.emit(TurnFailed(error=turn.error))
+
+    @property
+    def store_error(self) -> str | None:
+        """Why this process's latest commit of events failed, until one succeeds again."""
+        return self._writer.last_error if self._writer is not None else None
+
+    def _events_lost(self, turn_id: str, error: dict[str, Any]) -> None:
+        """The writer could not commit events of a turn: stop it, for nothing more of it can be shown."""
+        self.cancel(turn_id, error["message"])
+
     async def _supervise(self) -> None:
         """Heartbeat for our running turns, and pick up durable cancellations (seen within a second)."""
         while True:
@@ -134,11 +167,22 @@ class TurnRunner:
 
     # ------------------------------------------------------------------ public interface
 
-    async def start(self, session_id: str, task: str, *, idempotency_key: str | None = None) -> TurnHandle:
+    async def start(
+        self,
+        session_id: str,
+        task: str,
+        *,
+        idempotency_key: str | None = None,
+        limits: dict[str, Any] | None = None,
+    ) -> TurnHandle:
         """Claim and start a turn (or return the one that owns ``idempotency_key``).
 
+        ``limits`` lowers this turn's ``[limits]`` (``max_turn_tokens``, ``max_iters``, ...); none may
+        exceed the policy.
+
         Raises:
-            ValidationError: empty or oversized task, or the key belongs to another task.
+            ValidationError: empty or oversized task, the key belongs to another task, or a limit is
+                unknown, invalid or above the policy.
             NotFoundError: unknown session.
             ConflictError: a turn is already running in the session.
         """
@@ -146,40 +190,49 @@ class TurnRunner:
             raise ValidationError("the task is empty: write what the model should do")
         if len(task) > MAX_TASK_CHARS:
             raise ValidationError(f"the task is {len(task)} characters; the limit is {MAX_TASK_CHARS}. Attach long text as a file")
+        settings = self.settings.for_turn(limits)
         await self.open()
         assert self._writer is not None
         sandbox = self.sandbox_name()
-        turn, created = await self.store.claim_turn(
+        claim = await self.store.claim_turn(
             session_id, task, idempotency_key=idempotency_key, model=self.settings.lm_model, sandbox=sandbox
         )
+        if claim.interrupted is not None:  # the session's turn whose owner is gone, ended by this claim
+            self._end_interrupted([claim.interrupted])
+        turn, created = claim
         handle = TurnHandle(self, turn, created)
         if not created:
             return handle
         emitter = TurnEmitter(self._writer, session_id=session_id, turn_id=turn.turn_id)
-        limits = self.settings.limits
+        limits = settings.limits
         emitter.emit(
-            "turn.started",
-            {
-                "task": task,
-                "run_id": turn.run_id,
-                "model": self.settings.lm_model,
-                "sandbox": sandbox,
-                "limits": {
+            TurnStarted(
+                task=task,
+                run_id=turn.run_id,
+                model=self.settings.lm_model,
+                sandbox=sandbox,
+                limits={
                     "max_iters": limits.max_iters,
                     "max_llm_calls": limits.max_llm_calls,
                     "timeout_s": limits.turn_timeout_s,
                     "exec_timeout_s": limits.exec_timeout_s,
+                    "max_turn_tokens": limits.max_turn_tokens,
+                    "max_turn_cost_usd": limits.max_turn_cost_usd,
+                    "max_tokens": settings.policy.lm.max_tokens,
+                    "sub_max_tokens": settings.policy.lm.sub_cap,
                 },
-            },
+            ),
         )
-        running = _Running(turn, emitter)
+        running = _Running(turn, emitter, settings)
         self._running[turn.turn_id] = running
         running.task = asyncio.get_running_loop().create_task(self._drive(running), name=f"fleet-{turn.turn_id}")
         return handle
 
-    async def run(self, session_id: str, task: str, *, idempotency_key: str | None = None) -> TurnRow:
+    async def run(
+        self, session_id: str, task: str, *, idempotency_key: str | None = None, limits: dict[str, Any] | None = None
+    ) -> TurnRow:
         """Start a turn and wait for it: the one-call way to run a turn."""
-        handle = await self.start(session_id, task, idempotency_key=idempotency_key)
+        handle = await self.start(session_id, task, idempotency_key=idempotency_key, limits=limits)
         return await handle.wait()
 
     def follow(self, turn_id: str, after_seq: int = 0, *, quiet_s: float | None = None) -> AsyncIterator[Event]:
@@ -189,25 +242,23 @@ class TurnRunner:
         return follow(self.store, self.hub, turn_id, after_seq, quiet_s=quiet_s)
 
     def cancel(self, turn_id: str, reason: str = "cancelled") -> bool:
-        """Cancel a turn running in this process; thread-safe. Returns false if it does not run here."""
+        """Cancel a turn running in this process; thread-safe. Returns false if it does not run here.
+
+        The first reason a turn is cancelled for is the one it ends with.
+        """
         running = self._running.get(turn_id)
         if running is None:
             return False
-        running.reason = reason
-        if running.job is not None:
-            running.job.interrupt(reason)
-        loop = running.task.get_loop() if running.task is not None else None
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(running.cancel_requested.set)
+        running.cancel.cancel(reason)
         return True
 
     def is_running_here(self, turn_id: str) -> bool:
         return turn_id in self._running
 
     def sandbox_name(self) -> str:
-        from fleet_kernel.sandbox import default_backend
+        from fleet_kernel.sandbox import choose
 
-        return self.settings.sandbox or default_backend()
+        return choose(self.settings)
 
     # ------------------------------------------------------------------ the turn
 
@@ -217,11 +268,8 @@ class TurnRunner:
         try:
             await self._announced(turn.turn_id)
             job = await self._prepare(running)
-            running.job = job
-            if running.cancel_requested.is_set():
-                job.interrupt(running.reason)
             outcome = await self._execute(running, job)
-            await self._collect_artifacts(running, job)
+            await self._collect_artifacts(running, job, cancelled=outcome.status == "cancelled")
         except Exception as exc:  # noqa: BLE001 - report any engine failure as turn.failed
             log.exception("turn %s failed in the engine", turn.turn_id)
             from fleet_kernel.engine.turn import Outcome
@@ -239,6 +287,8 @@ class TurnRunner:
             pass  # a slow store must not hold the turn back
 
     async def _prepare(self, running: _Running) -> TurnJob:
+        # dspy loads (or finishes loading) on a thread: the loop keeps delivering this turn's first events
+        await asyncio.to_thread(importlib.import_module, "fleet_kernel.engine.turn")
         from fleet_kernel.engine.turn import TurnJob
 
         turn = running.turn
@@ -247,94 +297,135 @@ class TurnRunner:
         workspace = await asyncio.to_thread(Workspace.for_session, self.settings.workspaces_dir, turn.session_id)
         manifest = await asyncio.to_thread(workspace.manifest)
         return TurnJob(
-            settings=self.settings,
+            settings=running.settings,
             emitter=running.emitter,
             task=turn.task,
             history=format_history(past, window.max_chars),
             workspace=workspace.root,
             workspace_manifest=manifest,
-            cancel=threading.Event(),
+            cancel=running.cancel,
             lm_factory=self.lm_factory,
         )
 
     async def _execute(self, running: _Running, job: TurnJob) -> Outcome:
-        from fleet_kernel.engine.turn import Outcome, run_turn
+        from fleet_kernel.engine.turn import run_turn, stopped
 
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Outcome] = loop.create_future()
+        cancelled: asyncio.Future[None] = loop.create_future()
 
         def work() -> None:
-            outcome = run_turn(job)
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(outcome))
+            try:
+                outcome = run_turn(job)
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(outcome))
+            finally:
+                job.end()  # after the outcome is on its way, so the end is never taken for a cancellation
 
+        def wake() -> None:
+            # A used-up budget is noticed on the turn's own threads, which then unwind: no hurry for them.
+            if not isinstance(running.cancel.error(), BudgetExceeded):
+                with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
+                    loop.call_soon_threadsafe(lambda: cancelled.done() or cancelled.set_result(None))
+
+        running.cancel.on_cancel(wake)
         context = contextvars.Context()  # a clean context: nothing of the caller's leaks into the turn
         threading.Thread(target=context.run, args=(work,), name=f"fleet-{running.turn.turn_id}", daemon=True).start()
-        waiter = asyncio.ensure_future(running.cancel_requested.wait())
-        try:
-            await asyncio.wait({done, waiter}, timeout=self.settings.limits.turn_timeout_s, return_when="FIRST_COMPLETED")
-        finally:
-            waiter.cancel()
+        timeout = job.settings.limits.turn_timeout_s
+        await asyncio.wait({done, cancelled}, timeout=timeout, return_when="FIRST_COMPLETED")
         if done.done():
             return done.result()
-        deadline = not running.cancel_requested.is_set()
-        reason = (
-            f"the turn ran past its {self.settings.limits.turn_timeout_s:g} s deadline (limits.turn_timeout_s)"
-            if deadline
-            else running.reason
+        running.cancel.cancel(  # a no-op when something else stopped the turn first
+            f"the turn ran past its {timeout:g} s deadline (limits.turn_timeout_s)", TurnDeadlineExceeded
         )
-        job.interrupt(reason)
         try:
-            outcome = await asyncio.wait_for(asyncio.shield(done), CANCEL_GRACE_S)
+            return await asyncio.wait_for(asyncio.shield(done), CANCEL_GRACE_S)
         except TimeoutError:
             # The worker is stuck in a call it cannot leave (a slow provider); it will unwind on its own
             # and its late events are dropped because the turn is closed below.
-            outcome = Outcome("cancelled", reason=reason)
-        if deadline and outcome.status == "cancelled":
-            return Outcome("failed", error={"type": "deadline_exceeded", "message": reason}, usage=outcome.usage)
-        return outcome
+            cause = running.cancel.error()
+            assert cause is not None
+            return stopped(cause)
 
-    async def _collect_artifacts(self, running: _Running, job: TurnJob) -> None:
-        """Files new or changed under ``artifacts/`` become artifact records and events."""
+    async def _collect_artifacts(self, running: _Running, job: TurnJob, *, cancelled: bool) -> None:
+        """Files new or changed under ``artifacts/`` become artifact records and events.
+
+        Sizes are checked before anything is read, each file is read and hashed through one descriptor
+        opened without following links, and collection stops at the turn's deadline, or a grace period
+        after it for a turn that was stopped (the token is spent by then: the outcome says why it ended).
+        """
         turn = running.turn
         storage = self.settings.policy.storage
+        max_bytes = int(storage.max_artifact_mb * 1024 * 1024)
+        grace = time.monotonic() + CANCEL_GRACE_S
+        deadline = grace if cancelled else max(running.started + self.settings.limits.turn_timeout_s, grace)
+
+        def should_stop() -> bool:
+            return time.monotonic() > deadline
+
+        workspace = Workspace(job.workspace)
         known = await self.store.latest_artifact_digests(turn.session_id)
-        found = await asyncio.to_thread(Workspace(job.workspace).scan, "artifacts")
-        changed = [info for path, info in found.items() if known.get(path) != info.sha256]
-        for info in changed[: storage.max_artifacts_per_turn]:
-            if info.size > storage.max_artifact_mb * 1024 * 1024:
+        found = await asyncio.to_thread(workspace.files, "artifacts")
+        added = 0
+        for path, st in found:
+            if added >= storage.max_artifacts_per_turn:
+                break
+            if should_stop():
+                log.warning("turn %s: artifact collection stopped (deadline or cancellation)", turn.turn_id)
+                break
+            if st.st_size > max_bytes:
+                log.warning("turn %s: %s is %d bytes, over storage.max_artifact_mb; not collected",
+                            turn.turn_id, path, st.st_size)
                 continue
-            data = await asyncio.to_thread((job.workspace / info.path).read_bytes)
+            try:
+                changed = await asyncio.to_thread(workspace.read_if_changed, path, st, known.get(path),
+                                                  max_bytes=max_bytes, should_stop=should_stop)
+            except safe_files.Refused as exc:
+                log.warning("turn %s: artifact not collected: %s", turn.turn_id, exc)
+                continue
+            if changed is None:
+                continue
+            data, _ = changed
             row = await self.store.add_artifact(
-                session_id=turn.session_id, turn_id=turn.turn_id, path=info.path, mime=info.mime, data=data
+                session_id=turn.session_id, turn_id=turn.turn_id, path=path, mime=guess_mime(path), data=data
             )
+            added += 1
             running.emitter.emit(
-                "artifact",
-                {"artifact_id": row.artifact_id, "path": row.path, "mime": row.mime, "size": row.size, "sha256": row.sha256},
+                Artifact(artifact_id=row.artifact_id, path=row.path, mime=row.mime, size=row.size, sha256=row.sha256)
             )
 
     async def _finish(self, running: _Running, outcome: Outcome, duration_ms: float) -> None:
         turn = running.turn
         assert self._writer is not None
         usage = {"lm_calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, **outcome.usage}
+        limits = running.settings.limits
+        budgets = {"max_turn_tokens": limits.max_turn_tokens, "max_turn_cost_usd": limits.max_turn_cost_usd}
         committed = self._writer.terminal_committed(turn.turn_id)
-        try:
-            await self.store.finish_turn(
-                turn.turn_id, outcome.status, answer=outcome.answer, error=outcome.error, usage=usage
-            )
-        except Exception:  # noqa: BLE001 - still end the stream; the row is reaped later if it stays running
-            log.exception("recording the outcome of %s failed", turn.turn_id)
-        if outcome.status == "completed":
-            data: dict[str, Any] = {
-                "answer": outcome.answer or "",
-                "usage": usage,
-                "duration_ms": round(duration_ms, 3),
-                "extracted": outcome.extracted,
-            }
-            running.emitter.emit("turn.completed", data)
-        elif outcome.status == "cancelled":
-            running.emitter.emit("turn.cancelled", {"reason": outcome.reason or running.reason})
+        lost = self._writer.failure(turn.turn_id)
+        if lost is not None:  # events were lost: the turn failed, and the writer records it with its last event
+            from fleet_kernel.engine.turn import Outcome
+
+            outcome = Outcome("failed", error=lost, usage=outcome.usage)
         else:
-            running.emitter.emit("turn.failed", {"error": outcome.error or {"type": "error", "message": "failed"}})
+            try:
+                await self.store.finish_turn(  # the turn row shows what it used against its budgets
+                    turn.turn_id, outcome.status, answer=outcome.answer, error=outcome.error,
+                    usage={**usage, "budgets": budgets},
+                )
+            except Exception:  # noqa: BLE001 - still end the stream; the row is reaped later if it stays running
+                log.exception("recording the outcome of %s failed", turn.turn_id)
+        if outcome.status == "completed":
+            running.emitter.emit(
+                TurnCompleted(
+                    answer=outcome.answer or "",
+                    usage=usage,
+                    duration_ms=round(duration_ms, 3),
+                    extracted=outcome.extracted,
+                )
+            )
+        elif outcome.status == "cancelled":
+            running.emitter.emit(TurnCancelledData(reason=outcome.reason or running.reason))
+        else:
+            running.emitter.emit(TurnFailed(error=outcome.error or {"type": "error", "message": "failed"}))
         await committed.wait()
         self._running.pop(turn.turn_id, None)
 

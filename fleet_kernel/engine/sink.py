@@ -13,17 +13,21 @@ import asyncio
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fleet_kernel.events import ROOT_AGENT, Event, make_event
-from fleet_kernel.store import Store
+from fleet_kernel.events import ROOT_AGENT, Event, EventData, TurnFailed, make_event
+from fleet_kernel.store import Store, describe_write_error
 
 log = logging.getLogger(__name__)
 
 # No fixed wait: a lone event commits at once; events arriving while a commit runs form the next batch.
 BATCH_WINDOW_S = 0.0
 POLL_INTERVAL_S = 0.05
+# A batch is tried this many times (a moment apart) before its turns are stopped as unwritable.
+COMMIT_ATTEMPTS = 3
+# How often the terminal event of such a turn is offered to the store again, until it is stored.
+FAIL_RETRY_S = 1.0
 
 
 class EventHub:
@@ -51,17 +55,29 @@ class EventHub:
 
 
 class EventWriter:
-    """Commits events in batches, then publishes them. One per process and store."""
+    """Commits events in batches, then publishes them. One per process and store.
 
-    def __init__(self, store: Store, hub: EventHub) -> None:
+    A batch that cannot be committed (a full disk, a read-only store) breaks its turns: nothing more of
+    them is published, since a reader must never see an event after one that is not stored. Their
+    owner hears of it (``on_broken``) and stops the turn; its terminal event is then replaced by one
+    ``turn.failed`` right after the last committed event, stored as soon as the store takes writes again.
+    """
+
+    def __init__(
+        self, store: Store, hub: EventHub, *, on_broken: Callable[[str, dict[str, Any]], None] | None = None
+    ) -> None:
         self.store = store
         self.hub = hub
+        self.on_broken = on_broken
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[Event | None] = asyncio.Queue()
         self._task = self._loop.create_task(self._run(), name="fleet-event-writer")
         self._flushed: dict[str, asyncio.Event] = {}
         self._last_seq: dict[str, int] = {}  # committed so far, for turns still open
         self._progress: dict[str, asyncio.Event] = {}
+        self._broken: dict[str, dict[str, Any]] = {}  # turn_id -> the error that stopped its events
+        self._pending: set[asyncio.Task[None]] = set()  # terminal events waiting for the store to recover
+        self.last_error: str | None = None  # why the latest commit failed; None once one succeeds
 
     def put(self, event: Event) -> None:
         """Thread-safe: queue an event for commit."""
@@ -72,6 +88,10 @@ class EventWriter:
 
     def _loop_thread_id(self) -> int | None:
         return getattr(self._loop, "_thread_id", None)
+
+    def failure(self, turn_id: str) -> dict[str, Any] | None:
+        """The error that stopped a turn's events, if they could not all be committed."""
+        return self._broken.get(turn_id)
 
     async def _run(self) -> None:
         while True:
@@ -92,27 +112,103 @@ class EventWriter:
                 return
 
     async def _commit(self, batch: list[Event]) -> None:
-        for attempt in range(5):
+        for event in [e for e in batch if e.turn_id in self._broken and e.terminal]:
+            self._end_broken(event)
+        batch = [e for e in batch if e.turn_id not in self._broken]
+        if not batch:
+            return
+        for attempt in range(COMMIT_ATTEMPTS):
             try:
                 await self.store.append_events(batch)
+                self.last_error = None
                 break
-            except Exception:  # noqa: BLE001 - keep the turn going; retry, then report loudly
+            except Exception as exc:  # noqa: BLE001 - a transient error is retried; a lasting one stops the turns
                 log.exception("committing %d events failed (attempt %d)", len(batch), attempt + 1)
-                await asyncio.sleep(0.1 * (attempt + 1))
+                error = describe_write_error(exc, self.store.location)
+                if attempt + 1 < COMMIT_ATTEMPTS:
+                    await asyncio.sleep(0.1 * (attempt + 1))
+        else:
+            self.last_error = error
+            for event in batch:  # what is stored of each turn none of whose events this writer committed
+                self._last_seq.setdefault(event.turn_id, event.seq - 1)
+            self._break({e.turn_id for e in batch}, {"type": "store_unwritable", "message": error})
+            for event in [e for e in batch if e.terminal]:
+                self._end_broken(event)
+            return
         self.hub.publish(batch)
         for event in batch:
             self._last_seq[event.turn_id] = max(self._last_seq.get(event.turn_id, 0), event.seq)
             if event.terminal:
-                self._last_seq.pop(event.turn_id, None)
-                if event.turn_id in self._flushed:
-                    self._flushed.pop(event.turn_id).set()
-        for turn_id in {event.turn_id for event in batch}:
+                self._closed(event.turn_id)
+        self._progressed({event.turn_id for event in batch})
+
+    def _break(self, turn_ids: set[str], error: dict[str, Any]) -> None:
+        for turn_id in turn_ids:
+            self._broken[turn_id] = error
+            if self.on_broken is not None:
+                self.on_broken(turn_id, error)
+        self._progressed(turn_ids)
+
+    def _end_broken(self, terminal: Event) -> None:
+        """Store and deliver the one terminal event of a broken turn (in place of ``terminal``), retrying
+        until the store takes it."""
+        task = self._loop.create_task(self._fail_durably(terminal), name=f"fleet-fail-{terminal.turn_id}")
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _fail_durably(self, terminal: Event) -> None:
+        turn_id = terminal.turn_id
+        error = self._broken[turn_id]
+        delivered = False
+        while True:
+            try:
+                event = await self._store_failed(terminal, error)
+                self.last_error = None
+            except Exception as exc:  # noqa: BLE001 - the store is still unwritable: tell watchers here, retry
+                self.last_error = describe_write_error(exc, self.store.location)
+                if not delivered:  # the same event the store will hold: seq right after the last committed
+                    delivered = True
+                    self._deliver_terminal(turn_id, self._failed_event(terminal, error))
+                await asyncio.sleep(FAIL_RETRY_S)
+                continue
+            if not delivered and event is not None:
+                self._deliver_terminal(turn_id, event)
+            elif not delivered:
+                self._closed(turn_id)
+            self._broken.pop(turn_id, None)
+            return
+
+    async def _store_failed(self, terminal: Event, error: dict[str, Any]) -> Event | None:
+        """End the turn as failed and store its ``turn.failed`` at the seq the store reserves for it;
+        ``None`` if its stream had ended already (or another process ends it)."""
+        ended = await self.store.fail_turn(terminal.turn_id, error)
+        if ended is None:
+            return None
+        event = make_event(TurnFailed(error=ended.error), seq=ended.seq, session_id=ended.session_id, turn_id=ended.turn_id)
+        await self.store.append_events([event])
+        return event
+
+    def _failed_event(self, terminal: Event, error: dict[str, Any]) -> Event:
+        seq = self._last_seq.get(terminal.turn_id, 0) + 1
+        return make_event(TurnFailed(error=error), seq=seq, session_id=terminal.session_id, turn_id=terminal.turn_id)
+
+    def _deliver_terminal(self, turn_id: str, event: Event) -> None:
+        self.hub.publish([event])
+        self._closed(turn_id)
+
+    def _closed(self, turn_id: str) -> None:
+        self._last_seq.pop(turn_id, None)
+        if turn_id in self._flushed:
+            self._flushed.pop(turn_id).set()
+
+    def _progressed(self, turn_ids: set[str]) -> None:
+        for turn_id in turn_ids:
             if turn_id in self._progress:
                 self._progress.pop(turn_id).set()
 
     async def wait_committed(self, turn_id: str, seq: int) -> None:
-        """Return once event ``seq`` of an open turn is committed and delivered."""
-        while self._last_seq.get(turn_id, 0) < seq:
+        """Return once event ``seq`` of an open turn is committed and delivered (or can never be)."""
+        while self._last_seq.get(turn_id, 0) < seq and turn_id not in self._broken:
             await self._progress.setdefault(turn_id, asyncio.Event()).wait()
 
     def terminal_committed(self, turn_id: str) -> asyncio.Event:
@@ -122,6 +218,9 @@ class EventWriter:
     async def close(self) -> None:
         self._queue.put_nowait(None)
         await self._task
+        for task in list(self._pending):  # the store stayed unwritable: the next start reaps those turns
+            task.cancel()
+        await asyncio.gather(*self._pending, return_exceptions=True)
 
 
 class TurnEmitter:
@@ -137,8 +236,7 @@ class TurnEmitter:
 
     def emit(
         self,
-        type_: str,
-        data: dict[str, Any],
+        data: EventData,
         *,
         agent_id: str = ROOT_AGENT,
         parent_agent_id: str | None = None,
@@ -148,7 +246,6 @@ class TurnEmitter:
             if self.closed:
                 return None
             event = make_event(
-                type_,
                 data,
                 seq=self._next_seq,
                 session_id=self.session_id,

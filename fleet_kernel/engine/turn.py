@@ -7,7 +7,6 @@ so the caller's event loop stays free and the kernel starts without importing ds
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,11 +17,14 @@ from dspy.primitives.code_interpreter import CodeInterpreterError
 from dspy.utils.exceptions import AdapterParseError
 from dspy.utils.exceptions import LMError as DSPyLMError
 
+from fleet_kernel.cancel import CancelToken
 from fleet_kernel.config import Settings
+from fleet_kernel.engine.budget import TurnBudget
 from fleet_kernel.engine.lm import build_lms, explain_lm_error, scrub
 from fleet_kernel.engine.observe import TurnObserver
 from fleet_kernel.engine.sink import TurnEmitter
 from fleet_kernel.errors import FleetError, LMError, TurnCancelled
+from fleet_kernel.events import LMFinished
 from fleet_kernel.sandbox import base as sandbox_base
 from fleet_kernel.sandbox import open_sandbox
 
@@ -58,7 +60,11 @@ LMFactory = Callable[[Settings], tuple[Any, Any]]
 
 @dataclass
 class TurnJob:
-    """What the worker thread needs; ``cancel`` and ``interrupt`` are shared with the async side."""
+    """What the worker thread needs; ``cancel`` is the turn's token, shared with the async side.
+
+    Cancelling it stops the turn: the observer and the sandbox raise ``TurnCancelled``, the sandbox's
+    running code is interrupted and the budget closes the LM requests in flight.
+    """
 
     settings: Settings
     emitter: TurnEmitter
@@ -66,27 +72,18 @@ class TurnJob:
     history: str
     workspace: Path
     workspace_manifest: str
-    cancel: threading.Event
+    cancel: CancelToken
     lm_factory: LMFactory | None = None
-    cancel_reason: str = "cancelled"
-    _sandbox: Any = None
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    budget: TurnBudget = field(init=False)
 
-    def interrupt(self, reason: str) -> None:
-        """Thread-safe: cancel the turn and stop whatever code runs now."""
-        with self._lock:
-            self.cancel_reason = reason
-            self.cancel.set()
-            sandbox = self._sandbox
-        if sandbox is not None:
-            sandbox.interrupt()
+    def __post_init__(self) -> None:
+        self.budget = TurnBudget.for_limits(self.settings.limits, self.cancel)
 
-    def _attach_sandbox(self, sandbox: Any) -> None:
-        with self._lock:
-            self._sandbox = sandbox
-            cancelled = self.cancel.is_set()
-        if cancelled:
-            sandbox.interrupt()
+    def end(self) -> None:
+        """The turn is over: no LM call starts for it any more (a tool thread's, a child RLM's), and
+        whatever still runs ends now, even a call that began just as the turn was stopped."""
+        self.cancel.cancel("the turn has ended")
+        self.budget.close()
 
 
 class _GuardedFactory:
@@ -121,24 +118,31 @@ def _failure(exc: BaseException, settings: Settings) -> Outcome:
     return Outcome("failed", error={"type": type(exc).__name__, "message": scrub(str(exc), settings)[:2000]})
 
 
+def stopped(cause: TurnCancelled, usage: dict[str, Any] | None = None) -> Outcome:
+    """The outcome of a turn stopped by ``cause``: one with a ``code`` (``BudgetExceeded``,
+    ``TurnDeadlineExceeded``) fails it with that error type, any other cancels it."""
+    code = getattr(cause, "code", None)
+    if code is not None:
+        return Outcome("failed", error={"type": code, "message": cause.reason}, usage=usage or {})
+    return Outcome("cancelled", reason=cause.reason, usage=usage or {})
+
+
 def run_turn(job: TurnJob) -> Outcome:
-    """Run one dspy.RLM turn to its outcome. Never raises."""
+    """Run one dspy.RLM turn to its outcome. Never raises; ``end`` the job after it."""
     settings = job.settings
     limits = settings.limits
     try:
         root_lm, sub_lm = (job.lm_factory or build_lms)(settings)
     except LMError as exc:
         # The contract: every turn reports its LM step, even one that could not start.
-        job.emitter.emit(
-            "lm.finished",
-            {"role": "root", "model": settings.lm_model, "duration_ms": 0.0, "usage": {}, "cost_usd": None},
-        )
+        job.emitter.emit(LMFinished(role="root", model=settings.lm_model, duration_ms=0.0, usage={}, cost_usd=None))
         return _failure(exc, settings)
 
+    job.budget.watch(root_lm, sub_lm)
     sandbox = None
     observer: TurnObserver | None = None
     try:
-        sandbox = open_sandbox(settings, job.workspace, cancel=job.cancel)
+        sandbox = open_sandbox(settings, job.workspace, cancel=job.cancel)  # interrupted when the token is cancelled
         rlm = dspy.RLM(
             FleetTask,
             max_iters=limits.max_iters,
@@ -155,8 +159,6 @@ def run_turn(job: TurnJob) -> Outcome:
             max_depth=limits.max_depth,
             max_children=limits.max_children,
         )
-        observer.cancel_reason = job.cancel_reason
-        job._attach_sandbox(sandbox)
         sandbox_base.observer.set(observer)
         with dspy.context(lm=root_lm, callbacks=[observer]):
             observer.enter_root()
@@ -172,13 +174,15 @@ def run_turn(job: TurnJob) -> Outcome:
             extracted=observer.extracted,
             usage=observer.usage,
         )
-    except TurnCancelled as exc:
-        return Outcome("cancelled", reason=job.cancel_reason or exc.reason, usage=observer.usage if observer else {})
     except BaseException as exc:  # noqa: BLE001 - every failure becomes turn.failed, with a readable message
-        if job.cancel.is_set():
-            return Outcome("cancelled", reason=job.cancel_reason, usage=observer.usage if observer else {})
+        usage = observer.usage if observer else {}
+        # Whatever surfaced once the turn was stopped (TurnCancelled, an LM call cut short, a killed
+        # sandbox), the token's first reason decides how the turn ends.
+        cause = job.cancel.error() or (exc if isinstance(exc, TurnCancelled) else None)
+        if cause is not None:
+            return stopped(cause, usage)
         outcome = _failure(exc, settings)
-        outcome.usage = observer.usage if observer else {}
+        outcome.usage = usage
         return outcome
     finally:
         if sandbox is not None:

@@ -7,8 +7,9 @@
     %fleet output [text|rich]                        how turns are shown
     %fleet status | usage                            session, model, sandbox, store, what the turns used
     %fleet attach <local file>                       copy a file into the session workspace (files/)
-    %fleet export <file.ipynb>                       write the session as a notebook
+    %fleet export [file.ipynb | folder]              write the session as a notebook (fleet-<title>-<id>.ipynb)
     %fleet serve [port]                              start the HTTP API on this kernel's store
+    %fleet set [name [value]]                        show or set a parameter: {name} in later cells is its value
 
 A command raises ``FleetError`` with advice when it cannot do what was asked; the kernel renders it once.
 """
@@ -16,16 +17,21 @@ A command raises ``FleetError`` with advice when it cannot do what was asked; th
 from __future__ import annotations
 
 import asyncio
+import re
 import shlex
 import subprocess
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from fleet_kernel.kernel.context import KernelContext, load_off_loop
+from fleet_kernel.kernel.context import KernelContext
+from fleet_kernel.sandbox import contract as sandbox_contract
 
 PREFIX = "%fleet"
-SANDBOXES = ("local", "pyodide", "daytona", "unsafe-local")
+PARAMETER = re.compile(r"\{\{([A-Za-z_]\w*)\}\}|\{([A-Za-z_]\w*)\}")
+"""``{name}`` of a set parameter is its value, ``{{name}}`` the literal ``{name}``; other braces stay as written."""
+SANDBOXES = sandbox_contract.names()
 OUTPUTS = ("rich", "text")
 
 
@@ -57,7 +63,10 @@ async def cmd_help(ctx: KernelContext, args: list[str]) -> Reply:
     for line in lines:
         usage, _, what = line.partition("  ")
         rows.append(f"| `{usage.strip().replace('|', chr(92) + '|')}` | {what.strip()} |")
-    markdown = "**Fleet commands** (each cell is a turn; `%fleet` lines are commands)\n\n| command | |\n|---|---|\n"
+    markdown = (
+        "**Fleet commands** (each cell is a turn; `%fleet` lines are commands)\n\n"
+        "| command | what it does |\n|---|---|\n"
+    )
     return Reply(text, markdown + "\n".join(rows))
 
 
@@ -130,11 +139,9 @@ async def cmd_sandbox(ctx: KernelContext, args: list[str]) -> Reply:
             raise _usage_error(f"unknown sandbox {args[0]!r}: use one of {', '.join(SANDBOXES)}")
         ctx.update_settings(sandbox=args[0])
         return Reply(f"The next turns run code in the {args[0]} sandbox.")
-    await load_off_loop("fleet_kernel.sandbox")
-    from fleet_kernel.sandbox import default_backend
-
-    chosen = ctx.settings.sandbox
-    return Reply(f"Sandbox: {chosen}" if chosen else f"Sandbox: {default_backend()} (the default here)")
+    if chosen := ctx.settings.sandbox:
+        return Reply(f"Sandbox: {chosen}")
+    return Reply(f"Sandbox: {await asyncio.to_thread(sandbox_contract.choose, ctx.settings)} (the default here)")
 
 
 async def cmd_output(ctx: KernelContext, args: list[str]) -> Reply:
@@ -151,10 +158,11 @@ async def cmd_status(ctx: KernelContext, args: list[str]) -> Reply:
     await ctx.open()
     assert ctx.store is not None
     settings = ctx.settings
+    sandbox = settings.sandbox or f"{await asyncio.to_thread(sandbox_contract.choose, settings)} (the default here)"
     lines = [
         f"session: {ctx.session_id or '(none yet)'}",
         f"model: {settings.lm_model or '(not configured)'}",
-        f"sandbox: {settings.sandbox or 'default'}",
+        f"sandbox: {sandbox}",
         f"output: {ctx.output_mode()}",
         f"store: {ctx.store.safe_url}",
         f"home: {settings.home}",
@@ -172,7 +180,23 @@ async def cmd_status(ctx: KernelContext, args: list[str]) -> Reply:
             f"usage: {totals['lm_calls']} LM calls, {totals['prompt_tokens'] + totals['completion_tokens']:,} tokens "
             f"({totals['prompt_tokens']:,} in, {totals['completion_tokens']:,} out), ${totals['cost_usd']:.4f}",
         ]
+        finished = [t for t in turns if t.usage]
+        if finished:
+            lines.append(_last_turn_usage(finished[-1].usage or {}))
     return Reply("\n".join(lines), "\n".join(f"- {_md(line)}" for line in lines))
+
+
+def _last_turn_usage(usage: dict[str, Any]) -> str:
+    """What the last turn used, against its budgets when it had them."""
+    budgets = usage.get("budgets") or {}
+    tokens = (usage.get("prompt_tokens") or 0) + (usage.get("completion_tokens") or 0)
+    line = f"last turn: {tokens:,} tokens"
+    if budgets.get("max_turn_tokens"):
+        line += f" of {budgets['max_turn_tokens']:,} (limits.max_turn_tokens)"
+    line += f", ${usage.get('cost_usd') or 0:.4f}"
+    if budgets.get("max_turn_cost_usd"):
+        line += f" of ${budgets['max_turn_cost_usd']:.4f} (limits.max_turn_cost_usd)"
+    return line
 
 
 async def cmd_attach(ctx: KernelContext, args: list[str]) -> Reply:
@@ -203,19 +227,23 @@ async def cmd_attach(ctx: KernelContext, args: list[str]) -> Reply:
 async def cmd_export(ctx: KernelContext, args: list[str]) -> Reply:
     import nbformat
 
-    from fleet_kernel.transcript import session_notebook
+    from fleet_kernel.transcript import notebook_filename, session_notebook
 
-    if len(args) != 1 or not args[0].endswith(".ipynb"):
-        raise _usage_error("usage: %fleet export <file.ipynb>")
+    if len(args) > 1 or (args and not args[0].endswith((".ipynb", "/")) and not Path(args[0]).is_dir()):
+        raise _usage_error("usage: %fleet export [file.ipynb | folder] (default: a file named after the session)")
     if ctx.session_id is None:
         raise _usage_error("nothing to export yet: run a turn first, or %fleet session use <id>")
     await ctx.open()
     assert ctx.store is not None
+    session = await ctx.store.get_session(ctx.session_id)
     nb = await session_notebook(ctx.store, ctx.session_id)
-    target = Path(args[0]).expanduser()
+    target = Path(args[0] if args else ".").expanduser()
+    if not target.name.endswith(".ipynb"):
+        target = target / notebook_filename(session)
     target.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, str(target))
-    return Reply(f"Wrote {len(nb.cells)} turns of session {ctx.session_id} to {target.resolve()}")
+    turns = sum(cell.cell_type == "code" for cell in nb.cells)
+    return Reply(f"Wrote {turns} turns of session {ctx.session_id} to {target.resolve()}")
 
 
 class Sidecar:
@@ -252,6 +280,24 @@ def _serve_error(message: str) -> Exception:
     return FleetError(message, code="api_unavailable")
 
 
+async def cmd_set(ctx: KernelContext, args: list[str]) -> Reply:
+    if not args:
+        if not ctx.params:
+            return Reply("No parameters yet: %fleet set <name> <value>, then {name} in a later cell.")
+        lines = [f"{name} = {value!r}" for name, value in ctx.params.items()]
+        rows = [f"| `{name}` | {_md(value)} |" for name, value in ctx.params.items()]
+        return Reply("\n".join(lines), "| parameter | value |\n|---|---|\n" + "\n".join(rows))
+    name = args[0]
+    if not re.fullmatch(r"[A-Za-z_]\w*", name):
+        raise _usage_error(f"{name!r} is not a parameter name: use letters, digits and _ (not first a digit)")
+    if len(args) == 1:
+        if name not in ctx.params:
+            raise _usage_error(f"no parameter {name!r}: set it with %fleet set {name} <value>")
+        return Reply(f"{name} = {ctx.params[name]!r}")
+    ctx.params[name] = " ".join(args[1:])
+    return Reply(f"{name} = {ctx.params[name]!r}; {{{name}}} in the next cells is this value.")
+
+
 COMMANDS: dict[str, Handler] = {
     "help": cmd_help,
     "session": cmd_session,
@@ -263,11 +309,24 @@ COMMANDS: dict[str, Handler] = {
     "attach": cmd_attach,
     "export": cmd_export,
     "serve": cmd_serve,
+    "set": cmd_set,
 }
 SUBCOMMANDS = {"session": ("new", "use", "list"), "output": OUTPUTS, "sandbox": SANDBOXES, "model": ("default",)}
 
 
 # ---------------------------------------------------------------------------------------------- dispatch
+
+
+def substitute(params: dict[str, str], text: str) -> str:
+    """Each ``{name}`` of a set parameter becomes its value, and ``{{name}}`` becomes ``{name}``."""
+
+    def value(match: re.Match[str]) -> str:
+        escaped, name = match.groups()
+        if escaped is not None:
+            return "{" + escaped + "}" if escaped in params else match.group(0)
+        return params.get(name, match.group(0))
+
+    return PARAMETER.sub(value, text) if params else text
 
 
 def is_command(code: str) -> bool:
@@ -307,6 +366,8 @@ async def complete(ctx: KernelContext, code: str, cursor_pos: int) -> tuple[list
         await ctx.open()
         assert ctx.store is not None
         options = [s.session_id for s in await ctx.store.list_sessions(limit=100)]
+    elif done == ["set"]:
+        options = list(ctx.params)
     elif done == ["attach"] or done == ["export"]:
         options = _paths(word)
     return [o for o in options if o.startswith(word)], word_start, cursor_pos

@@ -1,12 +1,14 @@
 """What a kernel process holds: settings, the store, the turn runner and its current session.
 
 Everything heavy (pydantic, SQLAlchemy, dspy) is imported on first use or by ``warm_up`` in a
-background thread after the kernel said it is ready, so start-up stays close to a stock ipykernel.
+background thread once the kernel has answered ``kernel_info``, so start-up stays close to a stock
+ipykernel and a first cell sent right after it waits only for what is left to load.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
 import os
@@ -26,15 +28,23 @@ log = logging.getLogger(__name__)
 OutputMode = Literal["rich", "text"]
 WARM_MODULES = (
     "fleet_kernel.config",
-    "fleet_kernel.engine.runner",
+    "fleet_kernel.engine.runner",  # then the store opens on the loop, before the rest loads
     "fleet_kernel.transcript",
-    "fleet_kernel.kernel.widgets",
+    "fleet_kernel.kernel.display",
+    "fleet_kernel.sandbox",
+    "fleet_kernel.engine.turn",  # dspy and LiteLLM: the slow one
     "pygments.lexers.python",
     "markdown_it",
-    "nbformat",
-    "fleet_kernel.sandbox",
-    "fleet_kernel.engine.turn",  # dspy and LiteLLM: the slow one, last
+    "fleet_kernel.kernel.widgets",
+    "nbformat",  # only %fleet export needs it
 )
+OPEN_STORE_AFTER = "fleet_kernel.engine.runner"
+OPEN_WAIT_S = 30.0
+UNUSED_MODULES = ("rfc3987_syntax",)
+"""Never imported by the kernel process. jsonschema (which dspy and nbformat import) checks the ``iri``
+format with rfc3987_syntax when it is installed (jupyter_server's extras install it), and importing it
+compiles a Lark grammar: about 0.85 s of CPU, half of the engine's load. Nothing in a kernel validates
+``iri`` formats: dspy and nbformat validate without a ``FormatChecker``."""
 
 
 class KernelContext:
@@ -45,6 +55,7 @@ class KernelContext:
         self.store: Store | None = None
         self.runner: TurnRunner | None = None
         self.session_id: str | None = None
+        self.params: dict[str, str] = {}  # %fleet set: {name} in later cells is the value
         self.explicit_output: OutputMode | None = _env_output()
         self.widgets_seen = False  # a widget manager (JupyterLab) opened its control comm
         self.console_seen = False  # a terminal asked for its up-arrow history before any cell ran
@@ -55,7 +66,12 @@ class KernelContext:
     # ------------------------------------------------------------------ start-up
 
     def warm_up(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Import the heavy modules in a thread, then open the store on ``loop``. Idempotent."""
+        """Import the heavy modules in a thread, opening the store on ``loop`` on the way. Idempotent.
+
+        What a turn needs before its first event (runner, store, sandbox) comes first, and the store is
+        open before dspy starts loading: the two would otherwise share one core (the GIL) while a first
+        cell waits for both.
+        """
         if self._warm_started:
             return
         self._warm_started = True
@@ -66,11 +82,24 @@ class KernelContext:
                     importlib.import_module(name)
                 except Exception:
                     log.warning("warming %s failed", name, exc_info=True)
-                if name == "nbformat":  # the store is what the first turn needs: open it while dspy loads
-                    asyncio.run_coroutine_threadsafe(self._open_quietly(), loop)
+                if name == OPEN_STORE_AFTER:
+                    opened = asyncio.run_coroutine_threadsafe(self._open_quietly(), loop)
+                    with contextlib.suppress(Exception):
+                        opened.result(timeout=OPEN_WAIT_S)
+                elif name == "fleet_kernel.sandbox":
+                    self._probe_sandbox()
             self.warm.set()
 
         threading.Thread(target=work, name="fleet-warm-up", daemon=True).start()
+
+    def _probe_sandbox(self) -> None:
+        """Find the default backend now (it runs bubblewrap once) rather than in the first turn."""
+        from fleet_kernel.sandbox import choose
+
+        try:
+            choose(self.settings)
+        except Exception:
+            log.warning("probing the sandbox failed", exc_info=True)
 
     async def _open_quietly(self) -> None:
         try:
@@ -159,6 +188,12 @@ class KernelContext:
     def workspace_root(self) -> Path:
         assert self.session_id is not None
         return self.settings.workspaces_dir / self.session_id
+
+
+def skip_unused_imports() -> None:
+    """Make ``UNUSED_MODULES`` unimportable in this process (libraries that try them carry on without)."""
+    for name in UNUSED_MODULES:
+        sys.modules.setdefault(name, None)  # type: ignore[assignment]
 
 
 async def load_off_loop(module: str) -> None:

@@ -6,7 +6,8 @@
   ``stream`` messages while it prints.
 - ``TextLive`` (``jupyter console``, ``%fleet output text``): everything as readable ``stream`` lines.
 
-All three fold events into a ``TurnView`` and flush at most every ``FLUSH_INTERVAL_S`` (the first
+All three fold events into a ``TurnView`` (the one fold, ``fleet_kernel.view``) and render what changed
+in it, never the events themselves. They flush at most every ``FLUSH_INTERVAL_S`` (the first
 event goes out at once, the last state always goes out), so a chatty turn stays well under
 JupyterLab's IOPub rate limit. ``finish_turn`` then replaces the live view with the turn's record:
 artifact images and one ``execute_result`` carrying the transcript.
@@ -19,19 +20,13 @@ import html
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fleet_kernel.events import Event
-from fleet_kernel.transcript import (
-    TurnView,
-    error_content,
-    fence,
-    highlight_python,
-    image_bundle,
-    inline_images,
-    iteration_note,
-    transcript_bundle,
-)
+from fleet_kernel.events import ROOT_AGENT, Event
+from fleet_kernel.render import error_line, fence, head_html, iteration_note
+from fleet_kernel.transcript import error_content, image_bundle, inline_images, transcript_bundle
+from fleet_kernel.view import IterationView, TurnView
 
 if TYPE_CHECKING:
     from fleet_kernel.store import Store
@@ -95,12 +90,12 @@ class _Live:
         self.flush()
 
     def on_event(self, event: Event) -> None:
-        self.view.apply(event)
-        self.record(event)
+        self.record(self.view.apply(event))
         self._schedule()
 
-    def record(self, event: Event) -> None:
-        """Note what this event changes (subclasses); sending happens in ``flush``."""
+    def record(self, touched: IterationView | None) -> None:
+        """Note what changed in the view, in the iteration ``touched`` or the turn (subclasses); sending
+        happens in ``flush``."""
 
     def flush(self) -> None:
         """Send everything noted since the last flush (subclasses)."""
@@ -144,12 +139,28 @@ class _Live:
         self._stop_timers()
 
 
+@dataclass
+class _Said:
+    """How much of one iteration a text view has printed."""
+
+    header: bool = False
+    reasoning: bool = False
+    code: bool = False
+    chunks: int = 0
+    dropped: bool = False
+    tools: int = 0
+    error: bool = False
+
+
 class TextLive(_Live):
     """Readable text lines as ``stream`` messages: for terminals, which ignore display updates."""
 
     def __init__(self, pub: Publisher, view: TurnView) -> None:
         super().__init__(pub, view)
         self._chunks: list[tuple[str, str]] = [("stdout", "Fleet · ")]
+        self._started = self._outcome = False
+        self._agents = self._artifacts = 0
+        self._said: dict[int, _Said] = {}
 
     def _say(self, text: str, name: str = "stdout") -> None:
         if self._chunks and self._chunks[-1][0] == name:
@@ -157,32 +168,48 @@ class TextLive(_Live):
         else:
             self._chunks.append((name, text))
 
-    def record(self, event: Event) -> None:
-        data, view = event.data, self.view
-        who = "" if event.agent_id == "root" else f"[{event.agent_id}] "
-        if event.type == "turn.started":
-            self._say(
-                f"{data.get('model') or 'no model'} · sandbox {data.get('sandbox')} · "
-                f"up to {data['limits']['max_iters']} iterations\n"
-            )
-        elif event.type == "iteration.started":
-            self._say(f"\n── {who}iteration {data['iteration']}/{data['max_iters']} " + "─" * 24 + "\n")
-        elif event.type == "reasoning" and data["text"]:
-            self._say(f"{who}reasoning: {data['text'].strip()}\n")
-        elif event.type == "code" and data["code"]:
-            self._say(f"{who}code:\n{_indent(fence(data['code'], 'python'))}\n{who}output:\n")
-        elif event.type == "output":
-            self._say(data["text"], data["stream"])
-        elif event.type == "execution.finished" and data.get("error"):
-            self._say(f"{who}error: {data['error']['type']}: {data['error']['message']}\n", "stderr")
-        elif event.type == "tool.started":
-            self._say(f"{who}→ {data['name']}({data['args_preview']})\n")
-        elif event.type == "agent.started":
-            self._say(f"{who}child RLM {data['agent_id']} started: {data['task']}\n")
-        elif event.type == "artifact":
-            self._say(f"artifact: {data['path']} ({data['size']:,} bytes)\n")
-        elif event.terminal:
+    def record(self, touched: IterationView | None) -> None:
+        view = self.view
+        if view.started and not self._started:
+            self._started = True
+            self._say(f"{view.model or 'no model'} · sandbox {view.sandbox} · up to {view.max_iters} iterations\n")
+        if touched is not None:
+            self._iteration(touched)
+        for agent in list(view.agents.values())[self._agents :]:
+            who = _who(agent.parent_agent_id or "root")
+            self._say(f"{who}child RLM {agent.agent_id} started: {agent.task}\n")
+        self._agents = len(view.agents)
+        for art in view.artifacts[self._artifacts :]:
+            self._say(f"artifact: {art['path']} ({art['size']:,} bytes)\n")
+        self._artifacts = len(view.artifacts)
+        if view.done and not self._outcome:
+            self._outcome = True
             self._say(f"\n── {view.summary()}\n")
+
+    def _iteration(self, it: IterationView) -> None:
+        said = self._said.setdefault(id(it), _Said())
+        who = _who(it.agent_id)
+        if not said.header:
+            said.header = True
+            self._say(f"\n── {who}iteration {it.iteration}/{it.max_iters} " + "─" * 24 + "\n")
+        if it.reasoning and not said.reasoning:
+            said.reasoning = True
+            self._say(f"{who}reasoning: {it.reasoning.strip()}\n")
+        if it.code and not said.code:
+            said.code = True
+            self._say(f"{who}code:\n{_indent(fence(it.code, 'python'))}\n{who}output:\n")
+        for stream, text in it.chunks[said.chunks :]:
+            self._say(text, stream)
+        said.chunks = len(it.chunks)
+        if it.output_dropped and not said.dropped:
+            said.dropped = True
+            self._say("\n... (more output: the transcript and the store keep it)\n")
+        for tool in it.tools[said.tools :]:
+            self._say(f"{who}→ {tool}\n")
+        said.tools = len(it.tools)
+        if it.error and not said.error:
+            said.error = True
+            self._say(f"{who}error: {error_line(it)}\n", "stderr")
 
     def flush(self) -> None:
         chunks, self._chunks = self._chunks, []
@@ -198,6 +225,8 @@ class PlainLive(_Live):
         self._ops: list[tuple[str, Any]] = []
         self._dirty: set[int] = set()
         self._shown: dict[int, str] = {}
+        self._heads: dict[int, tuple[Any, ...]] = {}
+        self._streamed: dict[int, int] = {}
         self._status_shown = False
         self._live_chars = 0
         self._prefix = f"fleet-{uuid.uuid4().hex[:16]}"  # fresh per run: never reuse a display id
@@ -205,32 +234,34 @@ class PlainLive(_Live):
     def _id(self, index: int) -> str:
         return f"{self._prefix}-{index}"
 
-    def record(self, event: Event) -> None:
-        if event.type in ("reasoning", "code", "execution.finished"):
-            it = next(
-                i
-                for i in reversed(self.view.iterations)
-                if i.iteration == event.data["iteration"] and i.agent_id == event.agent_id
-            )
-            index = self.view.iterations.index(it)
+    def record(self, touched: IterationView | None) -> None:
+        if touched is None:
+            return
+        its = self.view.iterations
+        index = next(i for i in range(len(its) - 1, -1, -1) if its[i] is touched)
+        head = (touched.reasoning, touched.code, touched.duration_ms, touched.error)
+        if head != self._heads.get(index, ("", "", None, None)):
+            self._heads[index] = head
             if index not in self._shown:
                 self._shown[index] = self._id(index)
                 self._ops.append(("display", index))
             elif ("display", index) not in self._ops:
                 self._dirty.add(index)
-        elif event.type == "output":
-            text = event.data["text"]
-            room = MAX_LIVE_OUTPUT_CHARS - self._live_chars
-            if room <= 0:
-                return
-            if len(text) > room:
-                text = text[:room] + "\n... (more output: the transcript and the store keep it)\n"
-            self._live_chars += len(text)
-            stream = event.data["stream"]
-            if self._ops and self._ops[-1][0] == "stream" and self._ops[-1][1][0] == stream:
-                self._ops[-1] = ("stream", (stream, self._ops[-1][1][1] + text))
-            else:
-                self._ops.append(("stream", (stream, text)))
+        for stream, text in touched.chunks[self._streamed.get(index, 0) :]:
+            self._stream(stream, text)
+        self._streamed[index] = len(touched.chunks)
+
+    def _stream(self, stream: str, text: str) -> None:
+        room = MAX_LIVE_OUTPUT_CHARS - self._live_chars
+        if room <= 0:
+            return
+        if len(text) > room:
+            text = text[:room] + "\n... (more output: the transcript and the store keep it)\n"
+        self._live_chars += len(text)
+        if self._ops and self._ops[-1][0] == "stream" and self._ops[-1][1][0] == stream:
+            self._ops[-1] = ("stream", (stream, self._ops[-1][1][1] + text))
+        else:
+            self._ops.append(("stream", (stream, text)))
 
     def _iteration_bundle(self, index: int) -> dict[str, str]:
         it = self.view.iterations[index]
@@ -240,11 +271,7 @@ class PlainLive(_Live):
             + (f"{it.reasoning}\n" if it.reasoning else "")
             + (fence(it.code, "python") if it.code else "")
         )
-        body = f"<b>{html.escape(it.label)}</b>{html.escape(note)}"
-        if it.reasoning:
-            body += f'<div style="white-space:pre-wrap;font-style:italic">{html.escape(it.reasoning)}</div>'
-        if it.code:
-            body += highlight_python(it.code)
+        body = f"<b>{html.escape(it.label)}</b>{html.escape(note)}" + head_html(it)
         return {"text/plain": text, "text/html": body}
 
     def _status_bundle(self) -> dict[str, str]:
@@ -306,14 +333,18 @@ async def finish_turn(
             continue
         pub.display(*image_bundle(art["path"], art["mime"], blob))
     data, metadata = transcript_bundle(view)
-    if text_mode:  # the terminal already printed the transcript line by line
+    if text_mode:  # the terminal already printed the transcript and its summary line by line
         outcome = view.answer if view.status == "completed" else view.outcome_text()
-        data["text/plain"] = f"── {view.summary()}\n{outcome}\n"
+        data["text/plain"] = f"{outcome}\n"
     pub.send("execute_result", {"execution_count": execution_count, "data": data, "metadata": metadata})
     error = error_content(view)
     if error is not None:
         pub.send("error", error)
     return error
+
+
+def _who(agent_id: str) -> str:
+    return "" if agent_id == ROOT_AGENT else f"[{agent_id}] "
 
 
 def _indent(text: str) -> str:

@@ -11,15 +11,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import threading
 from pathlib import Path
 from typing import Any
 
 from ipykernel.kernelbase import Kernel
 
 from fleet_kernel import __version__
+from fleet_kernel.cancel import CancelToken
 from fleet_kernel.kernel import commands
-from fleet_kernel.kernel.context import KernelContext, load_off_loop, route_output_to_log
+from fleet_kernel.kernel.context import KernelContext, load_off_loop, route_output_to_log, skip_unused_imports
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +47,10 @@ class FleetKernel(Kernel):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        skip_unused_imports()
         self.log_path = route_output_to_log()
         self.ctx = KernelContext()
-        self._active: Any = None  # the running TurnHandle
-        self._interrupted = threading.Event()
-        self._cancel_reason = "interrupted"
+        self._cell_cancel = CancelToken()  # the running cell's: passed on to its turn once that exists
         self._executed = False
         self._warming = False
         self._wire_comms()
@@ -120,11 +119,7 @@ class FleetKernel(Kernel):
 
     def _cancel(self, reason: str) -> None:
         """Thread-safe: cancel the running turn, or the one about to start."""
-        self._cancel_reason = reason
-        self._interrupted.set()
-        handle = self._active
-        if handle is not None:
-            handle.cancel(reason)
+        self._cell_cancel.cancel(reason)
 
     # ------------------------------------------------------------------ execute
 
@@ -140,6 +135,7 @@ class FleetKernel(Kernel):
         cell_id: str | None = None,
     ) -> dict[str, Any]:
         self._executed = True
+        code = commands.substitute(self.ctx.params, code)
         text = code.strip()
         if not text:
             return self._ok()
@@ -177,12 +173,12 @@ class FleetKernel(Kernel):
 
     async def _turn(self, task: str, parent: dict[str, Any]) -> dict[str, Any]:
         from fleet_kernel.kernel.display import PlainLive, Publisher, TextLive, WidgetLive, finish_turn
-        from fleet_kernel.transcript import TurnView
+        from fleet_kernel.view import TurnView
 
-        self._interrupted.clear()
+        self._cell_cancel = cancel = CancelToken()
         pub, view, mode = Publisher(self, parent), TurnView(), self.ctx.live_mode()
         if mode == "widgets":
-            live: Any = WidgetLive(pub, view, lambda: self._cancel("stopped from the notebook"))
+            live: Any = WidgetLive(pub, view, lambda: cancel.cancel("stopped from the notebook"))
         else:
             live = (TextLive if mode == "text" else PlainLive)(pub, view)
         live.begin()
@@ -196,15 +192,12 @@ class FleetKernel(Kernel):
             if mode != "text":
                 pub.clear()  # the error output that follows replaces the "starting" view
             raise
-        self._active = handle
-        if self._interrupted.is_set():
-            handle.cancel(self._cancel_reason)
+        cancel.on_cancel(lambda: handle.cancel(cancel.reason or "interrupted"))  # at once if it came during start
         try:
             async for event in handle.events():
                 live.on_event(event)
             await live.finish()
         finally:
-            self._active = None
             live.close()
         assert self.ctx.store is not None
         error = await finish_turn(pub, self.ctx.store, view, self.execution_count, text_mode=mode == "text")

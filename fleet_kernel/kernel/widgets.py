@@ -14,7 +14,8 @@ from collections.abc import Callable
 import ipywidgets as w
 from ipywidgets.widgets.widget_string import HTMLStyle
 
-from fleet_kernel.transcript import IterationView, TurnView, clip, highlight_python
+from fleet_kernel.render import clip, error_html, head_html, iteration_note, output_html
+from fleet_kernel.view import IterationView, TurnView
 
 LIVE_OUTPUT_CHARS = 32_000
 STATUS_REFRESH_S = 1.0
@@ -71,17 +72,11 @@ def _state(it: IterationView) -> tuple[str, str, int, float | None]:
 
 
 def _title(it: IterationView) -> str:
-    note = f" · ran {it.duration_ms / 1000:.2f} s" if it.duration_ms is not None else ""
-    return it.label + note + (f" · {it.error.get('type', 'error')}" if it.error else "")
+    return it.label + iteration_note(it)
 
 
 def _head_html(it: IterationView) -> str:
-    parts = []
-    if it.reasoning:
-        parts.append(f'<div style="white-space:pre-wrap;font-style:italic">{html.escape(it.reasoning)}</div>')
-    if it.code:
-        parts.append(highlight_python(it.code))
-    return "\n".join(parts) or "<em>thinking…</em>"
+    return head_html(it) or "<em>thinking…</em>"
 
 
 def _output_html(it: IterationView) -> str:
@@ -93,11 +88,9 @@ def _output_html(it: IterationView) -> str:
                 f"... ({len(text) - LIVE_OUTPUT_CHARS:,} earlier characters not shown live)\n"
                 + text[-LIVE_OUTPUT_CHARS:]
             )
-        shown = html.escape(clip(text, LIVE_OUTPUT_CHARS + 200, it.output_dropped))
-        parts.append(f'<pre style="border-left:3px solid #999;padding-left:6px;margin:0">{shown}</pre>')
+        parts.append(output_html(clip(text, LIVE_OUTPUT_CHARS + 200, it.output_dropped)))
     if it.error:
-        message = f"{it.error.get('type', 'Error')}: {it.error.get('message', '')}"
-        parts.append(f'<pre style="color:#b00">{html.escape(message)}</pre>')
+        parts.append(error_html(it))
     return "\n".join(parts)
 
 

@@ -14,25 +14,27 @@ import functools
 import json
 import logging
 import os
+import stat
 from pathlib import Path
 
 from daytona import FileDownloadRequest, FileUpload
 
+from fleet_kernel import safe_files
 from fleet_kernel.errors import SandboxUnavailableError
 from fleet_kernel.sandbox._daytona_box import DaytonaBox
-from fleet_kernel.workspace import Workspace
+from fleet_kernel.workspace import LAYOUT, Workspace, usage
 
 logger = logging.getLogger(__name__)
 
 REMOTE_ROOT = "/workspace"
-SYNCED = ("files", "artifacts", "memory")
+SYNCED = LAYOUT
 MAX_FILES = 2_000
 UPLOAD_BATCH_BYTES = 32 * 1024 * 1024
 
-_LISTING = """
+_LISTING = f"""
 import hashlib, json, os, sys
-root, limit, found = sys.argv[1], int(sys.argv[2]), {}
-for sub in ("files", "artifacts", "memory"):
+root, limit, found = sys.argv[1], int(sys.argv[2]), {{}}
+for sub in {SYNCED!r}:
     for dirpath, dirnames, filenames in os.walk(os.path.join(root, sub)):
         dirnames.sort()
         for name in sorted(filenames):
@@ -56,7 +58,8 @@ def listing_command(root: str = REMOTE_ROOT) -> str:
 
 def _valid(rel: str) -> bool:
     parts = rel.split("/")
-    return len(parts) > 1 and parts[0] in SYNCED and not any(p in ("", ".", "..") for p in parts)
+    return (len(parts) > 1 and parts[0] in SYNCED and not any(p in ("", ".", "..") for p in parts)
+            and safe_files.is_text(rel))  # a name that is not UTF-8 cannot travel over the API
 
 
 def remote_files(box: DaytonaBox) -> dict[str, tuple[int, str]]:
@@ -68,10 +71,12 @@ def remote_files(box: DaytonaBox) -> dict[str, tuple[int, str]]:
     return {rel: (int(size), str(digest)) for rel, (size, digest) in found.items() if _valid(rel)}
 
 
-def local_files(root: Path) -> dict[str, tuple[int, str]]:
+def local_files(root: Path, max_bytes: int | None = None) -> dict[str, tuple[int, str]]:
+    """Regular files of the local folder, hashed through descriptors that follow no link; files over
+    ``max_bytes`` are left out (logged)."""
     workspace = Workspace(root)
     return {rel: (info.size, info.sha256) for sub in SYNCED
-            for rel, info in workspace.scan(sub, limit=MAX_FILES).items()}
+            for rel, info in workspace.scan(sub, limit=MAX_FILES, max_bytes=max_bytes).items()}
 
 
 def ensure_remote_dirs(box: DaytonaBox) -> None:
@@ -85,9 +90,16 @@ def ensure_remote_dirs(box: DaytonaBox) -> None:
         raise SandboxUnavailableError(f"cannot create {REMOTE_ROOT} in the Daytona sandbox: {response.result}")
 
 
-def push(box: DaytonaBox, root: Path) -> None:
-    """Before a turn: upload local changes, delete what was deleted locally, fetch what only the sandbox has."""
-    local = local_files(root)
+Quota = tuple[int, int]  # [sandbox] workspace_mb in bytes, workspace_files
+
+
+def push(box: DaytonaBox, root: Path, *, quota: Quota | None = None, max_file_bytes: int | None = None) -> None:
+    """Before a turn: upload local changes, delete what was deleted locally, fetch what only the sandbox has.
+
+    Local files are read through one descriptor each (never through a link another backend's code may
+    have left); files over ``max_file_bytes`` stay local.
+    """
+    local = local_files(root, max_file_bytes)
     if box.baseline and box.baseline == {rel: digest for rel, (_, digest) in local.items()}:
         return  # nothing changed here since the last sync with this sandbox
     remote = remote_files(box)
@@ -97,22 +109,33 @@ def push(box: DaytonaBox, root: Path) -> None:
     batch: list[FileUpload] = []
     size = 0
     for rel in uploads:
-        batch.append(FileUpload(str(root / rel), f"{REMOTE_ROOT}/{rel}"))
-        size += local[rel][0]
-        if size >= UPLOAD_BATCH_BYTES or rel == uploads[-1]:
+        try:
+            data, digest = safe_files.read_path(root, rel, max_bytes=max_file_bytes)
+        except safe_files.Refused as exc:
+            logger.warning("Daytona: %s not uploaded: %s", rel, exc)
+            data = None
+            local.pop(rel)
+        if data is not None:
+            batch.append(FileUpload(data, f"{REMOTE_ROOT}/{rel}"))
+            size += len(data)
+            local[rel] = (len(data), digest)
+        if batch and (size >= UPLOAD_BATCH_BYTES or rel == uploads[-1]):
             box.retry("upload workspace files", functools.partial(box.sandbox.fs.upload_files, batch))
             batch, size = [], 0
     for rel in deletes:
         box.retry("delete a workspace file", functools.partial(box.sandbox.fs.delete_file, f"{REMOTE_ROOT}/{rel}"))
-    _download(box, root, fetches)
+    _download(box, root, fetches, remote, quota)
     box.baseline = {rel: digest for rel, (_, digest) in local.items()}
-    box.baseline.update({rel: remote[rel][1] for rel in fetches if (root / rel).is_file()})
+    box.baseline.update({rel: remote[rel][1] for rel in fetches if _is_file(root / rel)})
     logger.debug("Daytona sync up: %d uploaded, %d deleted, %d fetched", len(uploads), len(deletes), len(fetches))
 
 
-def pull(box: DaytonaBox, root: Path, *, max_file_bytes: int) -> list[str]:
-    """After a turn: bring back what the code wrote or deleted. Returns the paths that changed locally."""
-    local, remote = local_files(root), remote_files(box)
+def pull(box: DaytonaBox, root: Path, *, max_file_bytes: int, quota: Quota | None = None) -> list[str]:
+    """After a turn: bring back what the code wrote or deleted. Returns the paths that changed locally.
+
+    Files that would take the local folder over ``quota`` stay in the sandbox (logged), like too big ones.
+    """
+    local, remote = local_files(root, max_file_bytes), remote_files(box)  # a bigger local file is not hashed
     fetches = [rel for rel, (size, digest) in remote.items() if local.get(rel, (0, ""))[1] != digest]
     too_big = [rel for rel in fetches if remote[rel][0] > max_file_bytes]
     for rel in too_big:
@@ -120,16 +143,47 @@ def pull(box: DaytonaBox, root: Path, *, max_file_bytes: int) -> list[str]:
                        remote[rel][0], max_file_bytes)
     fetches = [rel for rel in fetches if rel not in too_big]
     deletes = [rel for rel in local if rel not in remote and box.baseline.get(rel) == local[rel][1]]
-    _download(box, root, fetches)
     for rel in deletes:
         Workspace(root).resolve(rel).unlink(missing_ok=True)
-    box.baseline = {rel: digest for rel, (_, digest) in remote.items() if rel not in too_big}
-    return fetches + deletes
+    kept = _download(box, root, fetches, remote, quota)
+    left = set(fetches) - set(kept)
+    box.baseline = {rel: digest for rel, (_, digest) in remote.items() if rel not in too_big and rel not in left}
+    return kept + deletes
 
 
-def _download(box: DaytonaBox, root: Path, paths: list[str]) -> None:
+def _is_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _within_quota(root: Path, paths: list[str], sizes: dict[str, tuple[int, str]], quota: Quota | None) -> list[str]:
+    """The leading ``paths`` whose download keeps the folder within ``quota``; the rest are logged."""
+    if quota is None:
+        return paths
+    used_bytes, used_entries = usage(root)
+    fitting: list[str] = []
+    for rel in paths:
+        target = root / rel
+        old = target.stat().st_size if target.is_file() and not target.is_symlink() else None
+        entries = sum(1 for parent in target.parents if not parent.exists()) + (old is None)
+        if used_bytes + sizes[rel][0] - (old or 0) > quota[0] or used_entries + entries > quota[1]:
+            logger.warning("Daytona: %s left in the sandbox: the workspace would go over its quota "
+                           "(%d MB, %d files)", rel, quota[0] // (1024 * 1024), quota[1])
+            continue
+        used_bytes, used_entries = used_bytes + sizes[rel][0] - (old or 0), used_entries + entries
+        fitting.append(rel)
+    return fitting
+
+
+def _download(box: DaytonaBox, root: Path, paths: list[str], sizes: dict[str, tuple[int, str]],
+              quota: Quota | None) -> list[str]:
+    """Fetch ``paths`` into the folder, as far as the quota allows; returns the ones written."""
+    paths = _within_quota(root, paths, sizes, quota)
     if not paths:
-        return
+        return []
+    written: list[str] = []
     requests = [FileDownloadRequest(source=f"{REMOTE_ROOT}/{rel}") for rel in paths]
     results = box.retry("download workspace files", lambda: box.sandbox.fs.download_files(requests))
     workspace = Workspace(root)
@@ -145,4 +199,6 @@ def _download(box: DaytonaBox, root: Path, paths: list[str]) -> None:
         data = result.result if isinstance(result.result, bytes) else str(result.result).encode()
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
-        os.chmod(target, 0o666)
+        os.chmod(target, 0o600)
+        written.append(rel)
+    return written

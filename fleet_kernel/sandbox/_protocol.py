@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # longest protocol line a host reader holds in memory
+READ_AHEAD_BYTES = 16 * 1024 * 1024  # protocol bytes read but not yet taken by the host (past one message)
 
 
 class SessionClosed(Exception):
@@ -49,6 +50,11 @@ class PipeSession:
 
     Shared by the ``local`` and ``pyodide`` backends: readers, send, receive, interrupt and kill.
     A subclass starts the process, hands it to ``_attach`` and says why it died (``_death_reason``).
+
+    The reader reads only while the host waits for something (``ready``, then from each ``execute``
+    to its ``done``) and keeps at most ``READ_AHEAD_BYTES`` beyond one message: code can write to
+    its end of the channel at any time (a background process, between executions too), and the
+    host must not queue whatever it writes. Between executions its writes fill the pipe and block.
     """
 
     start_timeout_s = 10.0
@@ -57,7 +63,13 @@ class PipeSession:
     def __init__(self) -> None:
         self._process: subprocess.Popen[bytes] | None = None
         self._cgroup: Any = None
-        self._messages: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._messages: queue.SimpleQueue[tuple[Any, int]] = queue.SimpleQueue()  # (message, line bytes)
+        self._room = threading.Condition()
+        self._queued = 0  # line bytes in ``_messages``
+        self._listening = threading.Event()  # the host waits for a message: the reader may read
+        self._listening.set()  # the ``ready`` message
+        self._awaited: Any = None  # id of the execution whose ``done`` ends the wait
+        self._stopped = False
         self._send_lock = threading.Lock()
         self._stderr_tail = b""
         self._reason: str | None = None
@@ -83,14 +95,29 @@ class PipeSession:
                     try:
                         message = json.loads(line)
                     except ValueError:
-                        self._messages.put(ProtocolError(f"not a JSON message: {line[:200]!r}"))
+                        self._put(ProtocolError(f"not a JSON message: {line[:200]!r}"), 0)
                         return
-                    self._messages.put(message if isinstance(message, dict)
-                                       else ProtocolError(f"not a message: {line[:200]!r}"))
+                    if not isinstance(message, dict):
+                        self._put(ProtocolError(f"not a message: {line[:200]!r}"), 0)
+                        return
+                    if message.get("type") == "ready" or (message.get("type") == "done"
+                                                          and message.get("id") == self._awaited):
+                        self._listening.clear()  # before the host can see it and send the next execute
+                    self._put(message, len(line))
+                    self._listening.wait()
+                    with self._room:
+                        self._room.wait_for(lambda: self._queued < READ_AHEAD_BYTES or self._stopped)
+                    if self._stopped:
+                        return
             except ProtocolError as exc:
-                self._messages.put(exc)
+                self._put(exc, 0)
                 return
-        self._messages.put(_EOF)
+        self._put(_EOF, 0)
+
+    def _put(self, item: Any, size: int) -> None:
+        with self._room:
+            self._queued += size
+        self._messages.put((item, size))
 
     def _read_stderr(self, stream: IO[bytes]) -> None:
         with contextlib.suppress(OSError, ValueError):
@@ -99,6 +126,9 @@ class PipeSession:
 
     def send(self, message: dict[str, Any]) -> None:
         data = json.dumps(message).encode() + b"\n"
+        if message.get("type") == "execute":
+            self._awaited = message.get("id")
+            self._listening.set()
         with self._send_lock:
             process = self._process
             if process is None or process.stdin is None:
@@ -111,11 +141,14 @@ class PipeSession:
 
     def receive(self, timeout: float) -> dict[str, Any] | None:
         try:
-            item = self._messages.get(timeout=timeout)
+            item, size = self._messages.get(timeout=timeout)
         except queue.Empty:
             return None
+        with self._room:
+            self._queued -= size
+            self._room.notify_all()
         if item is _EOF:
-            self._messages.put(_EOF)
+            self._messages.put((_EOF, 0))
             raise SessionClosed(self._death_reason())
         if isinstance(item, ProtocolError):
             raise item
@@ -126,6 +159,10 @@ class PipeSession:
             self.send({"type": "interrupt"})
 
     def kill(self) -> None:
+        with self._room:  # let a waiting reader see the closed pipe and end
+            self._stopped = True
+            self._room.notify_all()
+        self._listening.set()
         process, self._process = self._process, None
         if process is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):

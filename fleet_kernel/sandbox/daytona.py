@@ -27,8 +27,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fleet_kernel.cancel import CancelToken
 from fleet_kernel.config import Settings
 from fleet_kernel.errors import FleetError, SandboxUnavailableError
+from fleet_kernel.sandbox.contract import describe
 from fleet_kernel.sandbox.interpreter import SandboxFactory
 
 try:
@@ -89,17 +91,9 @@ def client_for(settings: Settings) -> Any:
 
 
 def _instructions(settings: Settings) -> str:
-    return (
-        "Python 3 runs in a Daytona cloud sandbox (a Linux container). State persists between steps: variables, "
-        "imports and functions defined earlier are still there. The working directory is /workspace: the user's "
-        "uploaded files are in /workspace/files, save files for the user in /workspace/artifacts, and "
-        "/workspace/memory/MEMORIES.md holds notes kept across turns (read it at the start, append what is worth "
-        "remembering). Use print() to see results: you only see what is printed (long output is truncated) and the "
-        "value of a final bare expression; output of subprocesses shows only when you capture and print it. "
-        f"Each step may run at most {settings.limits.exec_timeout_s:g} s; a step "
-        "that times out is interrupted but keeps its variables. When done, call SUBMIT(...) with the output "
-        "fields, positionally or by name."
-    )
+    return describe("Python 3 runs in a Daytona cloud sandbox (a Linux container)",
+                    exec_timeout_s=settings.limits.exec_timeout_s,
+                    notes="Output of subprocesses shows only when you capture and print it.")
 
 
 # -- finding and creating a session's sandbox -----------------------------------------------------
@@ -238,7 +232,7 @@ def delete_session_sandboxes(settings: Settings, session_id: str) -> int:
 # -- the backend ----------------------------------------------------------------------------------
 
 
-def open_daytona(settings: Settings, workspace: Path, *, cancel: threading.Event | None = None) -> SandboxFactory:
+def open_daytona(settings: Settings, workspace: Path, *, cancel: CancelToken | None = None) -> SandboxFactory:
     """An interpreter factory whose interpreters each run in a context of the session's Daytona sandbox.
 
     Raises:
@@ -246,8 +240,10 @@ def open_daytona(settings: Settings, workspace: Path, *, cancel: threading.Event
     """
     workspace = workspace.absolute()
     box = acquire(settings, workspace)
+    storage = settings.policy.storage
+    largest = int(max(storage.max_upload_mb, storage.max_artifact_mb) * 1024 * 1024)  # from an upload or a pull
     try:
-        _daytona_sync.push(box, workspace)
+        _daytona_sync.push(box, workspace, quota=_quota(settings), max_file_bytes=largest)
     except sdk.DaytonaError as exc:
         raise unavailable(exc, box.api_url) from exc
     except (RuntimeError, ValueError) as exc:
@@ -258,17 +254,48 @@ def open_daytona(settings: Settings, workspace: Path, *, cancel: threading.Event
     max_file_bytes = int(settings.policy.storage.max_artifact_mb * 1024 * 1024)
     return SandboxFactory(new_session, backend="daytona", execution_instructions=_instructions(settings),
                           exec_timeout_s=limits.exec_timeout_s, cancel=cancel,
-                          on_close=functools.partial(_after_turn, box, workspace, max_file_bytes),
+                          on_close=functools.partial(_after_turn, box, workspace, max_file_bytes, _quota(settings)),
                           max_output_bytes=settings.policy.sandbox.max_output_bytes)
 
 
-def _after_turn(box: Any, workspace: Path, max_file_bytes: int) -> None:
+def _quota(settings: Settings) -> tuple[int, int]:
+    """What the local copy of a Daytona workspace may hold; the sandbox's own disk is Daytona's to bound."""
+    limits = settings.policy.sandbox
+    return limits.workspace_mb * 1024 * 1024, limits.workspace_files
+
+
+def _after_turn(box: Any, workspace: Path, max_file_bytes: int, quota: tuple[int, int]) -> None:
     """Contexts are deleted; files the code wrote come back into the local folder for the engine to scan."""
     box.drain()
     try:
-        _daytona_sync.pull(box, workspace, max_file_bytes=max_file_bytes)
+        _daytona_sync.pull(box, workspace, max_file_bytes=max_file_bytes, quota=quota)
     except Exception as exc:  # noqa: BLE001 - the turn's outcome stands; say loudly what did not come back
         logger.error("Daytona: could not copy the sandbox's /workspace back to %s: %s", workspace, exc)
+
+
+class DaytonaBackend:
+    """``daytona``: a cloud sandbox per session, kept warm across its turns and deleted with it."""
+
+    def status(self, settings: Settings) -> str | None:
+        """What is missing locally (the SDK, the key); ``fleet doctor daytona`` checks the service itself."""
+        try:
+            _require_sdk()
+            client_for(settings)
+        except SandboxUnavailableError as exc:
+            return exc.message
+        return None
+
+    def instructions(self, settings: Settings, workspace: Path) -> str:
+        return _instructions(settings)
+
+    def open(self, settings: Settings, workspace: Path, *, cancel: CancelToken | None = None) -> SandboxFactory:
+        return open_daytona(settings, workspace, cancel=cancel)
+
+    def forget(self, settings: Settings, session_id: str) -> None:
+        delete_session_sandboxes(settings, session_id)
+
+
+BACKEND = DaytonaBackend()
 
 
 # -- fleet doctor daytona -------------------------------------------------------------------------

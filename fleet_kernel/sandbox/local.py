@@ -1,8 +1,10 @@
 """The ``local`` backend: a CPython worker running ``runtime.py`` under bubblewrap; and ``unsafe-local``.
 
 ``local`` (the default on Linux): no network, no host files but the Python install (read-only), a
-fresh ``/tmp``, the session workspace at ``/workspace``, uid 65534 without capabilities, a seccomp
-filter, rlimits and, where the hierarchy is writable, a cgroup for memory and process count.
+fresh ``/tmp``, a quota-limited copy of the session workspace at ``/workspace`` (``_stage.py`` mounts it
+and copies changes back), uid 65534 without capabilities (mapped to the host user, or to a uid of its
+own when the host is root), a seccomp filter, rlimits and, where the hierarchy is writable, a cgroup
+for memory and process count.
 ``unsafe-local`` runs the same runtime as a plain subprocess of the host user: explicit opt-in only.
 """
 
@@ -12,6 +14,7 @@ import atexit
 import contextlib
 import fcntl
 import functools
+import importlib.util
 import logging
 import os
 import py_compile
@@ -22,18 +25,29 @@ import sys
 import tempfile
 import weakref
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fleet_kernel.config import SandboxLimits
-from fleet_kernel.sandbox import _confine
+from fleet_kernel.config import SandboxLimits, Settings
+from fleet_kernel.errors import SandboxUnavailableError
+from fleet_kernel.sandbox import _confine, _pyfarm
 from fleet_kernel.sandbox._protocol import PipeSession, SessionClosed
+from fleet_kernel.sandbox.contract import describe
+from fleet_kernel.workspace import LAYOUT
+
+if TYPE_CHECKING:
+    from fleet_kernel.cancel import CancelToken
+    from fleet_kernel.sandbox.interpreter import SandboxFactory
 
 logger = logging.getLogger(__name__)
 
 RUNTIME = Path(__file__).with_name("runtime.py")
+STAGE = Path(__file__).with_name("_stage.py")
+STOP_TIMEOUT_S = 60.0  # for the copy-back of a stopped sandbox's workspace
 SANDBOX_RUNTIME = "/run/fleet/runtime.pyc"
 START_TIMEOUT_S = 10.0
 _ETC_BINDS = ("fonts",)  # fontconfig, for matplotlib and friends
 _LIVE: weakref.WeakSet[ProcessSession] = weakref.WeakSet()  # killed at exit, so no cgroup outlives us
+_NOTABLE_PACKAGES = ("numpy", "pandas", "scipy", "matplotlib", "sklearn", "sympy", "networkx", "bs4", "yaml")
 
 
 @functools.cache
@@ -92,6 +106,8 @@ def _support_dir() -> Path:
     atexit.register(shutil.rmtree, path, True)
     py_compile.compile(str(RUNTIME), cfile=str(path / "runtime.pyc"), dfile=SANDBOX_RUNTIME, doraise=True)
     _write_etc(path / "etc")
+    for mount_point in ("workspace", *(f"ro/{n}" for n in range(len(_python_paths())))):
+        (path / mount_point).mkdir(parents=True)  # only ever mounted on in a sandbox's own mount namespace
     path.chmod(0o755)
     _support.append(path)
     return path
@@ -110,8 +126,12 @@ def _write_etc(path: Path) -> None:
         (path / name).mkdir()  # mount points for the host's own (harmless) config, bound read-only
 
 
-def bwrap_argv(workspace: Path, limits: SandboxLimits, command: list[str], *, seccomp_fd: int | None) -> list[str]:
-    """The bubblewrap command line around ``command`` (which runs as uid 65534 in /workspace)."""
+def bwrap_argv(limits: SandboxLimits, command: list[str], *, seccomp_fd: int | None,
+               farm: _pyfarm.Farm | None = None) -> list[str]:
+    """The bubblewrap command line around ``command`` (which runs as uid 65534 in /workspace).
+
+    Run by ``_stage.py``, which has mounted the workspace copy and the Python install in the support folder.
+    """
     mib = 1024 * 1024
     argv = [_bwrap_path() or "bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
             "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/workspace",
@@ -129,15 +149,39 @@ def bwrap_argv(workspace: Path, limits: SandboxLimits, command: list[str], *, se
         argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(64 * mib), "--tmpfs", "/dev/shm",
              "--size", str(max(64, limits.memory_mb // 4) * mib), "--tmpfs", "/tmp",
-             "--bind", str(workspace), "/workspace", "--chdir", "/workspace"]
-    for prefix in _python_paths():  # after /tmp's tmpfs, which would hide a venv that lives under /tmp
-        argv += ["--ro-bind", prefix, prefix]
+             "--bind", str(support / "workspace"), "/workspace", "--chdir", "/workspace"]
+    for n, prefix in enumerate(_python_paths()):  # after /tmp's tmpfs, which would hide a venv under /tmp
+        argv += ["--ro-bind", str(support / "ro" / str(n)), farm.targets[n] if farm else prefix]
+    if farm is not None:  # an interpreter built with an absolute RUNPATH still finds its libpython
+        libs = [f"{target}/lib" for prefix, target in zip(farm.prefixes, farm.targets, strict=True)
+                if any(Path(prefix, "lib").glob("libpython*"))]
+        if libs:
+            argv += ["--setenv", "LD_LIBRARY_PATH", ":".join(libs)]
     argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
     if _supports_disable_userns():
         argv.append("--disable-userns")
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
     return argv + ["--", *command]
+
+
+def sandbox_argv(workspace: Path, limits: SandboxLimits, command: list[str], *, seccomp_fd: int | None,
+                 join_fds: list[int]) -> list[str]:
+    """``_stage.py`` (quota'd workspace copy, neutral mounts, own uid as root) around bubblewrap around ``command``."""
+    support = _support_dir()
+    farm = _pyfarm.python_farm(_python_paths())
+    if farm is not None and command[:1] == [sys.executable]:
+        command = [farm.neutral(sys.executable), *command[1:]]
+    argv = [sys.executable, "-I", "-B", str(STAGE), "--workspace", str(workspace.absolute()),
+            "--mount", str(support / "workspace"), "--size", str(limits.workspace_mb * 1024 * 1024),
+            "--inodes", str(limits.workspace_files + 1)]  # + the root folder
+    for n, prefix in enumerate(_python_paths()):
+        argv += ["--expose", f"{farm.sources[n] if farm else prefix}={support / 'ro' / str(n)}"]
+    for fd in join_fds:
+        argv += ["--join-fd", str(fd)]
+    if seccomp_fd is not None:
+        argv += ["--keep-fd", str(seccomp_fd)]
+    return [*argv, "--", *bwrap_argv(limits, command, seccomp_fd=seccomp_fd, farm=farm)]
 
 
 def _userns_hint() -> str:
@@ -164,7 +208,7 @@ def probe_bwrap() -> str | None:
     seccomp = _confine.seccomp_fd()
     with tempfile.TemporaryDirectory(prefix="fleet-probe-") as workspace:
         command = [sys.executable, "-I", "-S", "-c", "pass"]
-        argv = bwrap_argv(Path(workspace), SandboxLimits(), command, seccomp_fd=seccomp)
+        argv = sandbox_argv(Path(workspace), SandboxLimits(), command, seccomp_fd=seccomp, join_fds=[])
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False,
                                   pass_fds=() if seccomp is None else (seccomp,))
@@ -204,23 +248,25 @@ class ProcessSession(PipeSession):
         self._cgroup = _confine.Cgroup.create(limits.memory_mb, limits.max_processes + 16, limits.cpu_cores)
         join_fds = self._cgroup.join_fds() if self._cgroup else []
         seccomp = _confine.seccomp_fd() if self._isolated else None
+        rlimits = _confine.rlimits(limits.memory_mb, limits.cpu_seconds, limits.max_file_mb)
+        preexec = _confine.preexec(join_fds, rlimits)
         if self._isolated:
             options += ["--reap", "1"]
             if _kernel_counts_nproc_per_userns():
                 options += ["--nproc", str(limits.max_processes)]
             command = [sys.executable, "-I", "-B", SANDBOX_RUNTIME, *options]
-            argv, env, cwd = bwrap_argv(self._workspace, limits, command, seccomp_fd=seccomp), {}, None
+            argv = sandbox_argv(self._workspace, limits, command, seccomp_fd=seccomp, join_fds=join_fds)
+            env, cwd, preexec = {}, None, _confine.preexec([], rlimits)  # _stage.py joins after its copy
         else:
             argv = [sys.executable, "-I", "-B", str(_support_dir() / "runtime.pyc"), *options]
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self._workspace), "LANG": "C.UTF-8",
                    **_tuning_env()}
             cwd = str(self._workspace)
-        rlimits = _confine.rlimits(limits.memory_mb, limits.cpu_seconds, limits.max_file_mb)
+        passed = [*([] if seccomp is None else [seccomp]), *(join_fds if self._isolated else [])]
         try:
             process = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
-                bufsize=1 << 16, pass_fds=() if seccomp is None else (seccomp,), start_new_session=True,
-                preexec_fn=_confine.preexec(join_fds, rlimits))
+                bufsize=1 << 16, pass_fds=passed, start_new_session=True, preexec_fn=preexec)
         except OSError as exc:
             self.kill()
             raise SessionClosed(f"could not be started: {exc}") from exc
@@ -232,6 +278,16 @@ class ProcessSession(PipeSession):
             with contextlib.suppress(OSError, AttributeError):  # fewer round trips for big messages
                 fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)  # type: ignore[union-attr]
         self._attach(process)
+
+    def kill(self) -> None:
+        """Stop the sandbox; ``_stage.py`` then copies the workspace back before it exits (waited for)."""
+        process = self._process
+        if process is not None and self._isolated:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=STOP_TIMEOUT_S)
+        super().kill()
 
     def _explain_death(self) -> str:
         limits = self._limits
@@ -261,3 +317,57 @@ class ProcessSession(PipeSession):
 def _kill_live_sessions() -> None:
     for session in list(_LIVE):
         session.kill()
+
+
+# -- the backends ---------------------------------------------------------------------------------
+
+
+@functools.cache
+def _installed_packages() -> str:
+    found = [name for name in _NOTABLE_PACKAGES if importlib.util.find_spec(name) is not None]
+    return f" Installed packages include {', '.join(found)}." if found else ""
+
+
+class LocalBackend:
+    """``local`` (``isolated``: under bubblewrap) or ``unsafe-local`` (a plain subprocess of the host user)."""
+
+    def __init__(self, *, isolated: bool) -> None:
+        self.isolated = isolated
+
+    def status(self, settings: Settings) -> str | None:
+        return probe_bwrap() if self.isolated else None
+
+    def instructions(self, settings: Settings, workspace: Path) -> str:
+        version = ".".join(map(str, sys.version_info[:2]))
+        where = ("in an isolated sandbox with no network access" if self.isolated
+                 else "directly on the host machine (no sandbox)")
+        return describe(f"Python {version} (CPython) runs {where}", exec_timeout_s=settings.limits.exec_timeout_s,
+                        root="/workspace" if self.isolated else str(workspace.absolute()),
+                        memory_mb=settings.policy.sandbox.memory_mb,
+                        notes=f"Nothing can be installed.{_installed_packages()}")
+
+    def open(self, settings: Settings, workspace: Path, *, cancel: CancelToken | None = None) -> SandboxFactory:
+        from fleet_kernel.sandbox.interpreter import SandboxFactory
+
+        limits, exec_timeout_s = settings.policy.sandbox, settings.limits.exec_timeout_s
+        if self.isolated and (reason := probe_bwrap()) is not None:
+            raise SandboxUnavailableError(
+                f"The local sandbox cannot run: {reason}; or set FLEET_SANDBOX=unsafe-local to run without isolation.")
+        workspace = workspace.absolute()
+        for name in LAYOUT:
+            (workspace / name).mkdir(parents=True, exist_ok=True)
+        if not self.isolated:
+            logger.warning("FLEET_SANDBOX=unsafe-local: model-written code runs WITHOUT isolation, with your user's "
+                           "files, network and credentials, in %s", workspace)
+        return SandboxFactory(
+            functools.partial(ProcessSession, workspace, limits, isolated=self.isolated),
+            backend="local" if self.isolated else "unsafe-local",
+            execution_instructions=self.instructions(settings, workspace),
+            exec_timeout_s=exec_timeout_s, cancel=cancel, max_output_bytes=limits.max_output_bytes)
+
+    def forget(self, settings: Settings, session_id: str) -> None:
+        """Nothing outlives a turn: the workspace is the session's, deleted with it."""
+
+
+LOCAL = LocalBackend(isolated=True)
+UNSAFE_LOCAL = LocalBackend(isolated=False)

@@ -160,6 +160,7 @@ async function runWorker({ config, control, data, interrupt }) {
   pyodide.setInterruptBuffer(interrupt);
   const stdout = new StdoutWriter();
   const mirror = new WorkspaceMirror(pyodide.FS, config.workspace, config.max_file_bytes, (m) => stdout.send(m));
+  if (config.workspace_bytes) mirror.limit(config.workspace_bytes, config.workspace_files);
   // C-level writes to fds 1 and 2 arrive here without the GIL, so they cannot go through the runtime's
   // streams: they are streamed as they are (os.write, the common case, is rerouted in BOOTSTRAP),
   // capped per execution like the runtime's own output (sys.__stdout__ reaches this path).
@@ -297,6 +298,58 @@ class WorkspaceMirror {
     for (const sub of ["files", ...WorkspaceMirror.WRITABLE]) fs.mkdirTree(`${WorkspaceMirror.ROOT}/${sub}`);
   }
 
+  /**
+   * The workspace quota inside Pyodide's filesystem: growing a file or making an entry under /workspace
+   * past it fails with ENOSPC, an OSError code can handle. Usage is counted as it grows and recounted
+   * exactly (deletions included) only when the count says the quota is reached.
+   */
+  limit(maxBytes, maxEntries) {
+    const fs = this.fs;
+    const MEMFS = fs.filesystems.MEMFS;
+    const root = WorkspaceMirror.ROOT;
+    const inside = (node) => {
+      const path = fs.getPath(node);
+      return path === root || path.startsWith(`${root}/`);
+    };
+    const recount = () => {
+      let bytes = 0, entries = 0;
+      const walk = (dir) => {
+        for (const name of fs.readdir(dir)) {
+          if (name === "." || name === "..") continue;
+          const stat = fs.lstat(`${dir}/${name}`);
+          entries += 1;
+          if (fs.isDir(stat.mode)) walk(`${dir}/${name}`);
+          else bytes += stat.size;
+        }
+      };
+      walk(root);
+      return { bytes, entries };
+    };
+    let used = recount();
+    const full = () => new fs.ErrnoError(51); // ENOSPC (errno.ENOSPC in Pyodide's Python)
+    const fileOps = MEMFS.ops_table.file.stream;
+    const write = fileOps.write;
+    fileOps.write = function (stream, buffer, offset, length, position, canOwn) {
+      const grow = Math.max(0, position + length - (stream.node.usedBytes ?? 0));
+      if (grow > 0 && inside(stream.node)) {
+        if (used.bytes + grow > maxBytes) used = recount();
+        if (used.bytes + grow > maxBytes) throw full();
+        used.bytes += grow;
+      }
+      return write.call(this, stream, buffer, offset, length, position, canOwn);
+    };
+    const dirOps = MEMFS.ops_table.dir.node;
+    const mknod = dirOps.mknod;
+    dirOps.mknod = function (parent, name, mode, dev) {
+      if (inside(parent)) {
+        if (used.entries + 1 > maxEntries) used = recount();
+        if (used.entries + 1 > maxEntries) throw full();
+        used.entries += 1;
+      }
+      return mknod.call(this, parent, name, mode, dev);
+    };
+  }
+
   /** Copy new and changed host files in; drop files the host deleted that the code left alone. */
   syncIn() {
     if (!this.hostRoot) return;
@@ -381,7 +434,15 @@ function* walkHost(root, prefix) {
   for (const entry of entries) {
     const path = prefix ? `${prefix}/${entry.name}` : entry.name;
     if (entry.isDirectory) yield* walkHost(root, path);
-    else if (entry.isFile) yield [path, Deno.lstatSync(`${root}/${path}`)]; // symlinks are skipped
+    else if (entry.isFile) {
+      let info;
+      try {
+        info = Deno.lstatSync(`${root}/${path}`); // symlinks are skipped
+      } catch {
+        continue; // gone, or a name that is not UTF-8 (Deno cannot name it): not mirrored
+      }
+      if (info.isFile) yield [path, info];
+    }
   }
 }
 

@@ -36,6 +36,7 @@ Message = dict[str, Any]
 FLUSH_INTERVAL_S = 0.05  # at most ~20 out messages per second while output trickles
 BUFFER_CAP = 8 * 1024  # flush early when this much is pending
 MAX_CHUNK = 256 * 1024  # no single out message carries more text than this
+FLUSH_GAP_S = 0.005  # explicit flushes closer than this are coalesced (logging flushes every record)
 
 
 def _spawn(target: Callable[[], None], name: str) -> None:
@@ -74,8 +75,10 @@ def jsonable(value: Any) -> Any:
 class Output:
     """Coalesces stdout/stderr text into ``out`` messages and keeps this execution's capped copy."""
 
-    def __init__(self, send: Callable[[Message], None], limit: int, flusher: bool) -> None:
+    def __init__(self, send: Callable[[Message], None], limit: int, flusher: bool,
+                 sent: Callable[[], None] | None = None) -> None:
         self._send, self._limit = send, limit
+        self._sent = sent  # waits until what was sent is written (the sender is a thread)
         self._lock = threading.Lock()
         self._pending: list[tuple[str, str]] = []
         self._pending_size = 0
@@ -83,6 +86,8 @@ class Output:
         self._total = 0
         self._truncated = False
         self._last_flush = time.monotonic()
+        self._last_explicit = 0.0
+        self._soon = False  # an explicit flush is waiting for the flusher
         self._wake = threading.Event()
         self._flush_on_write = not flusher  # without a flusher thread, writes flush when it is time
         if flusher:
@@ -125,6 +130,23 @@ class Output:
         finally:
             self._lock.release()
 
+    def flush_now(self) -> None:
+        """An explicit flush: what is pending is written to the host before this returns.
+
+        So ``print(..., flush=True)`` right before the process dies (a segfault, ``os._exit``) is not lost.
+        Flushes less than ``FLUSH_GAP_S`` after the last one are left to the flusher (which sends them within
+        that gap), so code that flushes every line still makes a few hundred messages a second, not one a line.
+        """
+        now = time.monotonic()
+        if now - self._last_explicit < FLUSH_GAP_S:
+            self._soon = True
+            self._wake.set()
+            return
+        self._last_explicit = now
+        self.flush()
+        if self._sent is not None:
+            self._sent()
+
     def end(self) -> str:
         """Flush what is pending and return everything this execution printed (capped)."""
         with self._lock:
@@ -143,8 +165,9 @@ class Output:
     def _flush_loop(self) -> None:
         while True:
             self._wake.wait()
-            time.sleep(FLUSH_INTERVAL_S)
+            time.sleep(FLUSH_GAP_S if self._soon else FLUSH_INTERVAL_S)
             self._wake.clear()
+            self._soon = False
             self.flush()
 
 
@@ -178,6 +201,9 @@ class Stream(io.TextIOBase):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
         self._output.write(self._name, text)
         return len(text)
+
+    def flush(self) -> None:
+        self._output.flush_now()
 
 
 class _BinaryStream(io.BufferedIOBase):
@@ -234,16 +260,26 @@ class _QueuedSender:
     """Sends from one thread, so a ``KeyboardInterrupt`` in the code's thread never cuts a message."""
 
     def __init__(self, send: Callable[[Message], None]) -> None:
-        self._queue: queue.SimpleQueue[Message] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Message | threading.Event] = queue.SimpleQueue()
         self._send = send
         _spawn(self._loop, "fleet-send")
 
     def __call__(self, message: Message) -> None:
         self._queue.put(message)
 
+    def wait(self) -> None:
+        """Return once everything queued before this call is written."""
+        written = threading.Event()
+        self._queue.put(written)
+        written.wait()
+
     def _loop(self) -> None:
         while True:
-            self._send(self._queue.get())
+            message = self._queue.get()
+            if isinstance(message, threading.Event):
+                message.set()
+            else:
+                self._send(message)
 
 
 class Runtime:
@@ -251,9 +287,10 @@ class Runtime:
 
     def __init__(self, send: Callable[[Message], None], receive: Callable[[], Message] | None,
                  *, max_output_bytes: int, threaded: bool, capture_fds: bool, reap: bool) -> None:
-        self._send = _QueuedSender(send) if threaded else send
+        sender = _QueuedSender(send) if threaded else None
+        self._send = sender or send
         self._receive = receive  # only for waiting on tool replies when there are no threads
-        self.output = Output(self._send, max_output_bytes, flusher=threaded)
+        self.output = Output(self._send, max_output_bytes, flusher=threaded, sent=sender.wait if sender else None)
         self._capture = FdCapture(self.output) if capture_fds else None
         out_fd, err_fd = (1, 2) if capture_fds else (None, None)
         self.streams = Stream(self.output, "stdout", out_fd), Stream(self.output, "stderr", err_fd)

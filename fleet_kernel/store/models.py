@@ -6,13 +6,23 @@ shared by several machines serves every attachment and artifact from any of them
 
 from __future__ import annotations
 
-from datetime import datetime
+import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, LargeBinary, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 TURN_STATUSES = ("running", "completed", "failed", "cancelled", "interrupted")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:20]}"
+
+
+def utcnow() -> datetime:
+    """Now in UTC without a time zone, as times are stored."""
+    return datetime.now(UTC).replace(tzinfo=None)
 
 
 def iso(moment: datetime | None) -> str | None:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 from pathlib import Path
 
 import httpx
-from live_api import LiveServer, assert_error
+import pytest
+from live_api import LiveServer, assert_error, run_turn
+from scripted_lm import ScriptedLM, step
 
 from fleet_kernel.config import Settings, load_settings
+from fleet_kernel.sandbox import _confine, probe_bwrap
 
 
 def upload(client: httpx.Client, session_id: str, name: str, data: bytes, mime: str = "text/csv") -> httpx.Response:
@@ -78,3 +82,42 @@ def test_size_limit_is_413(fleet_env: dict[str, str], tmp_path: Path) -> None:
         assert_error(streamed, 413, "payload_too_large")
         assert client.get("/api/health").status_code == 200
         assert_error(client.post("/api/sessions", json={"title": "x" * 3_000_000}), 413, "payload_too_large")
+
+
+def test_uploads_never_write_through_links_code_keeps_planting(
+        client: httpx.Client, session_id: str, scripted_lm: ScriptedLM, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """Sandbox code (on a host without the seccomp filter, so it can make links) keeps planting links to a
+    host file under the names an upload would take, while the same name is uploaded over and over."""
+    if probe_bwrap() is not None:
+        pytest.skip(f"local sandbox unavailable: {probe_bwrap()}")
+    monkeypatch.setattr(_confine, "seccomp_program", lambda: None)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("host file, untouched")
+    victim.chmod(0o600)
+    scripted_lm.add("*", [step("Plant.", f"""
+import os, time
+names = ['/workspace/files/report.txt'] + [f'/workspace/files/report-{{n}}.txt' for n in range(2, 40)]
+end = time.time() + 6
+while time.time() < end:
+    for name in names:
+        try:
+            os.unlink(name)
+            os.symlink({str(victim)!r}, name)
+            os.unlink(name)
+        except OSError:
+            pass
+SUBMIT(answer='planted')
+""")])
+    frames: list = []
+    turn = threading.Thread(target=lambda: frames.extend(run_turn(client, session_id, "plant links")))
+    turn.start()
+    statuses: set[int] = set()
+    n = 0
+    while turn.is_alive():
+        n += 1
+        statuses.add(upload(client, session_id, "report.txt", f"upload {n}".encode(), "text/plain").status_code)
+    turn.join()
+    assert victim.read_text() == "host file, untouched" and victim.stat().st_mode & 0o777 == 0o600
+    assert frames and frames[-1].event == "turn.completed", frames[-1:]
+    assert statuses <= {201, 422}, statuses

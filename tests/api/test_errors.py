@@ -27,7 +27,7 @@ def test_store_down_is_503(live: LiveServer, client: httpx.Client, session_id: s
             error = assert_error(client.request(method, path), 503, "store_unavailable")
             assert "secret-password" not in error["message"] and "127.0.0.1" not in error["message"]
         health = client.get("/api/health")
-        assert health.status_code == 200
+        assert health.status_code == 503
         assert health.json()["status"] == "degraded" and health.json()["store"]["ok"] is False
     finally:
         state.store = healthy

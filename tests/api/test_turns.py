@@ -154,9 +154,11 @@ def test_notebook_export(client: httpx.Client, session_id: str, scripted_lm: Scr
     run_turn(client, session_id, "notebook turn")
     response = client.get(f"/api/sessions/{session_id}/notebook")
     assert response.status_code == 200 and response.headers["content-type"].startswith("application/x-ipynb+json")
-    assert ".ipynb" in response.headers["content-disposition"]
+    short = session_id.partition("_")[2][:8]
+    assert response.headers["content-disposition"] == f'attachment; filename="fleet-test-{short}.ipynb"'
     nb = nbformat.reads(response.text, as_version=4)
     nbformat.validate(nb)
     assert nb.metadata["kernelspec"]["name"] == "fleet"
     assert [c.source for c in nb.cells if c.cell_type == "code"] == ["notebook turn"]
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# test\n")
     assert_error(client.get("/api/sessions/ses_missing/notebook"), 404)

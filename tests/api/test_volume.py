@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import httpx
-from live_api import assert_error
+import pytest
+from live_api import assert_error, run_turn
+from scripted_lm import ScriptedLM, step
 
 from fleet_kernel.config import Settings
+from fleet_kernel.sandbox import _confine, probe_bwrap
 from fleet_kernel.workspace import Workspace
 
 
@@ -89,3 +93,54 @@ def test_read_only_and_unknown(client: httpx.Client, session_id: str) -> None:
     assert_error(tree(client, "ses_missing"), 404, "not_found")
     assert_error(client.get("/api/volume/tree"), 422, "validation_error")
     assert_error(tree(client, session_id, path="nope"), 404, "not_found")
+
+
+def test_names_that_are_not_utf8_are_listed_escaped(client: httpx.Client, session_id: str, settings: Settings) -> None:
+    ws = make_workspace(settings, session_id)
+    (ws.root / "artifacts" / os.fsdecode(b"bad-\xff\xfe.txt")).write_bytes(b"x")
+    (ws.root / "files" / os.fsdecode(b"dir-\xff")).mkdir()
+    (ws.root / "files" / os.fsdecode(b"dir-\xff") / "inner.txt").write_bytes(b"x")
+    (ws.root / "files" / "line\nbreak.txt").write_bytes(b"x")
+    response = tree(client, session_id, depth=4)
+    assert response.status_code == 200, response.text
+    paths = {e["path"] for e in response.json()["entries"]}
+    assert {"artifacts/bad-\\xff\\xfe.txt", "files/dir-\\xff", "files/dir-\\xff/inner.txt", "files/line\nbreak.txt",
+            "files/data.csv"} <= paths
+
+
+def test_a_folder_swapped_for_a_link_while_listed_is_never_listed_through(
+        client: httpx.Client, session_id: str, scripted_lm: ScriptedLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sandbox code (on a host without the seccomp filter, so it can make links) keeps swapping a folder
+    for a link to the host's ``/`` while the tree is listed over and over."""
+    if probe_bwrap() is not None:
+        pytest.skip(f"local sandbox unavailable: {probe_bwrap()}")
+    monkeypatch.setattr(_confine, "seccomp_program", lambda: None)
+    scripted_lm.add("*", [step("Swap.", """
+import os, time
+base = '/workspace/artifacts'
+os.makedirs(base + '/d/inner', exist_ok=True)
+open(base + '/ready', 'w').write('1')
+end = time.time() + 6
+while time.time() < end:
+    os.rename(base + '/d', base + '/d.real')
+    os.symlink('/', base + '/d')
+    os.unlink(base + '/d')
+    os.rename(base + '/d.real', base + '/d')
+SUBMIT(answer='swapped')
+""")])
+    frames: list = []
+    turn = threading.Thread(target=lambda: frames.extend(run_turn(client, session_id, "swap a folder for a link")))
+    turn.start()
+    host_names = set(os.listdir("/")) - {"d", "inner"}
+    seen: set[str] = set()
+    statuses: set[int] = set()
+    while turn.is_alive():
+        for path in ("artifacts", "artifacts/d"):
+            response = tree(client, session_id, path=path, depth=3)
+            statuses.add(response.status_code)
+            if response.status_code == 200:
+                seen |= {e["name"] for e in response.json()["entries"] if e["path"].startswith("artifacts/d/")}
+    turn.join()
+    assert frames and frames[-1].event == "turn.completed", frames[-1:]
+    assert not seen & host_names, sorted(seen & host_names)
+    assert statuses <= {200, 404, 422}, statuses  # a folder changing under the listing is no server error

@@ -303,9 +303,10 @@ def _launch_env() -> dict[str, str]:
 
 
 def test_cancel_stops_running_code(settings: Settings, workspace: Workspace) -> None:
+    from fleet_kernel.cancel import CancelToken
     from fleet_kernel.errors import TurnCancelled
 
-    cancel = threading.Event()
+    cancel = CancelToken()
     factory = daytona.open_daytona(settings, workspace.root, cancel=cancel)
     interp = factory()
     threading.Timer(0.5, factory.interrupt).start()
@@ -314,4 +315,26 @@ def test_cancel_stops_running_code(settings: Settings, workspace: Workspace) -> 
         interp.execute("import time\nwhile True:\n    time.sleep(0.05)")
     assert time.perf_counter() - started < 3
     factory.close()
-    assert json.dumps({"cancelled": cancel.is_set()}) == '{"cancelled": true}'
+    assert json.dumps({"cancelled": cancel.cancelled}) == '{"cancelled": true}'
+
+
+def test_sync_reads_no_link_pipe_or_undecodable_name(settings: Settings, workspace: Workspace, tmp_path: Path) -> None:
+    """What another backend's code left in the local folder (a link to a host file, a pipe, a name that is
+    not UTF-8) is never read or uploaded, and a name the sandbox's code makes that is not UTF-8 stays there."""
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("HOST-SECRET-CONTENT")
+    os.symlink(secret, workspace.root / "files" / "leak.txt")
+    os.mkfifo(workspace.root / "artifacts" / "pipe.txt")
+    (workspace.root / "files" / os.fsdecode(b"bad-\xff.txt")).write_bytes(b"x")
+    (workspace.root / "files" / "data.csv").write_text("a,b\n")
+    factory = daytona.open_daytona(settings, workspace.root)
+    interp = factory()
+    listed = interp.execute("import os\nprint(sorted(os.listdir('/workspace/files')))")
+    assert "data.csv" in listed and "leak.txt" not in listed, listed
+    interp.execute("open(b'/workspace/artifacts/made-\\xfe.txt', 'wb').write(b'x')\n"
+                   "open('/workspace/artifacts/made.txt', 'w').write('made')")
+    factory.close()
+    assert (workspace.root / "artifacts" / "made.txt").read_text() == "made"
+    factory = daytona.open_daytona(settings, workspace.root)  # the next turn syncs as before
+    assert factory().execute("print(open('/workspace/artifacts/made.txt').read())") == "made"
+    factory.close()

@@ -140,3 +140,52 @@ def test_lab_shows_the_live_card_then_the_transcript(lab: tuple[str, Path], scri
                 shutil.copytree(shots, os.environ["KERNEL_TEST_SCREENSHOTS"], dirs_exist_ok=True)
                 for log in (folder / "lab.log", *folder.glob("fleet-home/logs/*.log")):
                     shutil.copy(log, os.environ["KERNEL_TEST_SCREENSHOTS"])
+
+
+def test_the_static_html_of_an_exported_turn_sets_code_in_monospace_and_wraps_long_prompts(tmp_path: Path) -> None:
+    """nbconvert's HTML of a Fleet cell, in chromium: monospace code and output, nothing cut at the right edge."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    pytest.importorskip("playwright.sync_api")
+    from nbconvert import HTMLExporter
+    from playwright.sync_api import sync_playwright
+
+    from fleet_kernel.events import make_event
+    from fleet_kernel.transcript import TurnView, transcript_bundle
+
+    task = "tell me which region grew the most, then plot every region's revenue per quarter and explain it " * 3
+    code = "df = load('/workspace/files/sales.csv')  # " + "a comment that runs far to the right " * 4
+    limits = {"max_iters": 3, "max_llm_calls": 5, "timeout_s": 60, "exec_timeout_s": 10}
+    steps = [
+        ("turn.started", {"task": task, "run_id": "r", "model": "m", "sandbox": "local", "limits": limits}),
+        ("iteration.started", {"iteration": 1, "max_iters": 3}),
+        ("code", {"iteration": 1, "code": code}),
+        ("output", {"iteration": 1, "stream": "stdout", "text": "north 100 " + "x" * 300 + "\n"}),
+        ("turn.completed", {"answer": "the south grew most", "usage": {"lm_calls": 1}, "duration_ms": 5}),
+    ]
+    view = TurnView.of(make_event(t, d, seq=i + 1, session_id="s", turn_id="t") for i, (t, d) in enumerate(steps))
+    data, meta = transcript_bundle(view)
+    cell = nbformat.v4.new_code_cell(task, execution_count=1)
+    cell.outputs = [nbformat.v4.new_output("execute_result", data=data, metadata=meta, execution_count=1)]
+    nb = nbformat.v4.new_notebook(cells=[cell])
+    nb.metadata["kernelspec"] = {"name": "fleet", "display_name": "Fleet RLM", "language": "markdown"}
+    page_html, _ = HTMLExporter().from_notebook_node(nb)
+    (tmp_path / "t.html").write_text(page_html)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1000, "height": 900})
+            page.goto((tmp_path / "t.html").as_uri())
+            fonts = page.eval_on_selector_all(
+                ".fleet-transcript pre", "els => els.map(e => getComputedStyle(e).fontFamily)"
+            )
+            assert len(fonts) == 2 and all("monospace" in f for f in fonts), fonts
+            cut = page.eval_on_selector_all(
+                ".jp-InputArea-editor pre, .fleet-transcript pre", "els => els.map(e => e.scrollWidth > e.clientWidth)"
+            )
+            assert cut == [False, False, False]  # the prompt, the code and the output wrap
+            page.screenshot(path=str(tmp_path / "static.png"), full_page=True)
+        finally:
+            browser.close()
+            if os.environ.get("KERNEL_TEST_SCREENSHOTS"):
+                shutil.copy(tmp_path / "static.png", os.environ["KERNEL_TEST_SCREENSHOTS"])

@@ -39,7 +39,20 @@ def test_export_writes_the_session_as_a_notebook(kernel: Kernel, scripted_lm, tm
     run = kernel.run(f"%fleet export {target}")
     assert "Wrote 1 turns" in run.text()
     nb = nbformat.read(target, as_version=4)
-    assert nb.metadata.kernelspec.name == "fleet" and nb.cells[0].source == "the first task"
+    title, turn = nb.cells
+    assert nb.metadata.kernelspec.name == "fleet" and turn.source == "the first task"
+    assert title.cell_type == "markdown" and title.source.startswith("# the first task\n")
+    assert "scripted" in title.source and "created 20" in title.source  # the model and the dates
+
+
+def test_export_names_the_file_after_the_session(kernel: Kernel, scripted_lm, tmp_path: Path) -> None:
+    scripted_lm.add("Ünïcode", [step("done", "SUBMIT(answer='ok')")])
+    kernel.run("Ünïcode: a title / with *punctuation*!")
+    session_id = kernel.run("%fleet session").text().split()[1].rstrip(":")
+    run = kernel.run(f"%fleet export {tmp_path}")
+    short = session_id.partition("_")[2][:8]
+    written = tmp_path / f"fleet-unicode-a-title-with-punctuation-{short}.ipynb"
+    assert str(written) in run.text() and written.exists()
 
 
 def test_session_use_continues_a_session_with_its_history(start_kernel, scripted_lm) -> None:
@@ -89,6 +102,16 @@ def test_model_sandbox_and_output_commands(kernel: Kernel) -> None:
     assert "%fleet export" in display["text"]
 
 
+def test_help_has_a_header_per_column_and_status_names_the_sandbox_turns_use(kernel: Kernel, scripted_lm) -> None:
+    (help_md,) = [c["data"]["text/markdown"] for c in kernel.run("%fleet help").of("display_data")]
+    header = next(line for line in help_md.splitlines() if line.startswith("| "))
+    assert [cell.strip() for cell in header.strip("|").split("|")] == ["command", "what it does"]
+    scripted_lm.add("where", [step("done", "SUBMIT(answer='here')")])
+    footer = kernel.run("where does code run?").result["data"]["text/plain"].splitlines()[0]
+    sandbox = re.search(r"sandbox (\S+)", footer).group(1)
+    assert f"sandbox: {sandbox} (the default here)" in kernel.run("%fleet status").text()
+
+
 def test_the_kernel_module_imports_nothing_heavy() -> None:
     heavy = ("dspy", "litellm", "sqlalchemy", "pydantic")
     code = f"import sys, fleet_kernel.kernel.kernel\nprint(sorted(m for m in {heavy!r} if m in sys.modules))"
@@ -109,3 +132,13 @@ def test_fleet_kernel_install_writes_a_spec_jupyter_reads(tmp_path: Path) -> Non
     assert spec.display_name == "Fleet RLM" and spec.language == "markdown" and spec.interrupt_mode == "message"
     assert spec.argv[:4] == [sys.executable, "-Xfrozen_modules=off", "-m", "fleet_kernel"]
     assert (Path(spec.resource_dir) / "logo-64x64.png").is_file()
+
+
+def test_usage_shows_the_last_turn_against_its_budget(start_kernel, scripted_lm, tmp_path: Path) -> None:
+    config = tmp_path / "fleet.toml"
+    config.write_text("[limits]\nmax_turn_tokens = 500000\n")
+    kernel = start_kernel(FLEET_CONFIG=str(config))
+    scripted_lm.add("hello", [step("done", "SUBMIT(answer='hi')")])
+    kernel.run("say hello")
+    text = kernel.run("%fleet usage").text()
+    assert re.search(r"last turn: [\d,]+ tokens of 500,000 \(limits\.max_turn_tokens\), \$0\.0000", text), text

@@ -43,3 +43,7 @@ def test_console_streams_a_turn_interrupts_and_exits(fleet_env: dict[str, str], 
     finally:
         child.close(force=True)
     assert "Traceback" not in screen.getvalue() and "Out[" in screen.getvalue()
+    counted = screen.getvalue().split("count to three", 1)[1].split("a sleepy task", 1)[0]
+    assert counted.count("── completed") == 1, counted  # the summary line once, then Out[n]: the answer
+    for shown in ("reasoning: count slowly", "time.sleep(0.2)", "tick 2", "Out["):
+        assert counted.count(shown) == 1, (shown, counted)  # each step once: the text is rendered from the view

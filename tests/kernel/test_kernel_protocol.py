@@ -106,7 +106,7 @@ def test_no_model_configured_is_a_readable_error(start_kernel, fleet_home: Path)
 
 def test_completion_of_commands_and_session_ids(kernel: Kernel, scripted_lm) -> None:
     reply = kernel.kc.complete("%fleet se", 9, reply=True)["content"]
-    assert reply["matches"] == ["session", "serve"] and reply["cursor_start"] == 7
+    assert reply["matches"] == ["session", "serve", "set"] and reply["cursor_start"] == 7
     kernel.run("%fleet session new notes")
     session_id = kernel.run("%fleet session").text().split()[1].rstrip(":")
     code = "%fleet session use ses_"

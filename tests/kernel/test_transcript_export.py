@@ -74,8 +74,10 @@ async def test_session_notebook_is_valid_and_has_one_cell_per_turn(store) -> Non
     nb = await session_notebook(store, ses.session_id)
     nbformat.validate(nb)
     assert nb.metadata.kernelspec.name == "fleet"
-    assert [c.source for c in nb.cells] == ["first task", "second task"]
-    first, second = (c.outputs for c in nb.cells)
+    title, *turns = nb.cells
+    assert title.cell_type == "markdown" and title.source.startswith("# t\n") and "`m`" in title.source
+    assert [c.source for c in turns] == ["first task", "second task"]
+    first, second = (c.outputs for c in turns)
     assert [o.output_type for o in first] == ["display_data", "execute_result"]
     assert first[0].data["image/png"] == base64.b64encode(PNG).decode()
     assert [o.output_type for o in second] == ["display_data", "execute_result", "error"]

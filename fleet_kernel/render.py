@@ -1,0 +1,97 @@
+"""HTML and text fragments of one iteration, written once for the transcript, the widget and plain displays.
+
+Every model-written string is escaped here; code is highlighted with Pygments. Code and output are set in
+monospace and wrap at spaces, even where the host page styles ``pre`` (nbconvert's HTML does).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+from fleet_kernel.view import IterationView
+
+SHOW_OUTPUT_CHARS = 4_000
+"""Output shown per iteration in a transcript."""
+MONO = "font-family:var(--jp-code-font-family,SFMono-Regular,Menlo,Consolas,monospace)"
+"""Code and output are set in monospace even where the host page styles ``pre`` (nbconvert's HTML does)."""
+WRAP = "white-space:pre-wrap;word-break:normal;overflow-wrap:anywhere"
+"""Long lines wrap at spaces (at any character only when a word is wider than the page)."""
+
+
+def clip(text: str, limit: int = SHOW_OUTPUT_CHARS, dropped: int = 0) -> str:
+    """``text`` cut to ``limit`` characters with a note saying how much more the store keeps."""
+    extra = max(len(text) - limit, 0) + dropped
+    if not extra:
+        return text
+    return text[:limit].rstrip("\n") + f"\n... ({extra:,} more characters; the store keeps the full output)\n"
+
+
+def fence(text: str, lang: str = "") -> str:
+    """A Markdown code fence longer than any backtick run inside ``text``."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    ticks = "`" * max(3, longest + 1)
+    return f"{ticks}{lang}\n{text.rstrip(chr(10))}\n{ticks}"
+
+
+def highlight_python(code: str) -> str:
+    from pygments import highlight
+    from pygments.formatters import HtmlFormatter
+    from pygments.lexers import PythonLexer
+
+    formatter = HtmlFormatter(noclasses=True, nobackground=True, prestyles=f"{WRAP};{MONO}")
+    return highlight(code, PythonLexer(), formatter)
+
+
+def iteration_note(it: IterationView) -> str:
+    """`` · ran 0.12 s · ErrorType`` once the code ran."""
+    note = ""
+    if it.duration_ms is not None:
+        note += f" · ran {it.duration_ms / 1000:.2f} s"
+    if it.error:
+        note += f" · {it.error.get('type', 'error')}"
+    return note
+
+
+def error_line(it: IterationView) -> str:
+    assert it.error is not None
+    return f"{it.error.get('type', 'Error')}: {it.error.get('message', '')}"
+
+
+def reasoning_html(text: str) -> str:
+    return f'<div style="white-space:pre-wrap;font-style:italic">{html.escape(text)}</div>'
+
+
+def head_html(it: IterationView) -> str:
+    """What the model thought and wrote: reasoning, then highlighted code."""
+    parts = []
+    if it.reasoning:
+        parts.append(reasoning_html(it.reasoning))
+    if it.code:
+        parts.append(highlight_python(it.code))
+    return "\n".join(parts)
+
+
+def output_html(shown: str) -> str:
+    style = f"border-left:3px solid #999;padding-left:6px;{WRAP};{MONO}"
+    return f'<pre style="{style}">{html.escape(shown)}</pre>'
+
+
+def error_html(it: IterationView) -> str:
+    return f'<pre style="color:#b00;{WRAP};{MONO}">{html.escape(error_line(it))}</pre>'
+
+
+def tools_html(it: IterationView) -> str:
+    return "\n".join(f'<div>tool: <code style="{MONO}">{html.escape(tool)}</code></div>' for tool in it.tools)
+
+
+def iteration_html(it: IterationView, *, output_limit: int = SHOW_OUTPUT_CHARS) -> str:
+    """Reasoning, highlighted code, output, tool calls and error of one iteration (escaped)."""
+    parts = [head_html(it)] if it.reasoning or it.code else []
+    if it.output or it.output_dropped:
+        parts.append(output_html(clip(it.output, output_limit, it.output_dropped)))
+    if it.tools:
+        parts.append(tools_html(it))
+    if it.error:
+        parts.append(error_html(it))
+    return "\n".join(parts)

@@ -1,0 +1,187 @@
+"""Host reads of folders that sandbox code may have shaped, without following anything it planted.
+
+Every directory is opened with ``O_DIRECTORY | O_NOFOLLOW`` relative to its parent's descriptor, so no
+path component is ever resolved through a link, even one swapped in between two calls. A file is
+opened once with ``O_NOFOLLOW | O_NONBLOCK`` (a FIFO cannot block the open), checked with ``fstat``
+to be a regular file of an acceptable size, and hashed and read through that one descriptor. Names
+are kept as the OS gives them (undecodable bytes as surrogates); ``is_text`` and ``printable`` say
+whether and how to show them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+CHUNK = 1 << 20
+MAX_DEPTH = 32  # a walk goes no deeper; sandbox code can nest folders far beyond any use
+
+StopCheck = Callable[[], bool]
+_T = TypeVar("_T")
+
+
+class Refused(ValueError):
+    """A file that is not read: a link, not a regular file, too large, gone, or the read was stopped."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One name in a walked folder, as ``lstat`` saw it."""
+
+    path: str  # relative to the folder the walk started from, ``/``-separated
+    name: str
+    depth: int  # 1 for the walk's own children
+    st: os.stat_result
+
+    @property
+    def kind(self) -> str:
+        mode = self.st.st_mode
+        if stat.S_ISLNK(mode):
+            return "symlink"
+        if stat.S_ISDIR(mode):
+            return "dir"
+        return "file" if stat.S_ISREG(mode) else "other"
+
+
+def is_text(name: str) -> bool:
+    """True when the name is valid UTF-8 (no undecodable bytes), so it can go into JSON and the store."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def printable(name: str) -> str:
+    """The name on one line: control and format characters, line breaks and undecodable bytes escaped."""
+    text = os.fsencode(name).decode("utf-8", "backslashreplace")
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+@contextmanager
+def open_dir(root: Path, parts: Sequence[str] = ()) -> Iterator[int]:
+    """A descriptor for ``root/parts...``; ``root`` is the host's own path, each part is opened without
+    following a link. Raises ``OSError`` (``ELOOP``/``ENOTDIR``) when a part is a link or not a folder."""
+    fd = os.open(root, DIR_FLAGS)
+    try:
+        for part in parts:
+            child = os.open(part, DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def list_dir(fd: int) -> list[tuple[str, os.stat_result]]:
+    """The folder's names, sorted, each with its ``lstat`` (entries that vanish meanwhile are left out)."""
+    found = []
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            try:
+                found.append((entry.name, entry.stat(follow_symlinks=False)))
+            except OSError:
+                continue
+    return sorted(found, key=lambda item: item[0])
+
+
+def walk(root: Path, parts: Sequence[str] = (), *, max_depth: int = MAX_DEPTH,
+         should_stop: StopCheck | None = None) -> Iterator[Entry]:
+    """Breadth-first, sorted, never through a link: every entry under ``root/parts``, links included
+    (reported, not followed). Folders that cannot be opened (swapped for a link, gone) are skipped."""
+    queue: list[tuple[tuple[str, ...], int]] = [(tuple(parts), 1)]
+    while queue:
+        folder, depth = queue.pop(0)
+        if should_stop is not None and should_stop():
+            return
+        try:
+            with open_dir(root, folder) as fd:
+                children = list_dir(fd)
+        except OSError:
+            continue
+        prefix = "/".join(folder[len(parts):])
+        for name, st in children:
+            yield Entry(f"{prefix}/{name}" if prefix else name, name, depth, st)
+            if stat.S_ISDIR(st.st_mode) and depth < max_depth:
+                queue.append(((*folder, name), depth + 1))
+
+
+def read_file(dir_fd: int, name: str, *, max_bytes: int | None = None,
+              should_stop: StopCheck | None = None) -> tuple[bytes, str]:
+    """``(data, sha256)`` of the regular file ``name`` in the folder ``dir_fd``, read through one descriptor.
+
+    Raises:
+        Refused: it is a link, not a regular file, over ``max_bytes``, gone, or ``should_stop`` said so.
+    """
+    data = bytearray()
+    digest = hashlib.sha256()
+    for chunk in _chunks(dir_fd, name, max_bytes, should_stop):
+        data += chunk
+        digest.update(chunk)
+    return bytes(data), digest.hexdigest()
+
+
+def hash_file(dir_fd: int, name: str, *, max_bytes: int | None = None,
+              should_stop: StopCheck | None = None) -> tuple[int, str]:
+    """``(size, sha256)`` as ``read_file`` would see it, without holding the content."""
+    size, digest = 0, hashlib.sha256()
+    for chunk in _chunks(dir_fd, name, max_bytes, should_stop):
+        size += len(chunk)
+        digest.update(chunk)
+    return size, digest.hexdigest()
+
+
+def read_path(root: Path, relative: str, *, max_bytes: int | None = None,
+              should_stop: StopCheck | None = None) -> tuple[bytes, str]:
+    """``read_file`` for a ``/``-separated path under ``root``, no component followed through a link."""
+    return _at_path(read_file, root, relative, max_bytes, should_stop)
+
+
+def hash_path(root: Path, relative: str, *, max_bytes: int | None = None,
+              should_stop: StopCheck | None = None) -> tuple[int, str]:
+    """``hash_file`` for a ``/``-separated path under ``root``, no component followed through a link."""
+    return _at_path(hash_file, root, relative, max_bytes, should_stop)
+
+
+def _at_path(how: Callable[..., _T], root: Path, relative: str, max_bytes: int | None,
+             should_stop: StopCheck | None) -> _T:
+    *folder, name = [p for p in relative.split("/") if p] or [""]
+    if not name or any(p in (".", "..") for p in (*folder, name)):
+        raise Refused(f"{relative!r} is not a file path inside the folder")
+    try:
+        with open_dir(root, folder) as fd:
+            return how(fd, name, max_bytes=max_bytes, should_stop=should_stop)
+    except OSError as exc:
+        raise Refused(f"{relative!r} cannot be opened as a plain file: {exc.strerror}") from exc
+
+
+def _chunks(dir_fd: int, name: str, max_bytes: int | None, should_stop: StopCheck | None) -> Iterator[bytes]:
+    try:
+        fd = os.open(name, FILE_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        raise Refused(f"{name!r} cannot be opened as a plain file: {exc.strerror}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused(f"{name!r} is not a regular file")
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise Refused(f"{name!r} is {st.st_size} bytes, over the {max_bytes}-byte limit")
+        os.set_blocking(fd, True)
+        read = 0
+        while chunk := os.read(fd, CHUNK):
+            read += len(chunk)
+            if max_bytes is not None and read > max_bytes:  # it grew while being read
+                raise Refused(f"{name!r} grew past the {max_bytes}-byte limit while being read")
+            if should_stop is not None and should_stop():
+                raise Refused(f"reading {name!r} was stopped")
+            yield chunk
+    finally:
+        os.close(fd)

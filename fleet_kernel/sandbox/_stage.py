@@ -1,0 +1,261 @@
+"""Runs bubblewrap on a private, size- and file-limited copy of a session workspace (stdlib only).
+
+Started by the host as ``python -I -B _stage.py OPTIONS -- BWRAP_ARGV``. In a mount namespace of its own
+(plus a user namespace when the host is not root) it mounts a tmpfs with ``size=`` and ``nr_inodes=`` (the
+``[sandbox] workspace_mb`` and ``workspace_files`` quota), copies the host workspace into it, binds the
+Python install read-only at neutral mount points, and runs bubblewrap, which binds that tmpfs at
+``/workspace``. When bubblewrap ends (or this process gets SIGTERM, which kills it), the changes are
+copied back. Sandbox code therefore never touches a host path: it sees a filesystem whose root is the
+workspace (so ``/proc/self/mountinfo`` names no host folder), and a full workspace is ``ENOSPC``.
+
+When the host is root, bubblewrap runs as a uid of its own (``UID_BASE`` + this process's pid), so the
+sandbox has no more access to the read-only bound files than any other unprivileged user, cannot be
+mistaken for a real account, and ``RLIMIT_NPROC`` bounds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import errno
+import os
+import signal
+import stat
+import subprocess
+import sys
+
+UID_BASE = 0x7F000000  # far above real accounts and the usual subordinate-uid ranges
+MS_NOSUID, MS_NODEV, MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 1, 32, 4096, 16384, 1 << 18
+CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
+_CHUNK = 1 << 20
+MAX_DEPTH = 64  # folders deeper than this are not copied (os.walk recurses; paths stay far below PATH_MAX)
+
+Snapshot = dict[str, tuple[int, int, int]]  # relative path -> (inode, size, mtime_ns) in the tmpfs after copy-in
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def _unshare(flags: int) -> None:
+    if _LIBC.unshare(flags) != 0:  # os.unshare is Python 3.12+
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare: {os.strerror(err)}")
+
+
+def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    if _LIBC.mount(source.encode(), target.encode(), fstype.encode() if fstype else None, flags,
+                  data.encode() if data else None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {target}: {os.strerror(err)}")
+
+
+def _enter_namespace() -> None:
+    """A private mount namespace; unprivileged hosts need a user namespace (mapping them to 0) to own it."""
+    uid, gid = os.getuid(), os.getgid()
+    if uid == 0:
+        _unshare(CLONE_NEWNS)
+    else:
+        _unshare(CLONE_NEWUSER | CLONE_NEWNS)
+        for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as handle:
+                handle.write(text)
+    _mount("none", "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here reaches the host
+
+
+def _copy_file(source: str, target: str, mode: int, owner: int | None) -> None:
+    """Copy one regular file without following links at either end (the target is written fresh and renamed)."""
+    partial = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.fleet-partial")
+    with open(source, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as src:
+        if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
+            return
+        with open(partial, "wb", opener=lambda p, f: os.open(p, f | os.O_EXCL | os.O_NOFOLLOW, mode)) as dst:
+            _copy_data(src.fileno(), dst.fileno())
+            if owner is not None:
+                os.fchown(dst.fileno(), owner, owner)
+    os.replace(partial, target)
+
+
+def _copy_data(src: int, dst: int) -> None:
+    """Copy only the data extents: holes stay holes, so a sparse file costs the host what it cost the tmpfs."""
+    size = os.fstat(src).st_size
+    offset = 0
+    while offset < size:
+        try:
+            start = os.lseek(src, offset, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # nothing but a hole is left
+                break
+            raise
+        end = os.lseek(src, start, os.SEEK_HOLE)
+        while start < end:
+            chunk = os.pread(src, min(_CHUNK, end - start), start)
+            if not chunk:
+                break
+            os.pwrite(dst, chunk, start)
+            start += len(chunk)
+        offset = end
+    os.ftruncate(dst, size)
+
+
+def _file_mode(st: os.stat_result) -> int:
+    """Owner-only modes: nothing copied either way is group- or world-accessible."""
+    return 0o700 if st.st_mode & stat.S_IXUSR else 0o600
+
+
+def copy_in(host: str, stage: str, owner: int | None) -> Snapshot:
+    """The host workspace into the tmpfs (regular files and folders; links are left out); what fits is listed."""
+    snapshot: Snapshot = {}
+    for dirpath, dirnames, filenames in os.walk(host):  # never follows links
+        rel = os.path.relpath(dirpath, host)
+        _prune(rel, dirnames)
+        for name in sorted(dirnames):
+            path = os.path.join(dirpath, name)
+            if os.path.islink(path):
+                dirnames.remove(name)
+                continue
+            target = os.path.normpath(os.path.join(stage, rel, name))
+            try:
+                os.mkdir(target, 0o700)
+                if owner is not None:
+                    os.chown(target, owner, owner)
+            except OSError as exc:
+                dirnames.remove(name)
+                print(f"fleet: {os.path.join(rel, name)} not copied into the sandbox: {exc.strerror}", file=sys.stderr)
+        for name in sorted(filenames):
+            relative = os.path.normpath(os.path.join(rel, name))
+            target = os.path.join(stage, relative)
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                _copy_file(os.path.join(dirpath, name), target, _file_mode(st), owner)
+                copied = os.lstat(target)
+                snapshot[relative] = (copied.st_ino, copied.st_size, copied.st_mtime_ns)
+            except OSError as exc:  # over the quota: the rest stays on the host, untouched
+                print(f"fleet: {relative} not copied into the sandbox: {exc.strerror}", file=sys.stderr)
+                if os.path.lexists(target) and relative not in snapshot:
+                    os.unlink(target)
+    return snapshot
+
+
+def _prune(rel: str, dirnames: list[str]) -> None:
+    if dirnames and rel.count(os.sep) + 1 >= MAX_DEPTH:
+        print(f"fleet: folders under {rel} are nested too deep to copy", file=sys.stderr)
+        dirnames.clear()
+
+
+def _clear(path: str) -> None:
+    """Remove whatever is at ``path`` on the host (a folder code replaced by a file, or the other way)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        for name in os.listdir(path):
+            _clear(os.path.join(path, name))
+        os.rmdir(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def copy_out(stage: str, host: str, snapshot: Snapshot) -> None:
+    """What the sandbox changed back to the host: new and changed files, and deletions of copied-in ones.
+
+    Files the host added meanwhile (uploads) and files that did not fit at copy-in are left alone.
+    """
+    seen: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(stage):
+        rel = os.path.relpath(dirpath, stage)
+        _prune(rel, dirnames)
+        for name in dirnames:
+            target = os.path.normpath(os.path.join(host, rel, name))
+            if os.path.islink(target) or (os.path.lexists(target) and not os.path.isdir(target)):
+                _clear(target)
+            if not os.path.lexists(target):
+                os.mkdir(target, 0o700)
+        for name in filenames:
+            relative = os.path.normpath(os.path.join(rel, name))
+            source, target = os.path.join(stage, relative), os.path.join(host, relative)
+            st = os.lstat(source)
+            if not stat.S_ISREG(st.st_mode):
+                continue  # fifos, sockets: nothing the host keeps
+            seen.add(relative)
+            if snapshot.get(relative) == (st.st_ino, st.st_size, st.st_mtime_ns) and os.path.lexists(target):
+                continue
+            try:
+                if os.path.isdir(target) and not os.path.islink(target):
+                    _clear(target)
+                _copy_file(source, target, _file_mode(st), None)
+            except OSError as exc:
+                print(f"fleet: {relative} not saved from the sandbox: {exc.strerror}", file=sys.stderr)
+    for relative in sorted(set(snapshot) - seen, reverse=True):
+        target = os.path.join(host, relative)
+        if os.path.islink(target) or os.path.isfile(target):
+            os.unlink(target)
+        parent = os.path.dirname(relative)
+        while parent and not os.path.isdir(os.path.join(stage, parent)):
+            try:
+                os.rmdir(os.path.join(host, parent))
+            except OSError:
+                break
+            parent = os.path.dirname(parent)
+
+
+def _drop_to(uid: int) -> None:
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="_stage.py")
+    parser.add_argument("--workspace", required=True, help="the host workspace")
+    parser.add_argument("--mount", required=True, help="mount point for the tmpfs (an empty folder)")
+    parser.add_argument("--size", type=int, required=True, help="bytes")
+    parser.add_argument("--inodes", type=int, required=True, help="files and folders, the root included")
+    parser.add_argument("--expose", action="append", default=[], metavar="SOURCE=MOUNTPOINT",
+                        help="bind SOURCE read-only at MOUNTPOINT (for bubblewrap to bind on)")
+    parser.add_argument("--join-fd", type=int, action="append", default=[], help="cgroup.procs to join after copy-in")
+    parser.add_argument("--keep-fd", type=int, action="append", default=[], help="fds bubblewrap needs")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    opts = parser.parse_args(argv)
+    command = opts.command[1:] if opts.command[:1] == ["--"] else opts.command
+    child: list[subprocess.Popen[bytes]] = []
+    stopping: list[bool] = []
+
+    def stop(_signum: int, _frame: object) -> None:
+        stopping.append(True)
+        for process in child:
+            process.kill()
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, stop)
+    sandbox_uid = UID_BASE + os.getpid() if os.getuid() == 0 else None
+    _enter_namespace()
+    _mount("fleet-workspace", opts.mount, "tmpfs", MS_NOSUID | MS_NODEV,
+           f"size={opts.size},nr_inodes={opts.inodes},mode=0700"
+           + (f",uid={sandbox_uid},gid={sandbox_uid}" if sandbox_uid is not None else ""))
+    for spec in opts.expose:
+        source, _, target = spec.partition("=")
+        _mount(source, target, None, MS_BIND | MS_REC)
+        _mount("none", target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    snapshot = copy_in(opts.workspace, opts.mount, sandbox_uid)
+    for fd in opts.join_fd:  # after the copy, so the cgroup's memory limit counts only what the code writes
+        os.write(fd, b"0")
+        os.close(fd)
+    code = 128 + signal.SIGTERM
+    if not stopping:
+        process = subprocess.Popen(command, pass_fds=opts.keep_fd, close_fds=True,
+                                   preexec_fn=None if sandbox_uid is None else lambda: _drop_to(sandbox_uid))
+        child.append(process)
+        if stopping:
+            process.kill()
+        code = process.wait()
+    try:
+        copy_out(opts.mount, opts.workspace, snapshot)
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:  # ENOENT: the session was deleted meanwhile; never recreate it
+            print(f"fleet: the workspace was not fully saved: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - whatever code left behind, report and pass on the exit status
+        print(f"fleet: the workspace was not fully saved: {exc!r}", file=sys.stderr)
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,21 @@
+"""Sandbox output and model text with terminal control sequences reach a frontend inert (OSC 52, OSC 0, CSI)."""
+
+from __future__ import annotations
+
+import pytest
+from scripted_lm import step
+
+CODE = ("print('\\x1b]52;c;ZXZpbA==\\x07')\nprint('\\x1b]0;pwned\\x07', flush=True)\n"
+        "SUBMIT(answer='done \\x1b]0;pwned\\x07')")
+
+
+@pytest.mark.parametrize("output", ["text", "rich"])
+def test_control_sequences_are_shown_not_obeyed(start_kernel, scripted_lm, output: str) -> None:
+    scripted_lm.add("escapes", [step("clear the screen \x1b[2J\x1b[H", CODE)])
+    kernel = start_kernel(FLEET_OUTPUT=output)
+    run = kernel.run("print escapes")
+    assert run.reply["content"]["status"] == "ok", run.reply
+    shown = run.text()
+    assert "\x1b" not in shown and "\x07" not in shown, shown
+    assert "\\x1b]52;c;ZXZpbA==\\x07" in shown and "done \\x1b]0;pwned\\x07" in shown
+    assert "\\x1b[2J" in shown
