@@ -111,7 +111,14 @@ async def start_turn(
     check_id(session_id, "session")
     after = _resume_from(last_event_id, None)
     handle = await state.runner.start(
-        session_id, body.task, idempotency_key=idempotency_key, supersedes_turn_id=body.supersedes_turn_id
+        session_id,
+        body.task,
+        idempotency_key=idempotency_key,
+        limits=body.limits.policy_names() if body.limits is not None else None,
+        skills=body.skills,
+        attachment_ids=body.attachment_ids,
+        output_schema=body.output_schema,
+        supersedes_turn_id=body.supersedes_turn_id,
     )
     turn = handle.turn
     headers = {

@@ -1,7 +1,7 @@
 """turns.cell_id, supersedes_turn_id, forgotten_at: the history follows the notebook's cells
 
-Revision ID: 0002_cells
-Revises: 0001
+Revision ID: 0003_cells
+Revises: 0002
 Create Date: 2026-12-01 22:30:00
 """
 from __future__ import annotations
@@ -10,8 +10,8 @@ import sqlalchemy as sa
 from alembic import op
 
 
-revision = '0002_cells'
-down_revision = '0001'
+revision = '0003_cells'
+down_revision = '0002'
 branch_labels = None
 depends_on = None
 
