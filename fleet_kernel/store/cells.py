@@ -39,11 +39,11 @@ class Lineage:
         self.cells: dict[str, list[TurnLine]] = {}
         """The turns of each cell, oldest first, keyed by the cell's first turn (cells in order of first run)."""
         self._seen: set[str] | None = None
-        first: dict[str, str] = {}
+        self._cell_of: dict[str, str] = {}
         for line in self.lines:  # a turn only supersedes an earlier one, so its cell is known already
             earlier = line.supersedes_turn_id
-            root = first.get(earlier, line.turn_id) if earlier else line.turn_id
-            first[line.turn_id] = root
+            root = self._cell_of.get(earlier, line.turn_id) if earlier else line.turn_id
+            self._cell_of[line.turn_id] = root
             self.cells.setdefault(root, []).append(line)
             if earlier:
                 self.superseded_by[earlier] = line.turn_id
@@ -83,8 +83,7 @@ class Lineage:
     def why_not_seen(self, turn_id: str) -> str | None:
         """Why a turn that is not forgotten is still out of the history, or ``None`` when it would be in it."""
         line = self.by_id[turn_id]
-        root = next(root for root, turns in self.cells.items() if line in turns)
-        turns = self.cells[root]
+        turns = self.cells[self._cell_of[turn_id]]
         if line.status == "running":
             return f"turn {turn_id} is still running"
         if not self._is_notebook_cell(turns):
