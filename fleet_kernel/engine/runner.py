@@ -26,6 +26,7 @@ from fleet_kernel.engine.budget import BudgetExceeded
 from fleet_kernel.engine.sink import EventHub, EventWriter, TurnEmitter, follow
 from fleet_kernel.errors import TurnDeadlineExceeded, ValidationError
 from fleet_kernel.events import Artifact, Event, TurnCancelledData, TurnCompleted, TurnFailed, TurnStarted
+from fleet_kernel.sandbox import contract as sandbox_contract
 from fleet_kernel.store import EndedTurn, Store, TurnRow
 from fleet_kernel.workspace import Workspace, guess_mime
 
@@ -110,6 +111,7 @@ class TurnRunner:
                 self._writer = EventWriter(self.store, self.hub, on_broken=self._events_lost)
                 self._end_interrupted(await self.store.reap_stale_turns())
                 self._supervisor = asyncio.get_running_loop().create_task(self._supervise(), name="fleet-heartbeat")
+                asyncio.get_running_loop().run_in_executor(None, sandbox_contract.prepare, self.settings)  # pool
         return self
 
     async def close(self) -> None:
