@@ -37,7 +37,7 @@ from fleet_api.server import spawn_sidecar  # noqa: E402
 from fleet_kernel.config import load_settings  # noqa: E402
 from fleet_kernel.engine import TurnRunner  # noqa: E402
 from fleet_kernel.engine.turn import FleetTask  # noqa: E402
-from fleet_kernel.sandbox import open_sandbox  # noqa: E402
+from fleet_kernel.sandbox import open_sandbox, pool  # noqa: E402
 from fleet_kernel.store import Store  # noqa: E402
 
 ITERATIONS = (1, 5, 20)
@@ -163,34 +163,74 @@ class Api:
 # ---------------------------------------------------------------------- tables
 
 
-def turns_table(raw: Raw, inproc: InProcess, api: Api, repeat: int) -> None:
-    rows = []
+def turns_table(raw: Raw, inproc: InProcess, apis: dict[str, Api], repeat: int) -> None:
+    columns = ["raw RLM", "in-process", *(f"API {name}" for name in apis)]
+    walls: dict[tuple[int, str], list[float]] = {}
+    firsts: dict[tuple[int, str], list[float]] = {}
     for n in ITERATIONS:
-        r, f, a, ff, af = [], [], [], [], []
-        for i in range(repeat):  # interleaved: the three columns share the load of each moment
-            r.append(raw.turn(n))
+        for i in range(repeat):  # interleaved: the columns share the load of each moment
+            walls.setdefault((n, columns[0]), []).append(raw.turn(n))
             wall, first = inproc.turn(n)
-            f.append(wall)
-            ff.append(first)
-            wall, first = api.run(lambda c, n=n, i=i: api.turn(c, n, f"api {n} {i}"))
-            a.append(wall)
-            af.append(first)
-        rows.append((n, ms(r), ms(f), ms(a), ms(ff), ms(af)))
-    print(f"\nTurns (median of {repeat}; load average {load()})\n")
-    print(f"{'iters':>5} | {'raw RLM (ms)':>12} | {'in-process (ms)':>15} | {'API, new session (ms)':>21} | "
-          f"{'first event in-proc / API (ms)':>30}")
-    print("-" * 96)
-    for n, r, f, a, ff, af in rows:
-        print(f"{n:>5} | {r:>12.1f} | {f:>15.1f} | {a:>21.1f} | {ff:>14.1f} / {af:<13.1f}")
+            walls.setdefault((n, columns[1]), []).append(wall)
+            firsts.setdefault((n, columns[1]), []).append(first)
+            for name, api in apis.items():
+                wall, first = api.run(lambda c, api=api, n=n, i=i, name=name: api.turn(c, n, f"api {name} {n} {i}"))
+                walls.setdefault((n, f"API {name}"), []).append(wall)
+                firsts.setdefault((n, f"API {name}"), []).append(first)
+    print(f"\nTurns, whole turn in ms (median of {repeat}; API: a new session per turn; load average {load()})\n")
+    print(f"{'iters':>5} | " + " | ".join(f"{c:>16}" for c in columns))
+    print("-" * (8 + 19 * len(columns)))
+    for n in ITERATIONS:
+        print(f"{n:>5} | " + " | ".join(f"{ms(walls[n, c]):>16.1f}" for c in columns))
+    print("\nfirst event, ms: " + ", ".join(f"{c} {ms(firsts[ITERATIONS[0], c]):.1f}" for c in columns[1:]))
     span = ITERATIONS[-1] - ITERATIONS[0]
-    slope = [(rows[-1][k] - rows[0][k]) / span for k in (1, 2, 3)]
-    print(f"\nper iteration: raw {slope[0]:.2f} ms, in-process {slope[1]:.2f} ms ({slope[1] / slope[0]:.2f}x), "
-          f"API {slope[2]:.2f} ms ({slope[2] / slope[0]:.2f}x)   target <= 1.3x, goal 1.2x")
-    print(f"1-iteration turn, new session through the API: {rows[0][3]:.1f} ms vs raw {rows[0][1]:.1f} ms "
-          f"({rows[0][3] / rows[0][1]:.2f}x)   target <= 1.3x")
+    slope = {c: (ms(walls[ITERATIONS[-1], c]) - ms(walls[ITERATIONS[0], c])) / span for c in columns}
+    base = slope[columns[0]]
+    print("per iteration (slope 1 -> 20), ms: " + ", ".join(
+        f"{c} {slope[c]:.2f}" + ("" if c == columns[0] else f" ({slope[c] / base:.2f}x)") for c in columns)
+        + "   target <= 1.3x, goal 1.2x")
+    one = ms(walls[ITERATIONS[0], columns[0]])
+    print("1-iteration turn vs raw: " + ", ".join(
+        f"{c} {ms(walls[ITERATIONS[0], c]) / one:.2f}x" for c in columns[1:]) + "   target <= 1.3x")
 
 
-def interpreter_table(settings, home: str, repeat: int) -> None:  # type: ignore[no-untyped-def]
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of a process and its descendants (stage, bubblewrap, the sandboxed Python)."""
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            status = Path(f"/proc/{current}/status").read_text()
+            total += int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(child) for child in (task / "children").read_text().split()]
+        except (OSError, StopIteration):
+            continue
+    return total / 1024
+
+
+def memory_table(settings) -> None:  # type: ignore[no-untyped-def]
+    """RSS of the pool's ready sandboxes, and of a sandbox bound to a session that is idle between steps."""
+    factory = open_sandbox(settings, Path(settings.home) / "memory-workspace")
+    try:
+        deadline = time.monotonic() + 60
+        while pool.POOL.ready() < settings.policy.sandbox.pool and time.monotonic() < deadline:
+            time.sleep(0.1)
+        ready = [tree_rss_mb(w._process.pid) for w in list(pool.POOL._ready) if w._process is not None]
+        interp = factory()
+        for i in range(5):
+            interp.execute(f"x_{i} = {i} * 2\nprint(x_{i})")
+        bound = tree_rss_mb(interp._session._worker._process.pid)
+        interp.shutdown()
+    finally:
+        factory.close()
+    print(f"\nMemory (RSS of stage + bubblewrap + sandboxed Python; pool size {settings.policy.sandbox.pool})")
+    print(f"  one ready sandbox in the pool: {statistics.median(ready):.1f} MB; the whole pool: {sum(ready):.1f} MB")
+    print(f"  a session's sandbox idle between steps (5 steps run): {bound:.1f} MB; a session with no turn "
+          "running holds no sandbox (0 MB)")
+
+
+def interpreter_table(settings, home: str, repeat: int, unpooled=None) -> None:  # type: ignore[no-untyped-def]
     """Cold start, per-execute latency, and per-execute cost of a 1 MB input variable over a small one."""
 
     def measure(make) -> tuple[list[float], list[float], list[float], list[float]]:  # type: ignore[no-untyped-def]
@@ -212,22 +252,30 @@ def interpreter_table(settings, home: str, repeat: int) -> None:  # type: ignore
         interp.shutdown()
         return cold, warm, small, big
 
-    fleet, raw = ([], [], [], []), ([], [], [], [])
+    fleet, cold_fleet, raw = ([], [], [], []), ([], [], [], []), ([], [], [], [])
     factory = open_sandbox(settings, Path(home) / "bench-workspace")
+    cold_factory = open_sandbox(unpooled, Path(home) / "bench-workspace") if unpooled is not None else None
     try:
         for _ in range(repeat):
+            time.sleep(1)  # the pool refills
             for into, part in zip(fleet, measure(factory), strict=True):
                 into.extend(part)
+            if cold_factory is not None:
+                for into, part in zip(cold_fleet, measure(cold_factory), strict=True):
+                    into.extend(part)
             for into, part in zip(raw, measure(dspy.LocalInterpreter), strict=True):
                 into.extend(part)
     finally:
         factory.close()
+        if cold_factory is not None:
+            cold_factory.close()
     print(f"\nSandbox (median; load average {load()})\n")
     print(f"{'interpreter':>24} | {'cold start (ms)':>15} | {'per execute (ms)':>16} | "
           f"{'1 MB input - small (ms/execute)':>31}")
     print("-" * 96)
-    for name, (cold, warm, small, big) in ((f"Fleet {settings.sandbox or 'local'}", fleet),
-                                           ("dspy.LocalInterpreter", raw)):
+    rows = [(f"Fleet {settings.sandbox or 'local'} pooled", fleet), ("Fleet local, no pool", cold_fleet),
+            ("dspy.LocalInterpreter", raw)]
+    for name, (cold, warm, small, big) in [row for row in rows if row[1][0]]:
         print(f"{name:>24} | {ms(cold):>15.1f} | {ms(warm):>16.2f} | {ms(big) - ms(small):>31.2f}")
     print("target: a 1 MB input adds < 0.5 ms per iteration (the same value re-sent by RLM every step)")
 
@@ -267,25 +315,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--skip-load", action="store_true", help="leave out the 8-concurrent-turns table")
+    parser.add_argument("--skip-unpooled", action="store_true", help="leave out the API column without a pool")
     args = parser.parse_args()
     home = tempfile.mkdtemp(prefix="fleet-bench-")
     with ScriptedLM() as server:
         env = {**os.environ, "FLEET_HOME": home, **server.env()}
         env.pop("FLEET_SANDBOX", None)
         settings = load_settings(env)
-        raw, inproc, api = Raw(server), InProcess(env, server), Api(env, server)
+        unpooled = Path(home) / "no-pool.toml"
+        unpooled.write_text("[sandbox]\npool_size = 0\n")
+        raw, inproc = Raw(server), InProcess(env, server)
+        api = Api(env, server)
+        apis = {"pooled": api}
+        if not args.skip_unpooled:
+            apis["no pool"] = Api({**env, "FLEET_CONFIG": str(unpooled)}, server)
         try:
             raw.turn(1)  # warm-ups: imports, connections, the sandbox probe
             inproc.turn(1)
-            api.run(lambda c: api.turn(c, 1, "warm-up"))
+            for each in apis.values():
+                each.run(lambda c, each=each: each.turn(c, 1, "warm-up"))
+            time.sleep(2)  # the pools fill
             print(f"Engine: Fleet ({settings.sandbox or 'local'} sandbox, store, events) vs raw dspy.RLM + "
                   f"LocalInterpreter; scripted OpenAI-compatible LM on loopback; {os.cpu_count()} cores")
-            turns_table(raw, inproc, api, args.repeat)
-            interpreter_table(settings, home, args.repeat)
+            turns_table(raw, inproc, apis, args.repeat)
+            interpreter_table(settings, home, args.repeat,
+                              None if args.skip_unpooled else load_settings({**env, "FLEET_CONFIG": str(unpooled)}))
+            memory_table(settings)
             if not args.skip_load:
                 load_table(raw, api, max(1, args.repeat // 2))
         finally:
-            api.close()
+            for each in apis.values():
+                each.close()
             inproc.close()
 
 

@@ -221,6 +221,13 @@ class PooledSession:
     def alive(self) -> bool:
         return self._worker is not None and self._worker.alive()
 
+    def __getattr__(self, name: str) -> Any:
+        """Anything else (the process, its cgroup) is the worker's."""
+        worker = self.__dict__.get("_worker")
+        if worker is None:
+            raise AttributeError(name)
+        return getattr(worker, name)
+
     def stop_if_idle(self, now: float, idle_s: float) -> None:
         """Stop the sandbox (copying its workspace back) when it has run no code for ``idle_s``."""
         with self._lock:
