@@ -9,6 +9,7 @@ With ``--api`` the server's pid is printed so ``py-spy record --pid`` can sample
 from __future__ import annotations
 
 import argparse
+import asyncio
 import collections
 import os
 import sys
@@ -44,6 +45,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--api", action="store_true")
+    parser.add_argument("--concurrent", type=int, default=1, help="with --api: turns at once, each in its session")
     parser.add_argument("--top", metavar="RAW_FILE")
     args = parser.parse_args()
     if args.top:
@@ -58,8 +60,9 @@ def main() -> None:
             api = Api(env, server)
             print(f"fleet serve pid {api.process.pid}", flush=True)
             try:
-                for i in range(args.turns):
-                    api.run(lambda c, i=i: api.turn(c, args.iterations, f"profile {i}"))
+                for i in range(0, args.turns, args.concurrent):
+                    api.run(lambda c, i=i: asyncio.gather(*(api.turn(c, args.iterations, f"profile {i + k}")
+                                                            for k in range(args.concurrent))))
             finally:
                 api.close()
         else:
