@@ -6,8 +6,9 @@ in. ``sessions(...)`` gives the interpreter a session that, when started, takes 
 same limits and has it adopt the turn's workspace (any session's, not only a new one's: the copy-in
 happens at adoption), else starts one cold. Either way the pool refills in the background.
 
-All workers are started by one long-lived daemon thread: bubblewrap's ``--die-with-parent`` ties a
-sandbox to the thread that forked its stage, so a short-lived thread would take its sandboxes with it.
+All workers are started by one long-lived daemon thread: a parent-death signal (``PR_SET_PDEATHSIG``,
+what bubblewrap's ``--die-with-parent`` sets) fires when the forking *thread* exits, so no sandbox may
+depend on a short-lived thread (a request's or an executor's) for its life.
 
 A sandbox bound to a session that runs no code for ``[sandbox] idle_stop_s`` is stopped (its workspace
 is copied back, as at the end of a turn); the next execution is told its variables are gone and the one
