@@ -182,3 +182,17 @@ def test_nothing_is_left_running_at_shutdown(tmp_path: Path) -> None:
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["ready"] == 2
     wait_for(lambda: not sandboxes_of(report["support"]), timeout_s=30)
+
+
+def test_ready_sandboxes_end_when_their_host_is_killed(tmp_path: Path) -> None:
+    script = SHUTDOWN_SCRIPT + "time.sleep(600)\n"
+    host = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert host.stdout is not None
+        report = json.loads(host.stdout.readline())
+        assert report["ready"] == 2 and sandboxes_of(report["support"])
+    finally:
+        host.kill()  # no exit hooks run: the stages see their adopt socket close
+        host.wait()
+    wait_for(lambda: not sandboxes_of(report["support"]), timeout_s=60)
