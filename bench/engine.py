@@ -287,8 +287,8 @@ def load_table(raw: Raw, api: Api, repeat: int) -> None:
     raw_rates, api_rates, firsts = [], [], []
     for r in range(repeat):
         walls: list[float] = []
-        threads = [threading.Thread(target=lambda i=i: walls.append(raw.turn(LOAD_ITERATIONS, f"load raw {r} {i}")))
-                   for i in range(LOAD_SESSIONS)]
+        threads = [threading.Thread(target=lambda i=i, r=r, walls=walls: walls.append(
+                       raw.turn(LOAD_ITERATIONS, f"load raw {r} {i}"))) for i in range(LOAD_SESSIONS)]
         began = time.perf_counter()
         for t in threads:
             t.start()

@@ -133,7 +133,7 @@ def prepare(settings: Settings) -> None:
         hook = getattr(get(choose(settings)), "prepare", None)
         if hook is not None:
             hook(settings)
-    except Exception:  # noqa: BLE001 - a turn reports a backend that cannot start; this is only a head start
+    except Exception:  # a turn reports a backend that cannot start; this is only a head start
         logger.exception("preparing the sandbox failed")
 
 
