@@ -36,8 +36,10 @@ from fleet_kernel.sandbox.contract import describe
 from fleet_kernel.workspace import LAYOUT
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from fleet_kernel.cancel import CancelToken
-    from fleet_kernel.sandbox.interpreter import SandboxFactory
+    from fleet_kernel.sandbox.interpreter import SandboxFactory, SandboxSession
 
 logger = logging.getLogger(__name__)
 
@@ -405,7 +407,7 @@ class LocalBackend:
             from fleet_kernel.sandbox import pool
 
             pool.POOL.configure(limits, limits.pool, limits.idle_stop_s)
-            new_session = functools.partial(pool.sessions, workspace, limits)
+            new_session: Callable[[], SandboxSession] = functools.partial(pool.sessions, workspace, limits)
         else:
             new_session = functools.partial(ProcessSession, workspace, limits, isolated=self.isolated)
         return SandboxFactory(
