@@ -28,6 +28,7 @@ from fleet_kernel.engine.choices import TurnChoices
 from fleet_kernel.engine.sink import EventHub, EventWriter, TurnEmitter, follow
 from fleet_kernel.errors import NotFoundError, TurnDeadlineExceeded, ValidationError
 from fleet_kernel.events import Artifact, Event, LMFinished, TurnCancelledData, TurnCompleted, TurnFailed, TurnStarted
+from fleet_kernel.sandbox import contract as sandbox_contract
 from fleet_kernel.skills import Catalogue, load_catalogue
 from fleet_kernel.store import AttachmentRow, EndedTurn, Store, TurnRow
 from fleet_kernel.workspace import Workspace, guess_mime
@@ -117,6 +118,7 @@ class TurnRunner:
                 self._writer = EventWriter(self.store, self.hub, on_broken=self._events_lost)
                 self._end_interrupted(await self.store.reap_stale_turns())
                 self._supervisor = asyncio.get_running_loop().create_task(self._supervise(), name="fleet-heartbeat")
+                asyncio.get_running_loop().run_in_executor(None, sandbox_contract.prepare, self.settings)  # pool
         return self
 
     async def close(self) -> None:
