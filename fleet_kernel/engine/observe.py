@@ -66,7 +66,8 @@ def strip_code(code: str) -> str:
     from dspy.predict.rlm import _strip_code_fences
 
     try:
-        return _strip_code_fences(code)
+        stripped: str = _strip_code_fences(code)
+        return stripped
     except SyntaxError:
         return code
 

@@ -55,7 +55,8 @@ class Export:
     def text(self) -> str:
         import nbformat  # slow to import; only exports need it
 
-        return nbformat.writes(self.notebook)
+        text: str = nbformat.writes(self.notebook)
+        return text
 
     def write(self, target: Path) -> Path:
         """Write to ``target``: a ``.ipynb`` file, or a folder that gets ``filename``. Returns the file."""

@@ -211,7 +211,7 @@ class KernelContext:
 def skip_unused_imports() -> None:
     """Make ``UNUSED_MODULES`` unimportable in this process (libraries that try them carry on without)."""
     for name in UNUSED_MODULES:
-        sys.modules.setdefault(name, None)  # type: ignore[assignment]
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
 
 
 async def load_off_loop(module: str) -> None:

@@ -297,7 +297,7 @@ class PlainLive(_Live):
 class WidgetLive(_Live):
     """The ipywidgets card, for frontends that render widgets."""
 
-    def __init__(self, pub: Publisher, view: TurnView, on_stop: Callable[[], None]) -> None:
+    def __init__(self, pub: Publisher, view: TurnView, on_stop: Callable[[], object]) -> None:
         super().__init__(pub, view)
         self._on_stop = on_stop
         self.card: Any = None
