@@ -21,14 +21,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-import dspy  # noqa: E402
-from scripted_lm import ScriptedLM, step  # noqa: E402
+import dspy
+from scripted_lm import ScriptedLM, step
 
-from fleet_kernel.config import load_settings  # noqa: E402
-from fleet_kernel.engine import TurnRunner  # noqa: E402
-from fleet_kernel.engine.turn import FleetTask  # noqa: E402
-from fleet_kernel.sandbox import open_sandbox  # noqa: E402
-from fleet_kernel.store import Store  # noqa: E402
+from fleet_kernel.config import load_settings
+from fleet_kernel.engine import TurnRunner
+from fleet_kernel.engine.turn import FleetTask
+from fleet_kernel.sandbox import open_sandbox
+from fleet_kernel.store import Store
 
 ITERATIONS = (1, 5, 20)
 

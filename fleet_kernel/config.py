@@ -11,9 +11,9 @@ import ipaddress
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator
@@ -286,7 +286,10 @@ DEFAULT_HOME = "~/.fleet"
 
 
 def home_dir(env: Mapping[str, str] | None = None) -> Path:
-    """``$FLEET_HOME``, else ``~/.fleet``: the store, workspaces and logs (the kernel logs there before settings load)."""
+    """``$FLEET_HOME``, else ``~/.fleet``: the store, workspaces and logs.
+
+    The kernel logs there before settings load.
+    """
     env = os.environ if env is None else env
     return Path(env.get("FLEET_HOME") or DEFAULT_HOME).expanduser().absolute()
 

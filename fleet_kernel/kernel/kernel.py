@@ -33,11 +33,12 @@ class FleetKernel(Kernel):
     implementation = spec.NAME
     implementation_version = __version__
     banner = (
-        f"{spec.DISPLAY_NAME} {__version__}: each cell is a turn; the model reasons, writes Python and runs it in a sandbox.\n"
+        f"{spec.DISPLAY_NAME} {__version__}: each cell is a turn; "
+        "the model reasons, writes Python and runs it in a sandbox.\n"
         "Type a task, or %fleet help for commands."
     )
     language_info = spec.LANGUAGE_INFO
-    help_links = [{"text": "DSPy RLM", "url": "https://dspy.ai/api/modules/RLM/"}]  # noqa: RUF012
+    help_links = [{"text": "DSPy RLM", "url": "https://dspy.ai/api/modules/RLM/"}]
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
