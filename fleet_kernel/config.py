@@ -151,7 +151,6 @@ ENV_VARS: dict[str, str] = {
     "FLEET_LM_RECORD": "lm_record",
     "FLEET_OUTPUT": "output",
 }
-SECRET_VARS = ("FLEET_LM_API_KEY", "FLEET_DAYTONA_API_KEY", "FLEET_API_TOKEN")
 _HOST_NAME = re.compile(r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*")
 
 
@@ -229,10 +228,6 @@ class Settings(BaseModel):
     @cached_property
     def workspaces_dir(self) -> Path:
         return self.home / "workspaces"
-
-    @cached_property
-    def blobs_dir(self) -> Path:
-        return self.home / "blobs"
 
     @cached_property
     def logs_dir(self) -> Path:

@@ -60,7 +60,7 @@ class Export:
 
     def write(self, target: Path) -> Path:
         """Write to ``target``: a ``.ipynb`` file, or a folder that gets ``filename``. Returns the file."""
-        import nbformat
+        import nbformat  # slow to import (~2 s); only exports need it
 
         if not target.name.endswith(".ipynb"):
             target = target / self.filename
