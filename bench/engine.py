@@ -30,8 +30,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-import dspy  # noqa: E402
-from scripted_lm import ScriptedLM, step  # noqa: E402
+import dspy
+from scripted_lm import ScriptedLM, step
 
 from fleet_api.server import spawn_sidecar  # noqa: E402
 from fleet_kernel.config import load_settings  # noqa: E402

@@ -59,7 +59,7 @@ def _warm_up(state: FleetState) -> None:
     first health check nor the first turn pays for it."""
     state.probe_sandbox()
     try:
-        import fleet_kernel.engine.turn  # noqa: F401
+        import fleet_kernel.engine.turn  # noqa: F401 - this is the warm-up: dspy loads here, off the request path
     except ImportError:
         log.warning("the engine cannot be imported; turns will fail", exc_info=True)
 

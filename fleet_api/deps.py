@@ -59,7 +59,7 @@ class FleetState:
 
 
 def get_state(request: Request) -> FleetState:
-    return request.app.state.fleet  # type: ignore[no-any-return]
+    return request.app.state.fleet
 
 
 State = Annotated[FleetState, Depends(get_state)]

@@ -48,7 +48,7 @@ def install_docs_redirect(app: FastAPI) -> None:
 
 
 def build_openapi() -> dict[str, Any]:
-    from fleet_api.app import create_app
+    from fleet_api.app import create_app  # the app imports this module
 
     settings = Settings(home=Path("/nonexistent"), database_url="sqlite+aiosqlite:///:memory:")
     return create_app(settings).openapi()

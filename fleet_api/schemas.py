@@ -162,10 +162,6 @@ class Artifact(BaseModel):
     created_at: str
 
 
-class ArtifactList(BaseModel):
-    artifacts: list[Artifact]
-
-
 class VolumeEntry(BaseModel):
     path: str = Field(..., description="relative to the workspace root")
     name: str

@@ -30,7 +30,7 @@ class CancelToken:
         self._lock = threading.RLock()
         self._set = threading.Event()
         self._cause: TurnCancelled | None = None
-        self._callbacks: list[Callable[[], None]] = []
+        self._callbacks: list[Callable[[], object]] = []
 
     def cancel(self, reason: str = "cancelled", kind: type[TurnCancelled] = TurnCancelled) -> bool:
         """Stop the turn for ``reason``; ``kind`` says how it ends (``BudgetExceeded``, ``TurnDeadlineExceeded``).
@@ -49,7 +49,7 @@ class CancelToken:
             self._run(callback)
         return True
 
-    def on_cancel(self, callback: Callable[[], None]) -> None:
+    def on_cancel(self, callback: Callable[[], object]) -> None:
         """Call ``callback`` once when the token is cancelled; at once if it already is."""
         with self._lock:
             if self._cause is None:
@@ -82,7 +82,7 @@ class CancelToken:
         return self._set.wait(timeout)
 
     @staticmethod
-    def _run(callback: Callable[[], None]) -> None:
+    def _run(callback: Callable[[], object]) -> None:
         try:
             callback()
         except Exception:  # noqa: BLE001 - one failing reaction must not keep the others from running

@@ -16,6 +16,7 @@ import click
 
 from fleet_kernel import __version__
 from fleet_kernel.errors import FleetError
+from fleet_kernel.kernel.install import install
 
 
 def friendly(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -47,8 +48,6 @@ def kernel() -> None:
 @friendly
 def kernel_install(where: str | None, prefix: str | None) -> None:
     """Install the "Fleet RLM" kernelspec so Jupyter can start it."""
-    from fleet_kernel.kernel.install import install
-
     if where and prefix:
         raise click.UsageError("--user, --sys-prefix and --prefix are exclusive")
     path = install(user=where == "user", sys_prefix=where == "sys-prefix", prefix=prefix)
@@ -64,6 +63,7 @@ def db() -> None:
 @friendly
 def db_upgrade() -> None:
     """Apply Alembic migrations to FLEET_DATABASE_URL."""
+    # the settings and the store (SQLAlchemy, ~1 s): only this command needs them
     from fleet_kernel.config import load_settings
     from fleet_kernel.store import migrate
 
@@ -81,7 +81,7 @@ def db_upgrade() -> None:
 @click.argument("target", required=False, type=click.Choice(["all", "lm", "sandbox", "store", "daytona"]), default="all")
 def doctor(target: str) -> None:
     """Check the LM, the sandbox and the store; say what is wrong and how to fix it."""
-    from fleet_kernel.doctor import run_checks
+    from fleet_kernel.doctor import run_checks  # the store and the checks: only this command needs them
 
     ok = asyncio.run(run_checks(target, echo=click.echo))
     sys.exit(0 if ok else 1)

@@ -11,9 +11,9 @@ import ipaddress
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator
@@ -158,7 +158,6 @@ ENV_VARS: dict[str, str] = {
     "FLEET_LM_RECORD": "lm_record",
     "FLEET_OUTPUT": "output",
 }
-SECRET_VARS = ("FLEET_LM_API_KEY", "FLEET_DAYTONA_API_KEY", "FLEET_API_TOKEN")
 _HOST_NAME = re.compile(r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*")
 
 
@@ -238,10 +237,6 @@ class Settings(BaseModel):
         return self.home / "workspaces"
 
     @cached_property
-    def blobs_dir(self) -> Path:
-        return self.home / "blobs"
-
-    @cached_property
     def logs_dir(self) -> Path:
         return self.home / "logs"
 
@@ -293,7 +288,10 @@ DEFAULT_HOME = "~/.fleet"
 
 
 def home_dir(env: Mapping[str, str] | None = None) -> Path:
-    """``$FLEET_HOME``, else ``~/.fleet``: the store, workspaces and logs (the kernel logs there before settings load)."""
+    """``$FLEET_HOME``, else ``~/.fleet``: the store, workspaces and logs.
+
+    The kernel logs there before settings load.
+    """
     env = os.environ if env is None else env
     return Path(env.get("FLEET_HOME") or DEFAULT_HOME).expanduser().absolute()
 

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from fleet_kernel.kernel import spec
+from fleet_kernel.kernel.install import install
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -32,11 +33,9 @@ class DemoError(Exception):
 
 def ensure_kernelspec() -> None:
     """Install the ``fleet`` kernelspec into this environment when Jupyter cannot find it."""
-    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.kernelspec import KernelSpecManager  # ~0.5 s: `fleet --help` does not pay it
 
     if KERNEL_NAME not in KernelSpecManager().find_kernel_specs():
-        from fleet_kernel.kernel.install import install
-
         install(sys_prefix=True)
 
 
@@ -47,6 +46,7 @@ def run_quickstart(out: Path, kernel_name: str = KERNEL_NAME, timeout: int = 600
         DemoError: a tool is missing or a cell failed (the partly executed notebook is still written).
     """
     try:
+        # the optional lab extra, and seconds to import
         import nbformat
         from nbclient import NotebookClient
         from nbclient.exceptions import CellExecutionError

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from fleet_kernel.config import Settings, load_settings
 from fleet_kernel.errors import FleetError
@@ -33,11 +36,7 @@ async def check_store(settings: Settings, echo: Echo) -> bool:
 
 async def check_sandbox(settings: Settings, echo: Echo) -> bool:
     """Start the configured sandbox and run one line of code in it."""
-    import asyncio
-    import tempfile
-    from pathlib import Path
-
-    from fleet_kernel.sandbox import choose, open_sandbox
+    from fleet_kernel.sandbox import choose, open_sandbox  # loads dspy: `fleet doctor store` does not
 
     name = await asyncio.to_thread(choose, settings)  # opening it below says what is wrong, with the fix
 
@@ -64,9 +63,7 @@ async def check_sandbox(settings: Settings, echo: Echo) -> bool:
 
 async def check_lm(settings: Settings, echo: Echo) -> bool:
     """Ask the configured model for one short completion."""
-    import asyncio
-
-    from fleet_kernel.engine.lm import build_lms, explain_lm_error
+    from fleet_kernel.engine.lm import build_lms, explain_lm_error  # loads dspy: `fleet doctor store` does not
 
     try:
         root, _ = build_lms(settings)
@@ -88,7 +85,7 @@ async def check_lm(settings: Settings, echo: Echo) -> bool:
 
 def check_cassette(path: str, echo: Echo) -> bool:
     """A replay model answers only what was recorded, so the doctor reads its cassette instead of asking it."""
-    from fleet_kernel.engine.replay import Cassette
+    from fleet_kernel.engine.replay import Cassette  # loads dspy: `fleet doctor store` does not
 
     try:
         cassette = Cassette.load(path)
@@ -106,7 +103,7 @@ def check_cassette(path: str, echo: Echo) -> bool:
 
 async def check_daytona(settings: Settings, echo: Echo) -> bool:
     try:
-        from fleet_kernel.sandbox.daytona import check_daytona as probe
+        from fleet_kernel.sandbox.daytona import check_daytona as probe  # the optional daytona extra
     except ImportError as exc:
         return _line(echo, False, "daytona", f"the Daytona backend is unavailable: {exc}")
     return bool(await probe(settings, echo))

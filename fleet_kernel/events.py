@@ -11,7 +11,7 @@ to terminals and ``text/plain`` outputs, where control sequences would act on th
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict
 
@@ -236,7 +236,10 @@ EVENT_CLASSES: tuple[type[EventData], ...] = (
 EVENT_TYPES: dict[str, type[EventData]] = {cls.type: cls for cls in EVENT_CLASSES}
 TERMINAL_CLASSES: tuple[type[EventData], ...] = (TurnCompleted, TurnFailed, TurnCancelledData)
 TERMINAL_TYPES = frozenset(cls.type for cls in TERMINAL_CLASSES)
-EventType = Literal[tuple(EVENT_TYPES)]  # type: ignore[valid-type]
+if TYPE_CHECKING:
+    EventType = str  # the checker cannot read a Literal built at run time
+else:
+    EventType = Literal[tuple(EVENT_TYPES)]
 
 ROOT_AGENT = "root"
 

@@ -182,10 +182,10 @@ class TurnView:
                 self.tokens += d.usage.prompt_tokens + d.usage.completion_tokens
                 self.cost_usd += d.cost_usd or 0.0
             case ToolStarted() as d:
-                it = self._latest(agent)
-                if it is not None:
-                    it.tools.append(f"{d.name}({d.args_preview})")
-                return it
+                latest = self._latest(agent)
+                if latest is not None:
+                    latest.tools.append(f"{d.name}({d.args_preview})")
+                return latest
             case ToolFinished():
                 pass
             case AgentStarted() as d:

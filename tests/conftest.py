@@ -12,9 +12,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from scripted_lm import ScriptedLM  # noqa: E402
+from scripted_lm import ScriptedLM
 
-from fleet_kernel.config import Settings, load_settings  # noqa: E402
+from fleet_kernel.config import Settings, load_settings
 
 # No test may reach a real provider or read the developer's own configuration.
 # FLEET_TEST_DATABASE_URL is the tests' own setting (the PostgreSQL pass), not Fleet's.

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 Step = dict[str, Any]
@@ -34,7 +35,7 @@ def step(reasoning: str, code: str) -> Step:
 
 def chat_adapter_text(fields: dict[str, Any]) -> str:
     parts = [f"[[ ## {name} ## ]]\n{value}" for name, value in fields.items()]
-    return "\n\n".join(parts + ["[[ ## completed ## ]]"])
+    return "\n\n".join([*parts, "[[ ## completed ## ]]"])
 
 
 def _echo(prompt: str) -> str:
@@ -217,7 +218,7 @@ class _ClientLeft(Exception):
 
 def main(argv: list[str]) -> None:
     """Serve a script from a JSON file (``{"scripts": {...}, "default": ...}``) until killed."""
-    spec = json.loads(open(argv[0]).read()) if argv else {}
+    spec = json.loads(Path(argv[0]).read_text()) if argv else {}
     lm = ScriptedLM(spec.get("scripts"), default=spec.get("default")).start()
     print(lm.base_url, flush=True)
     threading.Event().wait()

@@ -100,7 +100,7 @@ import litellm
 litellm.model_cost
 fleet_kernel.config.load_settings({"FLEET_HOME": %r})
 print("offline ok")
-""" % str(tmp_path)
+""" % str(tmp_path)  # noqa: UP031 - the snippet has f-strings of its own
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "offline ok" in result.stdout

@@ -50,7 +50,7 @@ def test_vocabulary_is_the_documented_one() -> None:
         "lm.finished", "tool.started", "tool.finished", "agent.started", "agent.finished", "artifact",
         "turn.completed", "turn.failed", "turn.cancelled",
     }  # fmt: skip
-    assert TERMINAL_TYPES == {"turn.completed", "turn.failed", "turn.cancelled"}
+    assert {"turn.completed", "turn.failed", "turn.cancelled"} == TERMINAL_TYPES
 
 
 def test_every_type_is_documented_in_docs() -> None:

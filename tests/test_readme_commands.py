@@ -19,7 +19,6 @@ from typing import Any
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-
 ROOT = Path(__file__).resolve().parents[1]
 SHELL_BUILTINS = {"source", "export", "cd"}
 

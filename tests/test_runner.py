@@ -319,7 +319,7 @@ async def test_two_processes_reaping_one_turn_end_it_once(make_runner, store: St
         session = await store.create_session()
         old = await _abandon(store, session.session_id, seqs=1)
         rounds = await asyncio.gather(*(r.reap() for r in (runner, other) * 3))
-        assert [t.turn_id for t in sum(rounds, [])] == [old]
+        assert [t.turn_id for t in (t for turns in rounds for t in turns)] == [old]
         await other.close()  # its writer has committed what it was given
         followed = await asyncio.wait_for(_read_all(runner.follow(old)), 10)  # up to the terminal event
         assert [(e.seq, e.type) for e in followed] == [(1, "output"), (2, "turn.failed")]

@@ -174,8 +174,10 @@ async def test_three_processes_write_at_once_without_locks_or_loss(store: Store,
     procs = [
         subprocess.Popen(
             [sys.executable, str(script), store.url, t.session_id, t.turn_id, str(count)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for t in turns
     ]
     for proc in procs:

@@ -26,5 +26,5 @@ async def cancel_run(run_id: str, state: State) -> JSONResponse:
     # The store record reaches the owning process within a heartbeat; when that is us, act at once.
     if outcome == "requested":
         state.runner.cancel(row.turn_id, REASON)
-    body = Cancellation(run_id=row.run_id, state=outcome, turn_id=row.turn_id)  # type: ignore[arg-type]
+    body = Cancellation(run_id=row.run_id, state=outcome, turn_id=row.turn_id)
     return JSONResponse(body.model_dump(), status_code=202)

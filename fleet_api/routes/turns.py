@@ -131,7 +131,7 @@ async def start_turn(
             turn_id=turn.turn_id,
             run_id=turn.run_id,
             session_id=session_id,
-            status=turn.status,  # type: ignore[arg-type]
+            status=turn.status,
             created=handle.created,
         )
         return JSONResponse(

@@ -162,7 +162,7 @@ def result_type(schema: dict[str, Any]) -> type:
     dspy.RLM parses each SUBMITted field with pydantic; a value this type rejects goes back to the model
     as a ``[Type Error]`` it can fix in its next step. The prompt shows the user's schema as the field's.
     """
-    from jsonschema import Draft202012Validator, FormatChecker
+    from jsonschema import Draft202012Validator, FormatChecker  # seconds to import: only for turns with a schema
 
     validator = Draft202012Validator(schema, format_checker=FormatChecker())
 

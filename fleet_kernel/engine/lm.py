@@ -92,7 +92,7 @@ class MeteredLM(dspy.LM):
 
 def _make_lm(model: str, settings: Settings, max_tokens: int) -> dspy.LM:
     if model.startswith("replay/"):
-        from fleet_kernel.engine.replay import replay_lm
+        from fleet_kernel.engine.replay import replay_lm  # replay imports this module (MeteredLM)
 
         return with_max_tokens(replay_lm(model.removeprefix("replay/")), max_tokens)
     kwargs: dict[str, Any] = {"cache": False, "num_retries": 2, "max_tokens": max_tokens}
@@ -109,7 +109,7 @@ def _make_lm(model: str, settings: Settings, max_tokens: int) -> dspy.LM:
             code="lm_configuration",
         ) from exc
     if settings.lm_record:
-        from fleet_kernel.engine.replay import recording
+        from fleet_kernel.engine.replay import recording  # replay imports this module (MeteredLM)
 
         return with_max_tokens(recording(lm, settings.lm_record), max_tokens)
     return lm

@@ -11,10 +11,11 @@ import itertools
 import threading
 import time
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import dspy
+from dspy.predict.rlm import _strip_code_fences
 from dspy.primitives.code_interpreter import CodeExecutionError
 from dspy.utils.callback import BaseCallback
 
@@ -50,7 +51,6 @@ class AgentFrame:
     max_iters: int
     iteration: int = 0
     pending_execution: bool = False
-    execution_started: dict[str, float] = field(default_factory=dict)
 
 
 _current_agent: ContextVar[AgentFrame | None] = ContextVar("fleet_current_agent", default=None)
@@ -63,10 +63,9 @@ def preview(value: Any, limit: int = PREVIEW_CHARS) -> str:
 
 def strip_code(code: str) -> str:
     """The code as dspy.RLM will run it (fences removed)."""
-    from dspy.predict.rlm import _strip_code_fences
-
     try:
-        return _strip_code_fences(code)
+        stripped: str = _strip_code_fences(code)
+        return stripped
     except SyntaxError:
         return code
 

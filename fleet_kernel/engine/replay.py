@@ -132,7 +132,8 @@ class Cassette:
 
     @property
     def exchanges(self) -> list[dict[str, Any]]:
-        return self.data["exchanges"]
+        exchanges: list[dict[str, Any]] = self.data["exchanges"]
+        return exchanges
 
     def append(self, messages: list[dict[str, str]], text: str, usage: dict[str, int], cost: float | None) -> None:
         entry = {

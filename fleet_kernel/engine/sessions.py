@@ -55,11 +55,12 @@ class Export:
     def text(self) -> str:
         import nbformat  # slow to import; only exports need it
 
-        return nbformat.writes(self.notebook)
+        text: str = nbformat.writes(self.notebook)
+        return text
 
     def write(self, target: Path) -> Path:
         """Write to ``target``: a ``.ipynb`` file, or a folder that gets ``filename``. Returns the file."""
-        import nbformat
+        import nbformat  # slow to import (~2 s); only exports need it
 
         if not target.name.endswith(".ipynb"):
             target = target / self.filename

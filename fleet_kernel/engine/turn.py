@@ -150,7 +150,7 @@ def turn_signature(job: TurnJob) -> type[dspy.Signature]:
              files_prompt(choices.files)]
     if choices.output_schema is not None:
         parts.append(schema_prompt(choices.output_schema))
-    signature = FleetTask.with_instructions("\n\n".join(p for p in parts if p))
+    signature: type[Any] = FleetTask.with_instructions("\n\n".join(p for p in parts if p))
     if choices.output_schema is not None:
         desc = "the structured result, a dict that satisfies the output schema"
         signature = signature.append("result", dspy.OutputField(desc=desc), type_=result_type(choices.output_schema))

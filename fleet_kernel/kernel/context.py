@@ -203,15 +203,11 @@ class KernelContext:
             return "text"
         return "widgets" if self.widgets_seen else "plain"
 
-    def workspace_root(self) -> Path:
-        assert self.session_id is not None
-        return self.settings.workspaces_dir / self.session_id
-
 
 def skip_unused_imports() -> None:
     """Make ``UNUSED_MODULES`` unimportable in this process (libraries that try them carry on without)."""
     for name in UNUSED_MODULES:
-        sys.modules.setdefault(name, None)  # type: ignore[assignment]
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
 
 
 async def load_off_loop(module: str) -> None:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from fleet_kernel.errors import NotFoundError
 from fleet_kernel.events import ROOT_AGENT, Event
 from fleet_kernel.render import error_line, fence, head_html, iteration_note
 from fleet_kernel.transcript import error_content, image_bundle, inline_images, transcript_bundle
@@ -275,7 +276,7 @@ class PlainLive(_Live):
         return {"text/plain": text, "text/html": body}
 
     def _status_bundle(self) -> dict[str, str]:
-        from fleet_kernel.kernel.widgets import status_line
+        from fleet_kernel.kernel.widgets import status_line  # widgets load ipywidgets (~0.3 s)
 
         line = status_line(self.view, self.started)
         return {"text/plain": f"Fleet · {line}", "text/html": f"<p><b>Fleet</b> · {html.escape(line)}</p>"}
@@ -297,14 +298,14 @@ class PlainLive(_Live):
 class WidgetLive(_Live):
     """The ipywidgets card, for frontends that render widgets."""
 
-    def __init__(self, pub: Publisher, view: TurnView, on_stop: Callable[[], None]) -> None:
+    def __init__(self, pub: Publisher, view: TurnView, on_stop: Callable[[], object]) -> None:
         super().__init__(pub, view)
         self._on_stop = on_stop
         self.card: Any = None
 
     def flush(self) -> None:
         if self.card is None:
-            from fleet_kernel.kernel.widgets import TurnCard
+            from fleet_kernel.kernel.widgets import TurnCard  # widgets load ipywidgets (~0.3 s)
 
             self.card = TurnCard(self.view, self._on_stop)
             self.card.sync()
@@ -322,8 +323,6 @@ async def finish_turn(
     pub: Publisher, store: Store, view: TurnView, execution_count: int, *, text_mode: bool
 ) -> dict[str, Any] | None:
     """Replace the live view with the record: images, then one ``execute_result``; returns the error, if any."""
-    from fleet_kernel.errors import NotFoundError
-
     if not text_mode:
         pub.clear()
     for art in inline_images(view):

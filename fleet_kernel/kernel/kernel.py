@@ -14,10 +14,12 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import comm
 from ipykernel.kernelbase import Kernel
 
 from fleet_kernel import __version__
 from fleet_kernel.cancel import CancelToken
+from fleet_kernel.errors import FleetError
 from fleet_kernel.kernel import commands, spec
 from fleet_kernel.kernel.context import KernelContext, load_off_loop, route_output_to_log, skip_unused_imports
 
@@ -33,11 +35,12 @@ class FleetKernel(Kernel):
     implementation = spec.NAME
     implementation_version = __version__
     banner = (
-        f"{spec.DISPLAY_NAME} {__version__}: each cell is a turn; the model reasons, writes Python and runs it in a sandbox.\n"
+        f"{spec.DISPLAY_NAME} {__version__}: each cell is a turn; "
+        "the model reasons, writes Python and runs it in a sandbox.\n"
         "Type a task, or %fleet help for commands."
     )
     language_info = spec.LANGUAGE_INFO
-    help_links = [{"text": "DSPy RLM", "url": "https://dspy.ai/api/modules/RLM/"}]  # noqa: RUF012
+    help_links = [{"text": "DSPy RLM", "url": "https://dspy.ai/api/modules/RLM/"}]
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -53,8 +56,6 @@ class FleetKernel(Kernel):
 
     def _wire_comms(self) -> None:
         """Route frontend comm messages (widget state, the Stop button) to the comm manager."""
-        import comm
-
         self.comm_manager = comm.get_comm_manager()
         for msg_type in ("comm_msg", "comm_close"):
             self.shell_handlers[msg_type] = getattr(self.comm_manager, msg_type)
@@ -68,7 +69,7 @@ class FleetKernel(Kernel):
 
     def _register_widget_target(self) -> None:
         try:
-            import ipywidgets
+            import ipywidgets  # ~0.3 s: loaded once the kernel is up, not while it starts
 
             ipywidgets.register_comm_target()
         except Exception:
@@ -146,7 +147,7 @@ class FleetKernel(Kernel):
             return self._fail(parent, *_describe(exc, self.log_path))
 
     async def _commands(self, text: str, parent: dict[str, Any], silent: bool) -> dict[str, Any]:
-        from fleet_kernel.kernel.display import Publisher
+        from fleet_kernel.kernel.display import Publisher  # the renderers: ~0.4 s the kernel's start-up skips
 
         lines = [line for line in text.splitlines() if line.strip()]
         if not all(commands.is_command(line) for line in lines):
@@ -167,6 +168,7 @@ class FleetKernel(Kernel):
 
     async def _turn(self, task: str, parent: dict[str, Any], cell_id: str | None) -> dict[str, Any]:
         """Run a task as a turn; a cell run again (the frontend's ``cellId``) supersedes its earlier turn."""
+        # the renderers and the view: ~0.4 s the kernel's start-up skips
         from fleet_kernel.kernel.display import PlainLive, Publisher, TextLive, WidgetLive, finish_turn
         from fleet_kernel.view import TurnView
 
@@ -251,7 +253,7 @@ class FleetKernel(Kernel):
         pattern: str | None = None,
         unique: bool = False,
     ) -> dict[str, Any]:
-        from fleet_kernel.kernel.history import history
+        from fleet_kernel.kernel.history import history  # reads the store: SQLAlchemy, ~1 s
 
         if not self._executed and hist_access_type == "tail" and (n or 0) >= TERMINAL_HISTORY_N:
             # jupyter console loads 1000 entries of up-arrow history at start; JupyterLab asks for 10.
@@ -292,8 +294,6 @@ class FleetKernel(Kernel):
 
 def _describe(exc: Exception, log_path: Path) -> tuple[str, str]:
     """``(ename, evalue)`` for an error raised outside the turn: Fleet errors by name, others logged."""
-    from fleet_kernel.errors import FleetError
-
     if isinstance(exc, FleetError):
         return type(exc).__name__, exc.message
     log.error("unexpected kernel error", exc_info=exc)

@@ -9,7 +9,7 @@ from typing import Any
 
 NAME = "fleet"
 DISPLAY_NAME = "Fleet RLM"
-LANGUAGE_INFO: dict[str, str] = {
+LANGUAGE_INFO: dict[str, object] = {
     "name": "markdown",
     "mimetype": "text/markdown",
     "file_extension": ".md",

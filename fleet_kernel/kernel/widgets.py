@@ -115,7 +115,7 @@ def status_line(view: TurnView, started: float) -> str:
 class TurnCard:
     """The widget tree of one running turn."""
 
-    def __init__(self, view: TurnView, on_stop: Callable[[], None]) -> None:
+    def __init__(self, view: TurnView, on_stop: Callable[[], object]) -> None:
         self.view = view
         self.started = time.monotonic()
         self.shared = _Shared()
@@ -135,7 +135,7 @@ class TurnCard:
             [w.HBox([self.status, self.stop], layout=self.shared.layout), self.body], layout=self.shared.layout
         )
 
-    def _stop(self, on_stop: Callable[[], None]) -> None:
+    def _stop(self, on_stop: Callable[[], object]) -> None:
         self.stop.disabled = True
         self.stop.description = "Stopping"
         on_stop()

@@ -48,7 +48,7 @@ _CLONE_NEW_FLAGS = (0x00000080, 0x00020000, 0x02000000, 0x04000000, 0x08000000, 
 def seccomp_program() -> bytes | None:
     """The BPF program for ``bwrap --seccomp``, or None when libseccomp is unavailable (logged)."""
     try:
-        import pyseccomp as sc
+        import pyseccomp as sc  # needs libseccomp.so, which may be missing: a logged fallback, not an import error
     except Exception as exc:  # ImportError, or RuntimeError when libseccomp.so is missing
         logger.warning("seccomp filter disabled (%s); install libseccomp2 and pyseccomp", exc)
         return None

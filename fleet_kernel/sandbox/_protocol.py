@@ -152,7 +152,7 @@ class PipeSession:
             raise SessionClosed(self._death_reason())
         if isinstance(item, ProtocolError):
             raise item
-        return item  # type: ignore[no-any-return]
+        return item
 
     def interrupt(self) -> None:
         with contextlib.suppress(SessionClosed):

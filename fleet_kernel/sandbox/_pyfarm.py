@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -141,7 +142,7 @@ def _sweep(base: Path, keep: str) -> None:
             else:
                 ages.append((entry.lstat().st_mtime, entry))
     ages.sort()
-    for (_, entry), (superseded, _) in zip(ages, ages[1:]):
+    for (_, entry), (superseded, _) in itertools.pairwise(ages):
         if entry.name != keep and now - superseded > STALE_S:
             shutil.rmtree(entry, ignore_errors=True)
 

@@ -149,13 +149,13 @@ def describe(runtime: str, *, exec_timeout_s: float, root: str = "/workspace", m
     return " ".join(part for part in (
         f"{runtime}.",
         "State persists between steps: variables, imports and functions defined earlier are still there.",
-        (f"The working directory is {root}: the user's uploaded files are in {root}/{FILES_DIR}, save files for the "
-         f"user in {root}/{ARTIFACTS_DIR}, and {root}/{MEMORY_FILE} holds notes kept across the turns of this "
-         "session (read it at the start, append what is worth remembering)."),
+        (f"The working directory is {root}: the user's uploaded files are in {root}/{FILES_DIR}, "
+         f"save files for the user in {root}/{ARTIFACTS_DIR}, and {root}/{MEMORY_FILE} holds notes kept "
+         "across the turns of this session (read it at the start, append what is worth remembering)."),
         notes,
-        ("Use print() to see results: you only see what is printed (long output is truncated) and the value of a "
-         "final bare expression."),
-        (f"Each step may run at most {exec_timeout_s:g} s{memory}; a step that times out is interrupted but keeps "
-         "its variables."),
+        ("Use print() to see results: you only see what is printed (long output is truncated) "
+         "and the value of a final bare expression."),
+        (f"Each step may run at most {exec_timeout_s:g} s{memory}; a step that times out is interrupted "
+         "but keeps its variables."),
         "When done, call SUBMIT(...) with the output fields, positionally or by name.",
     ) if part)

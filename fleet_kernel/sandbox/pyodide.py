@@ -53,7 +53,7 @@ MAX_DENIED_LINKS = 5000  # symbolic links in one workspace, each denied on Deno'
 def find_deno() -> str | None:
     """The Deno binary: the ``deno`` wheel's, else one on PATH."""
     try:
-        from deno import find_deno_bin
+        from deno import find_deno_bin  # the optional pyodide extra
 
         return str(find_deno_bin())
     except (ImportError, FileNotFoundError):
@@ -214,6 +214,7 @@ class PyodideSession(PipeSession):
         """On Linux: a cgroup for memory (when writable) and CPU/file-size rlimits; never RLIMIT_AS (V8 needs it)."""
         if not sys.platform.startswith("linux"):
             return [], None
+        # Linux only (setrlimit, seccomp): elsewhere Deno runs with its own permissions alone
         import resource
 
         from fleet_kernel.sandbox import _confine

@@ -261,7 +261,3 @@ def load_catalogue(home: Path, cwd: Path | None = None) -> Catalogue:
 def load_skills() -> tuple[Skill, ...]:
     """Every bundled card, sorted by name."""
     return tuple(sorted(_bundled(), key=lambda s: s.name))
-
-
-def get_skill(name: str) -> Skill | None:
-    return next((s for s in load_skills() if s.name == name), None)

@@ -132,7 +132,7 @@ class EventStore(Database):
 def _event(row: EventRow) -> Event:
     return Event(
         seq=row.seq,
-        type=row.type,  # type: ignore[arg-type]
+        type=row.type,
         session_id=row.session_id,
         turn_id=row.turn_id,
         agent_id=row.agent_id,

@@ -13,8 +13,6 @@ from typing import Any
 from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, LargeBinary, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-TURN_STATUSES = ("running", "completed", "failed", "cancelled", "interrupted")
-
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:20]}"

@@ -1,14 +1,13 @@
 """initial store
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-11-30 09:12:13.709881
 """
 from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
-
 
 revision = '0001'
 down_revision = None

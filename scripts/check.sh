@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The static gate, run before the tests: lint, formatting and types (their rules are in pyproject.toml).
+# Runs every check and fails if any did, so one run shows everything to fix.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+failed=()
+"$PY" -m ruff check . || failed+=("ruff check")
+"$PY" -m ruff format --check . || failed+=("ruff format --check (fix: ruff format .)")
+"$PY" -m mypy || failed+=("mypy")
+if ((${#failed[@]})); then
+  printf 'static gate failed: %s\n' "${failed[@]}" >&2
+  exit 1
+fi
+echo "static gate passed"
