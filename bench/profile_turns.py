@@ -51,7 +51,7 @@ def main() -> None:
     if args.top:
         top(args.top)
         return
-    from engine import Api, InProcess, ScriptedLM  # noqa: PLC0415 - bench/engine.py imports dspy
+    from engine import Api, InProcess, ScriptedLM
 
     home = tempfile.mkdtemp(prefix="fleet-profile-")
     with ScriptedLM() as server:

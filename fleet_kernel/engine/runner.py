@@ -245,7 +245,7 @@ class TurnRunner:
         except Exception as exc:  # noqa: BLE001 - the turn is claimed: it fails, with a reason, instead
             log.exception("turn %s: placing its files failed", turn.turn_id)
             setup_error = {"type": "attachment_error", "message": f"the turn's files could not be placed: {exc}"}
-        limits = settings.limits
+        effective = settings.limits
         emitter.emit(
             TurnStarted(
                 task=task,
@@ -253,12 +253,12 @@ class TurnRunner:
                 model=self.settings.lm_model,
                 sandbox=sandbox,
                 limits={
-                    "max_iters": limits.max_iters,
-                    "max_llm_calls": limits.max_llm_calls,
-                    "timeout_s": limits.turn_timeout_s,
-                    "exec_timeout_s": limits.exec_timeout_s,
-                    "max_turn_tokens": limits.max_turn_tokens,
-                    "max_turn_cost_usd": limits.max_turn_cost_usd,
+                    "max_iters": effective.max_iters,
+                    "max_llm_calls": effective.max_llm_calls,
+                    "timeout_s": effective.turn_timeout_s,
+                    "exec_timeout_s": effective.exec_timeout_s,
+                    "max_turn_tokens": effective.max_turn_tokens,
+                    "max_turn_cost_usd": effective.max_turn_cost_usd,
                     "max_tokens": settings.policy.lm.max_tokens,
                     "sub_max_tokens": settings.policy.lm.sub_cap,
                 },
@@ -409,7 +409,7 @@ class TurnRunner:
         def work() -> None:
             try:
                 outcome = run_turn(job)
-                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(outcome))
+                loop.call_soon_threadsafe(_settle, done, outcome)
             finally:
                 job.end()  # after the outcome is on its way, so the end is never taken for a cancellation
 
@@ -417,13 +417,14 @@ class TurnRunner:
             # A used-up budget is noticed on the turn's own threads, which then unwind: no hurry for them.
             if not isinstance(running.cancel.error(), BudgetExceeded):
                 with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
-                    loop.call_soon_threadsafe(lambda: cancelled.done() or cancelled.set_result(None))
+                    loop.call_soon_threadsafe(_settle, cancelled, None)
 
         running.cancel.on_cancel(wake)
         context = contextvars.Context()  # a clean context: nothing of the caller's leaks into the turn
         threading.Thread(target=context.run, args=(work,), name=f"fleet-{running.turn.turn_id}", daemon=True).start()
         timeout = job.settings.limits.turn_timeout_s
-        await asyncio.wait({done, cancelled}, timeout=timeout, return_when="FIRST_COMPLETED")
+        waiters: set[asyncio.Future[Any]] = {done, cancelled}
+        await asyncio.wait(waiters, timeout=timeout, return_when="FIRST_COMPLETED")
         if done.done():
             return done.result()
         running.cancel.cancel(  # a no-op when something else stopped the turn first
@@ -449,7 +450,7 @@ class TurnRunner:
         storage = self.settings.policy.storage
         max_bytes = int(storage.max_artifact_mb * 1024 * 1024)
         grace = time.monotonic() + CANCEL_GRACE_S
-        deadline = grace if cancelled else max(running.started + self.settings.limits.turn_timeout_s, grace)
+        deadline = grace if cancelled else max(running.started + running.settings.limits.turn_timeout_s, grace)
 
         def should_stop() -> bool:
             return time.monotonic() > deadline
@@ -538,3 +539,9 @@ def format_history(turns: list[TurnRow], max_chars: int) -> str:
     if len(text) > max_chars:
         text = "... (older turns omitted)\n" + text[-max_chars:]
     return text
+
+
+def _settle(future: asyncio.Future[Any], value: Any) -> None:
+    """Set a future's result unless it has one already (called on the loop, from the turn's thread)."""
+    if not future.done():
+        future.set_result(value)

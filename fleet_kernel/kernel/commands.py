@@ -228,8 +228,8 @@ class Sidecar:
 
 
 async def cmd_serve(ctx: KernelContext, args: list[str]) -> Reply:
-    from fleet_kernel.kernel.sidecar import spawn_sidecar
     from fleet_kernel.errors import FleetError
+    from fleet_kernel.kernel.sidecar import spawn_sidecar
 
     settings = ctx.settings
     port = int(args[0]) if args and args[0].isdigit() else settings.policy.kernel.api_port

@@ -165,7 +165,7 @@ def bwrap_argv(limits: SandboxLimits, command: list[str], *, seccomp_fd: int | N
         argv.append("--disable-userns")
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
-    return argv + ["--", *command]
+    return [*argv, "--", *command]
 
 
 def sandbox_argv(workspace: Path | None, limits: SandboxLimits, command: list[str], *, seccomp_fd: int | None,

@@ -17,8 +17,20 @@ from fleet_kernel.store.models import ArtifactRow, AttachmentRow, SessionRow, Tu
 from fleet_kernel.store.turns import HUNG_AFTER, LEASE, PROCESS_OWNER, Claim, EndedTurn, TurnStore
 
 __all__ = [
-    "Store", "Claim", "EndedTurn", "SessionRow", "TurnRow", "AttachmentRow", "ArtifactRow",
-    "new_id", "utcnow", "describe_write_error", "PROCESS_OWNER", "LEASE", "HUNG_AFTER", "EVENTS_CHANNEL",
+    "EVENTS_CHANNEL",
+    "HUNG_AFTER",
+    "LEASE",
+    "PROCESS_OWNER",
+    "ArtifactRow",
+    "AttachmentRow",
+    "Claim",
+    "EndedTurn",
+    "SessionRow",
+    "Store",
+    "TurnRow",
+    "describe_write_error",
+    "new_id",
+    "utcnow",
 ]  # fmt: skip
 
 
