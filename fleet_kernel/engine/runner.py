@@ -24,6 +24,7 @@ from fleet_kernel.engine.sink import EventHub, EventWriter, TurnEmitter, follow
 from fleet_kernel.errors import ValidationError
 from fleet_kernel.events import Artifact, Event, TurnCancelledData, TurnCompleted, TurnFailed, TurnStarted
 from fleet_kernel.store import Store, TurnRow
+from fleet_kernel.telemetry import Telemetry
 from fleet_kernel.workspace import Workspace, guess_mime
 
 if TYPE_CHECKING:
@@ -102,7 +103,8 @@ class TurnRunner:
         """Start the event writer and the heartbeat, and mark turns left by dead processes interrupted."""
         async with self._started:
             if self._writer is None:
-                self._writer = EventWriter(self.store, self.hub, on_broken=self._events_lost)
+                telemetry = Telemetry(self.settings)
+                self._writer = EventWriter(self.store, self.hub, on_broken=self._events_lost, telemetry=telemetry)
                 await self.store.reap_stale_turns()
                 self._supervisor = asyncio.get_running_loop().create_task(self._supervise(), name="fleet-heartbeat")
         return self
