@@ -12,6 +12,7 @@ import click
 
 from fleet_kernel import __version__
 from fleet_kernel.errors import FleetError
+from fleet_kernel.telemetry.export import trace
 
 
 def _friendly(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -99,6 +100,8 @@ def doctor(target: str) -> None:
     ok = asyncio.run(run_checks(target, echo=click.echo))
     sys.exit(0 if ok else 1)
 
+
+main.add_command(trace)
 
 if __name__ == "__main__":
     main()

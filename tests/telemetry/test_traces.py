@@ -3,9 +3,13 @@ loopback collector that decodes what arrives with opentelemetry-proto."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -181,3 +185,40 @@ async def test_an_unreachable_or_slow_collector_never_touches_the_turn(
     if collector == "dead":  # the lost spans are counted once the exporter gives up
         await runner.close()
         assert metrics.SPANS_LOST._value.get() > lost_before
+
+
+async def test_fleet_trace_export_sends_stored_turns(
+    fleet_env: dict[str, str], settings, store: Store, scripted_lm: ScriptedLM
+) -> None:
+    scripted_lm.add("*", [step("Print.", "print(6 * 7)"), step("Done.", "SUBMIT(answer='42')")] * 2)
+    runner = await TurnRunner(store, settings).open()  # no endpoint: nothing traced live
+    assert not settings.tracing
+    session = await store.create_session()
+    first = await collect(runner, session.session_id, "one")
+    second = await collect(runner, session.session_id, "two")
+    await runner.close()
+
+    def fleet(*args: str, endpoint: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, **fleet_env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint}
+        command = [sys.executable, "-m", "fleet_kernel.cli", "trace", "export", *args]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+
+    with OTLPReceiver() as collector:
+        done = await asyncio.to_thread(fleet, first[0].turn_id, endpoint=collector.endpoint)
+        assert done.returncode == 0, done.stderr
+        assert "Exported 1 turn(s)" in done.stdout
+        spans = collector.wait_for(turn_done(first[0].turn_id))
+        (root,) = by_name(spans, "fleet.turn")
+        assert root.attributes["fleet.status"] == "completed"
+        assert len(by_name(spans, "fleet.iteration")) == 2 and by_name(spans, "fleet.execute_code")
+        start = datetime.fromisoformat(first[0].ts).timestamp() * 1e9
+        assert abs(root.start_ns - start) < 2e6  # the turn's own time, not the export's
+
+        done = await asyncio.to_thread(fleet, "--session", session.session_id, endpoint=collector.endpoint)
+        assert done.returncode == 0 and "Exported 2 turn(s)" in done.stdout, done.stderr
+        collector.wait_for(lambda s: len(by_name(s, "fleet.turn")) == 3 and turn_done(second[0].turn_id)(s))
+
+    dead = await asyncio.to_thread(fleet, first[0].turn_id, endpoint=_dead_endpoint())
+    assert dead.returncode == 1 and "did not take" in dead.stderr and "Traceback" not in dead.stderr
+    unknown = await asyncio.to_thread(fleet, "no-such-turn", endpoint=_dead_endpoint())
+    assert unknown.returncode == 1 and "no turn 'no-such-turn'" in unknown.stderr
