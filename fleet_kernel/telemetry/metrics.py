@@ -99,6 +99,28 @@ def exposition() -> bytes:
     return generate_latest(REGISTRY)
 
 
+def summary_lines() -> list[str]:
+    """The process's counters in a few readable lines (``%fleet usage``; the API serves them at ``/metrics``)."""
+    v = usage()
+
+    def by(prefix: str, label: str) -> str:
+        items = sorted((k.split(f"{label}=")[1].split(",")[0].rstrip("}"), n) for k, n in v.items()
+                       if k.startswith(prefix + "{"))  # fmt: skip
+        return ", ".join(f"{name} {n:g}" for name, n in items) or "none"
+
+    tokens = {kind: sum(n for k, n in v.items() if k.startswith("fleet_lm_tokens_total{") and f"kind={kind}" in k)
+              for kind in ("prompt", "completion")}  # fmt: skip
+    return [
+        f"this process: turns started {v.get('fleet_turns_started_total', 0):g}, running "
+        f"{v.get('fleet_turns_running', 0):g}, finished ({by('fleet_turns_finished_total', 'status')})",
+        f"this process: LM calls ({by('fleet_lm_calls_total', 'role')}), tokens {tokens['prompt']:,.0f} in, "
+        f"{tokens['completion']:,.0f} out, ${sum(n for k, n in v.items() if k.startswith('fleet_lm_cost_usd_total')):.4f}",
+        f"this process: sandbox starts ({by('fleet_sandbox_starts_total', 'backend')}), events committed "
+        f"{sum(n for k, n in v.items() if k.startswith('fleet_events_committed_total')):g}, trace spans lost "
+        f"{v.get('fleet_trace_spans_lost_total', 0):g}",
+    ]
+
+
 def usage() -> dict[str, float]:
     """The counters as plain numbers (``%fleet usage``): name (with labels) -> value."""
     values: dict[str, float] = {}
