@@ -1,9 +1,10 @@
 """Engine benchmark: Fleet turns vs raw dspy.RLM + dspy.LocalInterpreter, same scripted LM, one run.
 
-    .venv/bin/python bench/engine.py [--repeat 5]
+    .venv/bin/python bench/engine.py [--repeat 5] [--tracing]
 
 Prints wall time per turn for 1, 5 and 20 iterations, the per-iteration cost (slope between 1 and 20),
-and sandbox cold start / per-execute latency. Fleet adds isolation, streaming and persistence; the
+and sandbox cold start / per-execute latency; with ``--tracing``, also a 20-iteration turn with OpenTelemetry
+traces on (exported to a loopback OTLP receiver) against off, alternating (target: within 5%). Fleet adds isolation, streaming and persistence; the
 target is a per-iteration overhead within 1.5x of the baseline and a sandbox cold start under 100 ms.
 """
 
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "telemetry"))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import dspy  # noqa: E402
@@ -79,6 +81,24 @@ async def bench_fleet(env: dict[str, str], server: ScriptedLM, n: int, repeat: i
     return median_ms(samples), median_ms(first)
 
 
+def bench_tracing(env: dict[str, str], server: ScriptedLM, repeat: int) -> tuple[float, float, int]:
+    """Median 20-iteration turn with traces off and on (alternating runs), and the spans the receiver got."""
+    from otlp_receiver import OTLPReceiver
+
+    off, on = [], []
+    with OTLPReceiver() as collector:
+        traced = {**env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": collector.endpoint}
+        for _ in range(repeat):
+            off.append(asyncio.run(bench_fleet(env, server, 20, 1))[0])
+            os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = collector.endpoint  # the SDK reads it here
+            try:
+                on.append(asyncio.run(bench_fleet(traced, server, 20, 1))[0])
+            finally:
+                del os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
+        collector.wait_for(lambda spans: sum(s.name == "fleet.turn" for s in spans) >= repeat)
+        return statistics.median(off), statistics.median(on), len(collector.spans)
+
+
 def bench_interpreter(make, repeat: int) -> tuple[float, float]:
     """Median cold start (first execute on a fresh interpreter) and per-execute latency."""
     cold, warm = [], []
@@ -98,6 +118,7 @@ def bench_interpreter(make, repeat: int) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--tracing", action="store_true", help="also time a 20-iteration turn traced vs not")
     args = parser.parse_args()
     home = tempfile.mkdtemp(prefix="fleet-bench-")
     with ScriptedLM() as server:
@@ -115,6 +136,7 @@ def main() -> None:
         finally:
             factory.close()
         raw_cold, raw_exec = bench_interpreter(dspy.LocalInterpreter, args.repeat)
+        tracing = bench_tracing(env, server, args.repeat) if args.tracing else None
 
     print(f"\nEngine: Fleet ({settings.sandbox or 'local'} sandbox, store, events) vs raw dspy.RLM + LocalInterpreter")
     print(f"scripted OpenAI-compatible LM on loopback, median of {args.repeat}\n")
@@ -131,6 +153,10 @@ def main() -> None:
     print(f"{'Fleet ' + (settings.sandbox or 'local'):>26} | {fleet_cold:>15.1f} | {fleet_exec:>16.2f}")
     print(f"{'dspy.LocalInterpreter':>26} | {raw_cold:>15.1f} | {raw_exec:>16.2f}")
     print("\ntarget: sandbox cold start < 100 ms")
+    if tracing is not None:
+        off, on, spans = tracing
+        print(f"\n20-iteration turn, traces off {off:.1f} ms, on {on:.1f} ms ({(on - off) / off * 100:+.1f}%; "
+              f"{spans} spans received; target within 5%)")
 
 
 if __name__ == "__main__":
