@@ -222,3 +222,25 @@ async def test_fleet_trace_export_sends_stored_turns(
     assert dead.returncode == 1 and "did not take" in dead.stderr and "Traceback" not in dead.stderr
     unknown = await asyncio.to_thread(fleet, "no-such-turn", endpoint=_dead_endpoint())
     assert unknown.returncode == 1 and "no turn 'no-such-turn'" in unknown.stderr
+
+
+def test_without_an_endpoint_the_sdk_is_never_imported(fleet_env: dict[str, str]) -> None:
+    program = """
+import sys
+from fleet_kernel.config import load_settings
+from fleet_kernel.events import TurnLimits, TurnStarted, make_event
+from fleet_kernel.telemetry import Telemetry
+import fleet_api.app, fleet_kernel.engine
+
+settings = load_settings()
+limits = TurnLimits(max_iters=1, max_llm_calls=1, timeout_s=1, exec_timeout_s=1)
+started = TurnStarted(task="t", run_id="r", model=None, sandbox="local", limits=limits)
+Telemetry(settings).committed([make_event(started, seq=1, session_id="s", turn_id="t")])
+print(settings.tracing, sorted(m for m in sys.modules if m.startswith(("opentelemetry.sdk", "opentelemetry.exporter"))))
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    for extra in ({}, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_SDK_DISABLED": "true"}):
+        done = subprocess.run([sys.executable, "-c", program], env={**env, **fleet_env, **extra},
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "False []"
