@@ -60,7 +60,8 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         _warm_up(url)
         yield url
     finally:
-        print((root / "server.log").read_text()[-5000:])  # shown when the test fails
+        ingest = [line for line in (root / "server.log").read_text().splitlines() if "/v1/traces" in line or "rror" in line]
+        print("\n".join(ingest[-50:]))  # shown when the test fails
         process.terminate()
         try:
             process.wait(15)
@@ -98,7 +99,6 @@ def _traces(client: Any, experiment_id: str, count: int) -> list[Any]:
     deadline = time.monotonic() + 180
     while True:
         traces = client.search_traces(locations=[experiment_id])
-        print([(t.info.trace_id, [(s.name, s.parent_id) for s in t.data.spans]) for t in traces])
         complete = [t for t in traces if any(s.parent_id is None for s in t.data.spans)]
         if len(complete) >= count or time.monotonic() > deadline:
             return complete
@@ -153,10 +153,10 @@ def test_turns_from_the_api_and_a_kernel_land_in_mlflow(
         run = kernel.run("from the kernel")
         assert run.reply["content"]["status"] == "ok", run.text()
         assert "LM calls (root 2, sub 1)" in kernel.run("%fleet usage").text()
+        traces = _traces(client, experiment_id, 2)  # before the kernel stops: it waits 5 s at most for MLflow
     finally:
         kernel.close()
 
-    traces = _traces(client, experiment_id, 2)
     by_turn = {_root(t).attributes["fleet.turn_id"]: t for t in traces}
     assert len(by_turn) == 2, [(t.info, [(s.name, s.parent_id) for s in t.data.spans]) for t in
                                client.search_traces(locations=[experiment_id])]
