@@ -22,10 +22,10 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 
 import dspy  # noqa: E402
+from sandbox_probes import bench_pyodide, measure  # noqa: E402
 
 from fleet_kernel.config import load_settings  # noqa: E402
-from fleet_kernel.sandbox import open_sandbox, probe_bwrap  # noqa: E402
-from fleet_kernel.sandbox.pyodide_bench import bench_pyodide, measure  # noqa: E402
+from fleet_kernel.sandbox import open_sandbox, status  # noqa: E402
 
 COLUMNS = [
     ("cold_start_ms", "cold start"),
@@ -36,9 +36,11 @@ COLUMNS = [
 ]
 
 
-def bench_local(runs: int) -> dict[str, Any]:
+def bench_local(runs: int) -> dict[str, Any] | str:
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
         settings = load_settings({"FLEET_HOME": tmp, "FLEET_SANDBOX": "local"})
+        if not (local := status(settings)).ok:
+            return local.detail
         factory = open_sandbox(settings, Path(tmp) / "workspace")
         try:
             return measure(factory, runs)
@@ -52,7 +54,7 @@ def main() -> None:
     args = parser.parse_args()
 
     rows: list[tuple[str, dict[str, Any] | str]] = []
-    rows.append(("Fleet local (bubblewrap)", bench_local(args.runs) if probe_bwrap() is None else probe_bwrap() or ""))
+    rows.append(("Fleet local (bubblewrap)", bench_local(args.runs)))
     try:
         rows.append(("Fleet pyodide", bench_pyodide(args.runs)))
     except Exception as exc:  # noqa: BLE001 - a missing backend is a row, not a crash

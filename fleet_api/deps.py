@@ -14,6 +14,7 @@ from fleet_api.tail import StoreTail
 from fleet_kernel.config import Settings
 from fleet_kernel.engine import TurnRunner
 from fleet_kernel.errors import FleetError, NotFoundError
+from fleet_kernel.sandbox import status as sandbox_status
 from fleet_kernel.store import Store
 
 # Ids Fleet hands out (``ses_...``, ``turn_...``, ``run_...``); anything else cannot name a row.
@@ -48,23 +49,13 @@ class FleetState:
     def probe_sandbox(self) -> None:
         """Blocking: find the backend and whether it works; call it from a thread."""
         try:
-            ok, detail = _probe(self.runner.sandbox_name())
+            status = sandbox_status(self.runner.settings)
+            ok, detail = status.ok, status.detail
         except FleetError as exc:
             ok, detail = False, exc.message
         except ImportError as exc:
             ok, detail = False, f"the sandbox package cannot be imported: {exc}"
         self._sandbox = (time.monotonic(), ok, detail)
-
-
-def _probe(backend: str) -> tuple[bool, str]:
-    """Whether ``backend`` can start here; only the local (bubblewrap) one can be probed cheaply."""
-    if backend == "local":
-        from fleet_kernel.sandbox import probe_bwrap
-
-        reason = probe_bwrap()
-        if reason is not None:
-            return False, f"local: {reason}"
-    return True, backend
 
 
 def get_state(request: Request) -> FleetState:

@@ -14,15 +14,27 @@ import tomllib
 from functools import cached_property
 from pathlib import Path
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic import ValidationError as PydanticValidationError
+from pydantic_core import PydanticCustomError
 
 from fleet_kernel.errors import ConfigError, ValidationError
 
-SandboxName = Literal["local", "pyodide", "daytona", "unsafe-local"]
-SANDBOX_NAMES: tuple[str, ...] = ("local", "pyodide", "daytona", "unsafe-local")
+
+def _registered_sandbox(name: str) -> str:
+    """A sandbox name must be registered (``fleet_kernel.sandbox.contract``, read when a value is checked)."""
+    from fleet_kernel.sandbox import contract
+
+    known = contract.names()
+    if name not in known:
+        expected = " or ".join(filter(None, (", ".join(map(repr, known[:-1])), repr(known[-1]))))
+        raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+    return name
+
+
+SandboxName = Annotated[str, AfterValidator(_registered_sandbox)]
 
 
 class _Section(BaseModel):
@@ -103,8 +115,11 @@ class Storage(_Section):
     max_artifact_mb: float = Field(25, gt=0, le=10_240)
 
 
+OutputMode = Literal["rich", "text"]
+
+
 class Kernel(_Section):
-    output: Literal["rich", "text"] = "rich"
+    output: OutputMode = "rich"
     serve_api: bool = Field(False, description="start the API sidecar with the kernel")
     api_port: int = Field(8000, ge=1, le=65_535)
 
@@ -134,6 +149,7 @@ ENV_VARS: dict[str, str] = {
     "FLEET_API_TOKEN": "api_token",
     "FLEET_ALLOWED_HOSTS": "allowed_hosts",
     "FLEET_LM_RECORD": "lm_record",
+    "FLEET_OUTPUT": "output",
     "FLEET_TRACE_CONTENT": "trace_content",
 }
 # The OpenTelemetry SDK's own variables: Fleet only checks whether traces are switched on.
@@ -174,6 +190,8 @@ class Settings(BaseModel):
     api_token: SecretStr | None = None
     allowed_hosts: tuple[str, ...] = ()
     lm_record: Path | None = None
+    output: OutputMode | None = None
+    """``FLEET_OUTPUT``: how this kernel shows turns, chosen for it (``[kernel] output`` is the default)."""
     trace_content: bool = False
     """``FLEET_TRACE_CONTENT=1``: traces carry the task, reasoning, code, outputs and answers."""
     tracing: bool = False
@@ -199,6 +217,11 @@ class Settings(BaseModel):
                 )
             hosts.append(host)
         return tuple(hosts)
+
+    @field_validator("output", mode="before")
+    @classmethod
+    def _lower_output(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
 
     @property
     def limits(self) -> Limits:
@@ -267,6 +290,15 @@ def _config_path(env: dict[str, str]) -> Path | None:
     return local if local.is_file() else None
 
 
+DEFAULT_HOME = "~/.fleet"
+
+
+def home_dir(env: Mapping[str, str] | None = None) -> Path:
+    """``$FLEET_HOME``, else ``~/.fleet``: the store, workspaces and logs (the kernel logs there before settings load)."""
+    env = os.environ if env is None else env
+    return Path(env.get("FLEET_HOME") or DEFAULT_HOME).expanduser().absolute()
+
+
 def load_settings(env: dict[str, str] | None = None) -> Settings:
     """Resolve settings from the environment and ``fleet.toml``.
 
@@ -276,12 +308,11 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
     env = dict(os.environ if env is None else env)
     path = _config_path(env)
     policy = _read_policy(path)
-    home = Path(env.get("FLEET_HOME") or "~/.fleet").expanduser().absolute()
-    values: dict[str, Any] = {"home": home, "policy": policy, "config_path": path}
+    values: dict[str, Any] = {"policy": policy, "config_path": path}
     for var, attr in ENV_VARS.items():
         if env.get(var):
             values[attr] = env[var]
-    values["home"] = Path(values["home"]).expanduser().absolute()
+    values["home"] = home_dir(env)
     values.setdefault("database_url", f"sqlite+aiosqlite:///{values['home'] / 'fleet.db'}")
     values.setdefault("sandbox", policy.sandbox.backend)
     disabled = env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"

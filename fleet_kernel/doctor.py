@@ -37,9 +37,9 @@ async def check_sandbox(settings: Settings, echo: Echo) -> bool:
     import tempfile
     from pathlib import Path
 
-    from fleet_kernel.sandbox import default_backend, open_sandbox
+    from fleet_kernel.sandbox import choose, open_sandbox
 
-    name = settings.sandbox or default_backend()
+    name = await asyncio.to_thread(choose, settings)  # opening it below says what is wrong, with the fix
 
     def probe() -> str:
         with tempfile.TemporaryDirectory() as tmp:

@@ -91,3 +91,5 @@ class TurnCancelled(BaseException):
 
 class TurnDeadlineExceeded(TurnCancelled):
     """The turn ran past its configured deadline (``limits.turn_timeout_s``)."""
+
+    code = "deadline_exceeded"

@@ -56,6 +56,18 @@ class TurnUsage(_Data):
     cost_usd: float = 0.0
 
 
+class TurnFileInfo(_Data):
+    """An attachment in `/workspace/files/` for this turn; `renamed` when it was placed under a suffixed
+    name because another file held its own."""
+
+    attachment_id: str
+    name: str
+    path: str
+    size: int
+    sha256: str
+    renamed: bool = False
+
+
 class EventData(_Data):
     """The data of one event type; ``type`` is the envelope's ``type`` for it."""
 
@@ -65,7 +77,8 @@ class EventData(_Data):
 class TurnStarted(EventData):
     """Always `seq` 1, as soon as the turn is accepted: what runs, on which model and sandbox, within which
     limits. `max_turn_cost_usd` is null without a cost budget; `max_tokens`/`sub_max_tokens` are the caps
-    sent with each root / sub-LM and child request."""
+    sent with each root / sub-LM and child request. `cell_id` is the notebook cell the turn ran from
+    (null outside notebooks); `supersedes_turn_id` the earlier run of that cell it replaces in the history."""
 
     type: ClassVar[str] = "turn.started"
     task: str
@@ -73,6 +86,13 @@ class TurnStarted(EventData):
     model: str | None
     sandbox: str
     limits: TurnLimits
+    skills: list[str] = []
+    """The skills preselected for the turn (their cards are in its prompt)."""
+    attachments: list[TurnFileInfo] = []
+    """The turn's files (`attachment_ids`) as placed in `/workspace/files/`; `renamed`: another file held the
+    attachment's name, so it got a suffixed one."""
+    cell_id: str | None = None
+    supersedes_turn_id: str | None = None
 
 
 class IterationStarted(EventData):
@@ -129,7 +149,8 @@ class LMFinished(EventData):
 
 
 class ToolStarted(EventData):
-    """A host tool called from sandbox code (`llm_query`, `llm_query_batched`, user tools) starts."""
+    """A host tool called from sandbox code (`llm_query`, `llm_query_batched`, `load_skill`,
+    `read_skill_resource`) starts."""
 
     type: ClassVar[str] = "tool.started"
     call_id: str
@@ -185,6 +206,8 @@ class TurnCompleted(EventData):
     duration_ms: float
     extracted: bool = False
     """True when the model ran out of iterations and dspy extracted the answer."""
+    result: Any = None
+    """The validated value for the turn's `output_schema`; null without one."""
 
 
 class TurnFailed(EventData):
@@ -198,7 +221,7 @@ class TurnFailed(EventData):
 
 
 class TurnCancelledData(EventData):
-    """Interrupt, Stop button, `PUT /api/runs/{run_id}/cancellation`."""
+    """Interrupt, Stop button, `PUT /api/runs/{run_id}/cancellation`; when several come, the first one's reason."""
 
     type: ClassVar[str] = "turn.cancelled"
     reason: str

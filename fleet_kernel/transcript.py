@@ -17,6 +17,7 @@ import unicodedata
 from typing import TYPE_CHECKING, Any
 
 from fleet_kernel.events import Event
+from fleet_kernel.kernel import spec
 from fleet_kernel.render import (
     MONO,
     SHOW_OUTPUT_CHARS,
@@ -47,14 +48,6 @@ OPEN_ITERATIONS = 3
 INLINE_IMAGE_MIMES = ("image/png", "image/jpeg")
 MAX_INLINE_IMAGE_BYTES = 5 * 1024 * 1024
 SLUG_CHARS = 48
-KERNELSPEC = {"name": "fleet", "display_name": "Fleet RLM", "language": "markdown"}
-LANGUAGE_INFO = {
-    "name": "markdown",
-    "mimetype": "text/markdown",
-    "file_extension": ".md",
-    "pygments_lexer": "markdown",
-    "codemirror_mode": "markdown",
-}
 ERROR_NAMES = {"cancelled": "TurnCancelled", "failed": "TurnFailed", "interrupted": "TurnFailed"}
 WRAP_PROMPTS = (
     "<style>.jp-Cell:has(.fleet-transcript) .jp-InputArea-editor pre"
@@ -221,7 +214,8 @@ async def turn_outputs(store: Store, view: TurnView, execution_count: int) -> li
 
 
 async def session_notebook(store: Store, session_id: str) -> nbformat.NotebookNode:
-    """The session as an nbformat 4 notebook for the ``fleet`` kernel, one cell per turn.
+    """The session as an nbformat 4 notebook for the ``fleet`` kernel, as it stands: one cell per
+    notebook cell (its latest completed turn, else its latest), and one per turn without a cell.
 
     Raises:
         NotFoundError: unknown session.
@@ -230,7 +224,7 @@ async def session_notebook(store: Store, session_id: str) -> nbformat.NotebookNo
     from nbformat import v4
 
     session = await store.get_session(session_id)
-    turns = await store.list_turns(session_id)
+    turns = await store.standing_turns(session_id)
     views = [await turn_view(store, turn) for turn in turns]
     cells = [v4.new_markdown_cell(title_markdown(session, views), metadata={"fleet": {"role": "title"}})]
     for turn, view in zip(turns, views, strict=True):
@@ -239,8 +233,8 @@ async def session_notebook(store: Store, session_id: str) -> nbformat.NotebookNo
         cell.metadata["fleet"] = {"turn_id": turn.turn_id, "status": turn.status}
         cells.append(cell)
     nb = v4.new_notebook(cells=cells)
-    nb.metadata["kernelspec"] = dict(KERNELSPEC)
-    nb.metadata["language_info"] = dict(LANGUAGE_INFO)
+    nb.metadata["kernelspec"] = dict(spec.KERNELSPEC)
+    nb.metadata["language_info"] = dict(spec.LANGUAGE_INFO)
     nb.metadata["fleet"] = {"session_id": session.session_id, "title": session.title}
     nbformat.validate(nb)
     return nb

@@ -20,7 +20,11 @@ from fleet_kernel import safe_files
 
 logger = logging.getLogger(__name__)
 
-MEMORY_FILE = "memory/MEMORIES.md"
+FILES_DIR = "files"  # the user's attachments
+ARTIFACTS_DIR = "artifacts"  # what turns produce for the user
+MEMORY_DIR = "memory"
+MEMORY_FILE = f"{MEMORY_DIR}/MEMORIES.md"  # the model's notes, kept across the turns of one session
+LAYOUT = (FILES_DIR, ARTIFACTS_DIR, MEMORY_DIR)  # the folders of every workspace, here and in each sandbox
 MEMORY_HEADER = "# Memories\n\nNotes kept across turns of this session.\n"
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 MAX_VISITED = 100_000  # entries one listing looks at, however many folders code made
@@ -56,7 +60,7 @@ class Workspace:
         needs access: ``$FLEET_HOME``, ``workspaces/`` and every workspace folder are 0700, files 0600.
         """
         private_dir(self.root)
-        for sub in ("files", "artifacts", "memory"):
+        for sub in LAYOUT:
             path = self.root / sub
             if path.is_symlink() or (path.exists() and not path.is_dir()):
                 path.unlink()
@@ -84,10 +88,10 @@ class Workspace:
         The file is created with ``O_EXCL | O_NOFOLLOW`` in a descriptor of ``files/``, so a link or
         pipe that code planted (even a moment before) is never written through.
         """
-        name = _SAFE_NAME.sub("_", Path(filename).name).strip("._") or "attachment"
+        name = safe_filename(filename)
         stem, suffix = os.path.splitext(name)
         digest = hashlib.sha256(data).hexdigest()
-        with safe_files.open_dir(self.root, ["files"]) as folder:
+        with safe_files.open_dir(self.root, [FILES_DIR]) as folder:
             for n in range(1, 10_000):
                 candidate = f"{stem}{suffix}" if n == 1 else f"{stem}-{n}{suffix}"
                 try:
@@ -95,16 +99,16 @@ class Workspace:
                 except FileExistsError:
                     try:
                         if safe_files.hash_file(folder, candidate, max_bytes=len(data))[1] == digest:
-                            return f"files/{candidate}"
+                            return f"{FILES_DIR}/{candidate}"
                     except safe_files.Refused:
                         pass
                     continue  # a different file, or a link or pipe planted by code: never write through it
                 with os.fdopen(fd, "wb") as handle:
                     handle.write(data)
-                return f"files/{candidate}"
+                return f"{FILES_DIR}/{candidate}"
         raise ValueError(f"too many files named like {name!r}")
 
-    def scan(self, sub: str = "artifacts", *, limit: int = 10_000, max_bytes: int | None = None,
+    def scan(self, sub: str = ARTIFACTS_DIR, *, limit: int = 10_000, max_bytes: int | None = None,
              should_stop: safe_files.StopCheck | None = None) -> dict[str, FileInfo]:
         """Regular files under ``sub``, hashed, keyed by workspace-relative path.
 
@@ -179,14 +183,14 @@ class Workspace:
         name cannot add lines of its own to the prompt.
         """
         lines = ["/workspace (your durable session folder; read and write it with normal Python file calls):"]
-        entries = [item for sub in ("files", "artifacts")
+        entries = [item for sub in (FILES_DIR, ARTIFACTS_DIR)
                    for item in self.files(sub, limit=max_entries + 1, text_only=False)]
         for rel, st in entries[:max_entries]:
             lines.append(f"  {safe_files.printable(rel)}  ({st.st_size} bytes, {guess_mime(rel)})")
         if len(entries) > max_entries:
-            lines.append(f"  ... more files not listed; use os.listdir('/workspace/files') to see all")
+            lines.append(f"  ... more files not listed; use os.listdir('/workspace/{FILES_DIR}') to see all")
         if not entries:
-            lines.append("  files/ and artifacts/ are empty")
+            lines.append(f"  {FILES_DIR}/ and {ARTIFACTS_DIR}/ are empty")
         try:
             size = os.stat(self.root / MEMORY_FILE, follow_symlinks=False).st_size
         except OSError:
@@ -194,7 +198,7 @@ class Workspace:
         lines.append(
             f"  {MEMORY_FILE}  ({size} bytes): your durable memory; read it first, append what a later turn needs"
         )
-        lines.append("  Save plots, tables and other outputs under /workspace/artifacts/ to show them to the user.")
+        lines.append(f"  Save plots, tables and other outputs under /workspace/{ARTIFACTS_DIR}/ to show them to the user.")
         return "\n".join(lines)
 
 
@@ -215,6 +219,11 @@ def usage(root: Path) -> tuple[int, int]:
                 st = os.lstat(os.path.join(dirpath, name))
                 size += st.st_size if stat.S_ISREG(st.st_mode) else 0
     return size, entries
+
+
+def safe_filename(filename: str) -> str:
+    """The name an attachment is stored under: its last part, letters, digits and ``._-`` only."""
+    return _SAFE_NAME.sub("_", Path(filename).name).strip("._") or "attachment"
 
 
 def guess_mime(path: str) -> str:

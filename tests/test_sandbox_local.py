@@ -273,9 +273,9 @@ def test_unsafe_local_runs_without_bwrap(tmp_path: Path) -> None:
 
 
 def test_local_without_bwrap_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import fleet_kernel.sandbox as sandbox
+    from fleet_kernel.sandbox import local
 
-    monkeypatch.setattr(sandbox, "probe_bwrap", lambda: "bubblewrap is not installed: apt-get install bubblewrap")
+    monkeypatch.setattr(local, "probe_bwrap", lambda: "bubblewrap is not installed: apt-get install bubblewrap")
     with pytest.raises(SandboxUnavailableError, match="apt-get install bubblewrap.*FLEET_SANDBOX=unsafe-local"):
         open_sandbox(make_settings(tmp_path), tmp_path / "ws")
 

@@ -1,9 +1,10 @@
 """What a turn's LM calls have used against its budgets, and the gate each of those calls passes.
 
 Every LM call of a turn (root steps, ``llm_query``, child RLMs) asks ``TurnBudget.check`` before it
-starts and reports its usage after. Once the turn stops (a budget used up, a cancellation, the
-deadline, or simply its end) no call starts any more, and the calls still in flight are closed, so
-a model server stops working, and billing, for a turn that is over.
+starts and reports its usage after. A used-up budget cancels the turn's ``CancelToken``; once the
+token is cancelled (by that, a cancellation, the deadline, or simply the turn's end) no call starts
+any more, and the calls still in flight are closed, so a model server stops working, and billing,
+for a turn that is over.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from fleet_kernel.cancel import CancelToken
 from fleet_kernel.config import Limits
 from fleet_kernel.errors import TurnCancelled
 
@@ -31,18 +33,21 @@ class TurnBudget:
     Thread-safe: calls come from the turn thread, sandbox tool threads and dspy's batch threads.
     """
 
-    def __init__(self, *, max_tokens: int | None = None, max_cost_usd: float | None = None) -> None:
+    def __init__(
+        self, *, max_tokens: int | None = None, max_cost_usd: float | None = None, cancel: CancelToken | None = None
+    ) -> None:
         self.max_tokens = max_tokens
         self.max_cost_usd = max_cost_usd
         self.tokens = 0
         self.cost_usd = 0.0
+        self.cancel = cancel if cancel is not None else CancelToken()
         self._lock = threading.Lock()
-        self._stopped: TurnCancelled | None = None
         self._lms: list[Any] = []
+        self.cancel.on_cancel(self.close)
 
     @classmethod
-    def for_limits(cls, limits: Limits) -> TurnBudget:
-        return cls(max_tokens=limits.max_turn_tokens, max_cost_usd=limits.max_turn_cost_usd)
+    def for_limits(cls, limits: Limits, cancel: CancelToken | None = None) -> TurnBudget:
+        return cls(max_tokens=limits.max_turn_tokens, max_cost_usd=limits.max_turn_cost_usd, cancel=cancel)
 
     def watch(self, *lms: Any) -> None:
         """Gate and meter these LMs' calls (``MeteredLM`` and copies); others are left alone."""
@@ -75,33 +80,21 @@ class TurnBudget:
         """Raise why no LM call may start now: the turn stopped, or a budget is used up (which stops it).
 
         Raises:
-            BudgetExceeded: a budget is used up.
+            BudgetExceeded: a budget is used up (now or before).
             TurnCancelled: the turn was stopped for another reason (cancel, deadline, end).
         """
-        with self._lock:
-            cause = self._stopped
-        if cause is None:
-            message = self.exceeded()
-            if message is None:
-                return
-            self.stop(BudgetExceeded(message))
-            with self._lock:
-                cause = self._stopped
-        assert cause is not None
-        raise type(cause)(cause.reason)
+        self.cancel.raise_if_cancelled()
+        message = self.exceeded()
+        if message is not None:
+            self.cancel.cancel(f"{message}: the turn was stopped", BudgetExceeded)  # unless stopped just before
+            self.cancel.raise_if_cancelled()
 
-    def stop(self, cause: TurnCancelled) -> None:
-        """No LM call starts after this, and calls in flight are closed. The first cause is kept."""
+    def close(self) -> None:
+        """Close the watched LMs' requests in flight (the token calls this when it is cancelled)."""
         with self._lock:
-            if self._stopped is None:
-                self._stopped = cause
             lms = list(self._lms)
         for lm in lms:
             lm.abort()
-
-    @property
-    def stopped(self) -> TurnCancelled | None:
-        return self._stopped
 
     def used(self) -> dict[str, Any]:
         """Totals and budgets, for the turn's usage record."""

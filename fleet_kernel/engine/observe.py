@@ -18,6 +18,7 @@ import dspy
 from dspy.primitives.code_interpreter import CodeExecutionError
 from dspy.utils.callback import BaseCallback
 
+from fleet_kernel.cancel import CancelToken
 from fleet_kernel.engine.lm import scrub, take_last_usage
 from fleet_kernel.engine.sink import TurnEmitter
 from fleet_kernel.errors import TurnCancelled
@@ -83,7 +84,7 @@ class TurnObserver(BaseCallback):
         *,
         root_rlm: dspy.RLM,
         root_lm: Any,
-        cancel: threading.Event,
+        cancel: CancelToken,
         settings: Any,
         max_depth: int,
         max_children: int,
@@ -92,7 +93,6 @@ class TurnObserver(BaseCallback):
         self.root_rlm = root_rlm
         self.root_lm = root_lm
         self.cancel = cancel
-        self.cancel_reason = "cancelled"
         self.settings = settings
         self.max_depth = max_depth
         self.max_children = max_children
@@ -119,8 +119,7 @@ class TurnObserver(BaseCallback):
         self.emitter.emit(data, agent_id=frame.agent_id, parent_agent_id=frame.parent_agent_id)
 
     def check_cancelled(self) -> None:
-        if self.cancel.is_set():
-            raise TurnCancelled(self.cancel_reason)
+        self.cancel.raise_if_cancelled()
 
     def enter_root(self) -> None:
         """Called on the turn thread before ``forward``: the root agent is current there."""

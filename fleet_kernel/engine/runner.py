@@ -9,21 +9,27 @@ This module imports no dspy, so a kernel can start before dspy is loaded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import importlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleet_kernel import safe_files
+from fleet_kernel.cancel import CancelToken
 from fleet_kernel.config import Settings
+from fleet_kernel.engine import choices as turn_choices
+from fleet_kernel.engine.budget import BudgetExceeded
+from fleet_kernel.engine.choices import TurnChoices
 from fleet_kernel.engine.sink import EventHub, EventWriter, TurnEmitter, follow
-from fleet_kernel.errors import ValidationError
-from fleet_kernel.events import Artifact, Event, TurnCancelledData, TurnCompleted, TurnFailed, TurnStarted
-from fleet_kernel.store import Store, TurnRow
+from fleet_kernel.errors import NotFoundError, TurnDeadlineExceeded, ValidationError
+from fleet_kernel.events import Artifact, Event, LMFinished, TurnCancelledData, TurnCompleted, TurnFailed, TurnStarted
+from fleet_kernel.skills import Catalogue, load_catalogue
+from fleet_kernel.store import AttachmentRow, EndedTurn, Store, TurnRow
 from fleet_kernel.telemetry import Telemetry
 from fleet_kernel.workspace import Workspace, guess_mime
 
@@ -36,6 +42,7 @@ HEARTBEAT_S = 0.5
 CANCEL_GRACE_S = 1.0
 ANNOUNCE_WAIT_S = 0.25
 MAX_TASK_CHARS = 100_000
+MAX_CELL_ID_CHARS = 200
 
 
 @dataclass
@@ -43,11 +50,16 @@ class _Running:
     turn: TurnRow
     emitter: TurnEmitter
     settings: Settings
-    job: TurnJob | None = None
-    cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
-    reason: str = "cancelled"
+    catalogue: Catalogue
+    choices: TurnChoices
+    cancel: CancelToken = field(default_factory=CancelToken)  # the turn's one cancel token, handed down to it
     task: asyncio.Task[None] | None = None
     started: float = field(default_factory=time.monotonic)  # the deadline counts from here
+    setup_error: dict[str, str] | None = None  # the turn could not be set up (its files); it fails
+
+    @property
+    def reason(self) -> str:
+        return self.cancel.reason or "cancelled"
 
 
 class TurnHandle:
@@ -105,7 +117,7 @@ class TurnRunner:
             if self._writer is None:
                 telemetry = Telemetry(self.settings)
                 self._writer = EventWriter(self.store, self.hub, on_broken=self._events_lost, telemetry=telemetry)
-                await self.store.reap_stale_turns()
+                self._end_interrupted(await self.store.reap_stale_turns())
                 self._supervisor = asyncio.get_running_loop().create_task(self._supervise(), name="fleet-heartbeat")
         return self
 
@@ -123,6 +135,21 @@ class TurnRunner:
         if self._writer is not None:
             await self._writer.close()
             self._writer = None
+
+    async def reap(self) -> list[EndedTurn]:
+        """End the running turns whose owner is gone (see ``Store.reap_stale_turns``), each with its
+        terminal event; returns them."""
+        await self.open()
+        interrupted = await self.store.reap_stale_turns()
+        self._end_interrupted(interrupted)
+        return interrupted
+
+    def _end_interrupted(self, turns: Iterable[EndedTurn]) -> None:
+        """Emit the one terminal event of each turn the store ended for its owner, at the seq reserved for it."""
+        assert self._writer is not None
+        for turn in turns:
+            emitter = TurnEmitter(self._writer, session_id=turn.session_id, turn_id=turn.turn_id, first_seq=turn.seq)
+            emitter.emit(TurnFailed(error=turn.error))
 
     @property
     def store_error(self) -> str | None:
@@ -156,15 +183,28 @@ class TurnRunner:
         *,
         idempotency_key: str | None = None,
         limits: dict[str, Any] | None = None,
+        cell_id: str | None = None,
+        supersedes_turn_id: str | None = None,
+        skills: list[str] | tuple[str, ...] = (),
+        attachment_ids: list[str] | tuple[str, ...] = (),
+        output_schema: dict[str, Any] | None = None,
     ) -> TurnHandle:
         """Claim and start a turn (or return the one that owns ``idempotency_key``).
 
         ``limits`` lowers this turn's ``[limits]`` (``max_turn_tokens``, ``max_iters``, ...); none may
-        exceed the policy.
+        exceed the policy. ``skills`` (at most 4) puts those cards in the turn's prompt;
+        ``attachment_ids`` (attachments of the session) are in ``/workspace/files/`` when it starts and
+        named to the model; ``output_schema`` (see ``choices.check_output_schema``) makes the model
+        submit a ``result`` that satisfies it. ``cell_id`` names the notebook cell the turn runs from
+        (Jupyter's ``cellId``): the turn then supersedes that cell's latest turn in the history later
+        turns see. ``supersedes_turn_id`` names the replaced turn directly (a turn of this session).
 
         Raises:
-            ValidationError: empty or oversized task, the key belongs to another task, or a limit is
-                unknown, invalid or above the policy.
+            ValidationError: empty or oversized task, the key belongs to another task, a limit is
+                unknown, invalid or above the policy, an unknown or extra skill, an attachment not of the
+                session, an output schema Fleet cannot use, a ``supersedes_turn_id`` that is not a turn of
+                the session, or a cell id over 200 characters.
+            SkillFormatError: a skill card is malformed.
             NotFoundError: unknown session.
             ConflictError: a turn is already running in the session.
         """
@@ -172,17 +212,39 @@ class TurnRunner:
             raise ValidationError("the task is empty: write what the model should do")
         if len(task) > MAX_TASK_CHARS:
             raise ValidationError(f"the task is {len(task)} characters; the limit is {MAX_TASK_CHARS}. Attach long text as a file")
+        if cell_id is not None and not 0 < len(cell_id) <= MAX_CELL_ID_CHARS:
+            raise ValidationError(f"a cell id has 1 to {MAX_CELL_ID_CHARS} characters; this one has {len(cell_id)}")
         settings = self.settings.for_turn(limits)
+        catalogue = await asyncio.to_thread(load_catalogue, self.settings.home)
+        selected = catalogue.select(skills)
+        schema = turn_choices.check_output_schema(output_schema) if output_schema is not None else None
+        attachments = await self._attachments(session_id, attachment_ids)
         await self.open()
         assert self._writer is not None
         sandbox = self.sandbox_name()
-        turn, created = await self.store.claim_turn(
-            session_id, task, idempotency_key=idempotency_key, model=self.settings.lm_model, sandbox=sandbox
+        claim = await self.store.claim_turn(
+            session_id,
+            task,
+            idempotency_key=idempotency_key,
+            model=self.settings.lm_model,
+            sandbox=sandbox,
+            cell_id=cell_id,
+            supersedes_turn_id=supersedes_turn_id,
         )
+        if claim.interrupted is not None:  # the session's turn whose owner is gone, ended by this claim
+            self._end_interrupted([claim.interrupted])
+        turn, created = claim
         handle = TurnHandle(self, turn, created)
         if not created:
             return handle
         emitter = TurnEmitter(self._writer, session_id=session_id, turn_id=turn.turn_id)
+        choices = TurnChoices(skills=selected, output_schema=schema)
+        setup_error = None
+        try:
+            choices.files = await self._place_files(turn, attachments)
+        except Exception as exc:  # noqa: BLE001 - the turn is claimed: it fails, with a reason, instead
+            log.exception("turn %s: placing its files failed", turn.turn_id)
+            setup_error = {"type": "attachment_error", "message": f"the turn's files could not be placed: {exc}"}
         limits = settings.limits
         emitter.emit(
             TurnStarted(
@@ -200,19 +262,59 @@ class TurnRunner:
                     "max_tokens": settings.policy.lm.max_tokens,
                     "sub_max_tokens": settings.policy.lm.sub_cap,
                 },
+                cell_id=turn.cell_id,
+                supersedes_turn_id=turn.supersedes_turn_id,
+                skills=list(selected),
+                attachments=[f.event() for f in choices.files],
             ),
         )
-        running = _Running(turn, emitter, settings)
+        running = _Running(turn, emitter, settings, catalogue, choices, setup_error=setup_error)
         self._running[turn.turn_id] = running
         running.task = asyncio.get_running_loop().create_task(self._drive(running), name=f"fleet-{turn.turn_id}")
         return handle
 
     async def run(
-        self, session_id: str, task: str, *, idempotency_key: str | None = None, limits: dict[str, Any] | None = None
+        self, session_id: str, task: str, *, idempotency_key: str | None = None, limits: dict[str, Any] | None = None,
+        **choices: Any,
     ) -> TurnRow:
-        """Start a turn and wait for it: the one-call way to run a turn."""
-        handle = await self.start(session_id, task, idempotency_key=idempotency_key, limits=limits)
+        """Start a turn and wait for it: the one-call way to run a turn (``choices`` as in ``start``)."""
+        handle = await self.start(session_id, task, idempotency_key=idempotency_key, limits=limits, **choices)
         return await handle.wait()
+
+    async def _attachments(self, session_id: str, attachment_ids: list[str] | tuple[str, ...]) -> list[AttachmentRow]:
+        """The session's attachments named by a turn, in order. Raises ``ValidationError`` for any other id."""
+        ids = list(dict.fromkeys(attachment_ids))
+        if ids:
+            await self.store.get_session(session_id)  # an unknown session is a 404, as without attachments
+        if len(ids) > turn_choices.MAX_ATTACHMENTS:
+            raise ValidationError(f"a turn takes at most {turn_choices.MAX_ATTACHMENTS} attachments; got {len(ids)}")
+        rows = []
+        for attachment_id in ids:
+            try:
+                row = await self.store.get_attachment(str(attachment_id))
+            except NotFoundError:
+                row = None
+            if row is None or row.session_id != session_id:
+                raise ValidationError(
+                    f"{str(attachment_id)[:80]!r} is not an attachment of session {session_id}: "
+                    "upload it with POST /api/attachments (session_id of this session) first"
+                )
+            rows.append(row)
+        return rows
+
+    async def _place_files(self, turn: TurnRow, rows: list[AttachmentRow]) -> list[turn_choices.TurnFile]:
+        """Each attachment of the turn in ``files/``, restored from the store when it is gone or changed."""
+        if not rows:
+            return []
+        workspace = await asyncio.to_thread(Workspace.for_session, self.settings.workspaces_dir, turn.session_id)
+        files = []
+        for row in rows:
+            found = await asyncio.to_thread(turn_choices.file_in_place, workspace, row)
+            if found is None:
+                data = await self.store.get_blob(row.sha256)
+                found = await asyncio.to_thread(turn_choices.place_file, workspace, row, data)
+            files.append(found)
+        return files
 
     def follow(self, turn_id: str, after_seq: int = 0, *, quiet_s: float | None = None) -> AsyncIterator[Event]:
         """Replay then tail a turn; ``quiet_s`` as in ``sink.follow`` (default: its polling interval)."""
@@ -221,25 +323,23 @@ class TurnRunner:
         return follow(self.store, self.hub, turn_id, after_seq, quiet_s=quiet_s)
 
     def cancel(self, turn_id: str, reason: str = "cancelled") -> bool:
-        """Cancel a turn running in this process; thread-safe. Returns false if it does not run here."""
+        """Cancel a turn running in this process; thread-safe. Returns false if it does not run here.
+
+        The first reason a turn is cancelled for is the one it ends with.
+        """
         running = self._running.get(turn_id)
         if running is None:
             return False
-        running.reason = reason
-        if running.job is not None:
-            running.job.interrupt(reason)
-        loop = running.task.get_loop() if running.task is not None else None
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(running.cancel_requested.set)
+        running.cancel.cancel(reason)
         return True
 
     def is_running_here(self, turn_id: str) -> bool:
         return turn_id in self._running
 
     def sandbox_name(self) -> str:
-        from fleet_kernel.sandbox import default_backend
+        from fleet_kernel.sandbox import choose
 
-        return self.settings.sandbox or default_backend()
+        return choose(self.settings)
 
     # ------------------------------------------------------------------ the turn
 
@@ -248,12 +348,18 @@ class TurnRunner:
         started = time.perf_counter()
         try:
             await self._announced(turn.turn_id)
+            if running.setup_error is not None:
+                from fleet_kernel.engine.turn import Outcome
+
+                # The contract: every turn reports its LM step, even one that could not start.
+                running.emitter.emit(
+                    LMFinished(role="root", model=self.settings.lm_model, duration_ms=0.0, usage={}, cost_usd=None)
+                )
+                await self._finish(running, Outcome("failed", error=running.setup_error), 0.0)
+                return
             job = await self._prepare(running)
-            running.job = job
-            if running.cancel_requested.is_set():
-                job.interrupt(running.reason)
             outcome = await self._execute(running, job)
-            await self._collect_artifacts(running, job)
+            await self._collect_artifacts(running, job, cancelled=outcome.status == "cancelled")
         except Exception as exc:  # noqa: BLE001 - report any engine failure as turn.failed
             log.exception("turn %s failed in the engine", turn.turn_id)
             from fleet_kernel.engine.turn import Outcome
@@ -287,60 +393,66 @@ class TurnRunner:
             history=format_history(past, window.max_chars),
             workspace=workspace.root,
             workspace_manifest=manifest,
-            cancel=threading.Event(),
+            cancel=running.cancel,
             lm_factory=self.lm_factory,
+            catalogue=running.catalogue,
+            choices=running.choices,
         )
 
     async def _execute(self, running: _Running, job: TurnJob) -> Outcome:
-        from fleet_kernel.engine.turn import Outcome, run_turn
+        from fleet_kernel.engine.turn import run_turn, stopped
 
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Outcome] = loop.create_future()
+        cancelled: asyncio.Future[None] = loop.create_future()
 
         def work() -> None:
-            outcome = run_turn(job)
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(outcome))
+            try:
+                outcome = run_turn(job)
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(outcome))
+            finally:
+                job.end()  # after the outcome is on its way, so the end is never taken for a cancellation
 
+        def wake() -> None:
+            # A used-up budget is noticed on the turn's own threads, which then unwind: no hurry for them.
+            if not isinstance(running.cancel.error(), BudgetExceeded):
+                with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
+                    loop.call_soon_threadsafe(lambda: cancelled.done() or cancelled.set_result(None))
+
+        running.cancel.on_cancel(wake)
         context = contextvars.Context()  # a clean context: nothing of the caller's leaks into the turn
         threading.Thread(target=context.run, args=(work,), name=f"fleet-{running.turn.turn_id}", daemon=True).start()
-        waiter = asyncio.ensure_future(running.cancel_requested.wait())
-        try:
-            timeout = job.settings.limits.turn_timeout_s
-            await asyncio.wait({done, waiter}, timeout=timeout, return_when="FIRST_COMPLETED")
-        finally:
-            waiter.cancel()
+        timeout = job.settings.limits.turn_timeout_s
+        await asyncio.wait({done, cancelled}, timeout=timeout, return_when="FIRST_COMPLETED")
         if done.done():
             return done.result()
-        deadline = not running.cancel_requested.is_set()
-        reason = (
-            f"the turn ran past its {job.settings.limits.turn_timeout_s:g} s deadline (limits.turn_timeout_s)"
-            if deadline
-            else running.reason
+        running.cancel.cancel(  # a no-op when something else stopped the turn first
+            f"the turn ran past its {timeout:g} s deadline (limits.turn_timeout_s)", TurnDeadlineExceeded
         )
-        job.interrupt(reason)
         try:
-            outcome = await asyncio.wait_for(asyncio.shield(done), CANCEL_GRACE_S)
+            return await asyncio.wait_for(asyncio.shield(done), CANCEL_GRACE_S)
         except TimeoutError:
             # The worker is stuck in a call it cannot leave (a slow provider); it will unwind on its own
             # and its late events are dropped because the turn is closed below.
-            outcome = Outcome("cancelled", reason=reason)
-        if deadline and outcome.status == "cancelled":
-            return Outcome("failed", error={"type": "deadline_exceeded", "message": reason}, usage=outcome.usage)
-        return outcome
+            cause = running.cancel.error()
+            assert cause is not None
+            return stopped(cause)
 
-    async def _collect_artifacts(self, running: _Running, job: TurnJob) -> None:
+    async def _collect_artifacts(self, running: _Running, job: TurnJob, *, cancelled: bool) -> None:
         """Files new or changed under ``artifacts/`` become artifact records and events.
 
         Sizes are checked before anything is read, each file is read and hashed through one descriptor
-        opened without following links, and collection stops at the turn's deadline or cancellation.
+        opened without following links, and collection stops at the turn's deadline, or a grace period
+        after it for a turn that was stopped (the token is spent by then: the outcome says why it ended).
         """
         turn = running.turn
         storage = self.settings.policy.storage
         max_bytes = int(storage.max_artifact_mb * 1024 * 1024)
-        deadline = max(running.started + self.settings.limits.turn_timeout_s, time.monotonic() + CANCEL_GRACE_S)
+        grace = time.monotonic() + CANCEL_GRACE_S
+        deadline = grace if cancelled else max(running.started + self.settings.limits.turn_timeout_s, grace)
 
         def should_stop() -> bool:
-            return job.cancel.is_set() or running.cancel_requested.is_set() or time.monotonic() > deadline
+            return time.monotonic() > deadline
 
         workspace = Workspace(job.workspace)
         known = await self.store.latest_artifact_digests(turn.session_id)
@@ -389,7 +501,7 @@ class TurnRunner:
             try:
                 await self.store.finish_turn(  # the turn row shows what it used against its budgets
                     turn.turn_id, outcome.status, answer=outcome.answer, error=outcome.error,
-                    usage={**usage, "budgets": budgets},
+                    usage={**usage, "budgets": budgets}, result=outcome.result,
                 )
             except Exception:  # noqa: BLE001 - still end the stream; the row is reaped later if it stays running
                 log.exception("recording the outcome of %s failed", turn.turn_id)
@@ -400,6 +512,7 @@ class TurnRunner:
                     usage=usage,
                     duration_ms=round(duration_ms, 3),
                     extracted=outcome.extracted,
+                    result=outcome.result,
                 )
             )
         elif outcome.status == "cancelled":
@@ -411,13 +524,16 @@ class TurnRunner:
 
 
 def format_history(turns: list[TurnRow], max_chars: int) -> str:
-    """Earlier turns as the model sees them, newest kept when over ``max_chars``."""
+    """Earlier turns as the model sees them (``Store.history``), newest kept when over ``max_chars``.
+
+    Turns are numbered in the order given, the order of the notebook's cells, not the order they ran.
+    """
     if not turns:
         return "(this is the first turn of the session)"
     blocks = []
-    for turn in turns:
+    for number, turn in enumerate(turns, 1):
         answer = turn.answer if turn.status == "completed" else f"({turn.status}: {(turn.error or {}).get('message', '')})"
-        blocks.append(f"--- turn {turn.position} ---\nUser: {turn.task}\nAssistant: {answer}")
+        blocks.append(f"--- turn {number} ---\nUser: {turn.task}\nAssistant: {answer}")
     text = "\n\n".join(blocks)
     if len(text) > max_chars:
         text = "... (older turns omitted)\n" + text[-max_chars:]

@@ -7,7 +7,6 @@ so the caller's event loop stays free and the kernel starts without importing ds
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +17,10 @@ from dspy.primitives.code_interpreter import CodeInterpreterError
 from dspy.utils.exceptions import AdapterParseError
 from dspy.utils.exceptions import LMError as DSPyLMError
 
+from fleet_kernel.cancel import CancelToken
 from fleet_kernel.config import Settings
-from fleet_kernel.engine.budget import BudgetExceeded, TurnBudget
+from fleet_kernel.engine.budget import TurnBudget
+from fleet_kernel.engine.choices import TurnChoices, files_prompt, result_type, schema_prompt
 from fleet_kernel.engine.lm import build_lms, explain_lm_error, scrub
 from fleet_kernel.engine.observe import TurnObserver
 from fleet_kernel.engine.sink import TurnEmitter
@@ -27,6 +28,7 @@ from fleet_kernel.errors import FleetError, LMError, TurnCancelled
 from fleet_kernel.events import LMFinished
 from fleet_kernel.sandbox import base as sandbox_base
 from fleet_kernel.sandbox import open_sandbox
+from fleet_kernel.skills import Catalogue
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ class Outcome:
     answer: str | None = None
     error: dict[str, str] | None = None
     reason: str | None = None
+    result: Any = None  # the validated ``result`` output, when the turn had an output schema
     extracted: bool = False
     usage: dict[str, Any] = field(default_factory=dict)
 
@@ -60,7 +63,11 @@ LMFactory = Callable[[Settings], tuple[Any, Any]]
 
 @dataclass
 class TurnJob:
-    """What the worker thread needs; ``cancel``, ``interrupt`` and ``budget`` are shared with the async side."""
+    """What the worker thread needs; ``cancel`` is the turn's token, shared with the async side.
+
+    Cancelling it stops the turn: the observer and the sandbox raise ``TurnCancelled``, the sandbox's
+    running code is interrupted and the budget closes the LM requests in flight.
+    """
 
     settings: Settings
     emitter: TurnEmitter
@@ -68,32 +75,20 @@ class TurnJob:
     history: str
     workspace: Path
     workspace_manifest: str
-    cancel: threading.Event
+    cancel: CancelToken
     lm_factory: LMFactory | None = None
-    cancel_reason: str = "cancelled"
+    catalogue: Catalogue = field(default_factory=lambda: Catalogue({}))
+    choices: TurnChoices = field(default_factory=TurnChoices)
     budget: TurnBudget = field(init=False)
-    _sandbox: Any = None
-    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        self.budget = TurnBudget.for_limits(self.settings.limits)
+        self.budget = TurnBudget.for_limits(self.settings.limits, self.cancel)
 
-    def interrupt(self, reason: str) -> None:
-        """Thread-safe: cancel the turn, stop whatever code runs now and close its LM requests."""
-        with self._lock:
-            self.cancel_reason = reason
-            self.cancel.set()
-            sandbox = self._sandbox
-        if sandbox is not None:
-            sandbox.interrupt()
-        self.budget.stop(TurnCancelled(reason))
-
-    def _attach_sandbox(self, sandbox: Any) -> None:
-        with self._lock:
-            self._sandbox = sandbox
-            cancelled = self.cancel.is_set()
-        if cancelled:
-            sandbox.interrupt()
+    def end(self) -> None:
+        """The turn is over: no LM call starts for it any more (a tool thread's, a child RLM's), and
+        whatever still runs ends now, even a call that began just as the turn was stopped."""
+        self.cancel.cancel("the turn has ended")
+        self.budget.close()
 
 
 class _GuardedFactory:
@@ -128,13 +123,42 @@ def _failure(exc: BaseException, settings: Settings) -> Outcome:
     return Outcome("failed", error={"type": type(exc).__name__, "message": scrub(str(exc), settings)[:2000]})
 
 
-def _over_budget(exc: TurnCancelled, observer: TurnObserver | None) -> Outcome:
-    error = {"type": BudgetExceeded.code, "message": f"{exc.reason}: the turn was stopped"}
-    return Outcome("failed", error=error, usage=observer.usage if observer else {})
+def _scrubbed(value: Any, settings: Settings) -> Any:
+    """A result with every configured secret removed from its strings."""
+    if isinstance(value, str):
+        return scrub(value, settings)
+    if isinstance(value, dict):
+        return {scrub(str(k), settings): _scrubbed(v, settings) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_scrubbed(v, settings) for v in value]
+    return value
+
+
+def stopped(cause: TurnCancelled, usage: dict[str, Any] | None = None) -> Outcome:
+    """The outcome of a turn stopped by ``cause``: one with a ``code`` (``BudgetExceeded``,
+    ``TurnDeadlineExceeded``) fails it with that error type, any other cancels it."""
+    code = getattr(cause, "code", None)
+    if code is not None:
+        return Outcome("failed", error={"type": code, "message": cause.reason}, usage=usage or {})
+    return Outcome("cancelled", reason=cause.reason, usage=usage or {})
+
+
+def turn_signature(job: TurnJob) -> type[dspy.Signature]:
+    """``FleetTask`` with this turn's skills catalogue, preselected cards, files and output schema."""
+    choices = job.choices
+    parts = [FleetTask.instructions, job.catalogue.prompt(choices.skills) if job.catalogue.skills else "",
+             files_prompt(choices.files)]
+    if choices.output_schema is not None:
+        parts.append(schema_prompt(choices.output_schema))
+    signature = FleetTask.with_instructions("\n\n".join(p for p in parts if p))
+    if choices.output_schema is not None:
+        desc = "the structured result, a dict that satisfies the output schema"
+        signature = signature.append("result", dspy.OutputField(desc=desc), type_=result_type(choices.output_schema))
+    return signature
 
 
 def run_turn(job: TurnJob) -> Outcome:
-    """Run one dspy.RLM turn to its outcome. Never raises."""
+    """Run one dspy.RLM turn to its outcome. Never raises; ``end`` the job after it."""
     settings = job.settings
     limits = settings.limits
     try:
@@ -148,13 +172,14 @@ def run_turn(job: TurnJob) -> Outcome:
     sandbox = None
     observer: TurnObserver | None = None
     try:
-        sandbox = open_sandbox(settings, job.workspace, cancel=job.cancel)
+        sandbox = open_sandbox(settings, job.workspace, cancel=job.cancel)  # interrupted when the token is cancelled
         rlm = dspy.RLM(
-            FleetTask,
+            turn_signature(job),
             max_iters=limits.max_iters,
             max_llm_calls=limits.max_llm_calls,
             max_output_chars=limits.max_output_chars,
             sub_lm=sub_lm,
+            tools=job.catalogue.tools() if job.catalogue.skills else None,
         )
         observer = TurnObserver(
             job.emitter,
@@ -165,8 +190,6 @@ def run_turn(job: TurnJob) -> Outcome:
             max_depth=limits.max_depth,
             max_children=limits.max_children,
         )
-        observer.cancel_reason = job.cancel_reason
-        job._attach_sandbox(sandbox)
         sandbox_base.observer.set(observer)
         with dspy.context(lm=root_lm, callbacks=[observer]):
             observer.enter_root()
@@ -181,21 +204,19 @@ def run_turn(job: TurnJob) -> Outcome:
             answer=scrub(str(prediction.answer), settings),
             extracted=observer.extracted,
             usage=observer.usage,
+            result=_scrubbed(getattr(prediction, "result", None), settings),
         )
-    except BudgetExceeded as exc:
-        return _over_budget(exc, observer)
-    except TurnCancelled as exc:
-        return Outcome("cancelled", reason=job.cancel_reason or exc.reason, usage=observer.usage if observer else {})
     except BaseException as exc:  # noqa: BLE001 - every failure becomes turn.failed, with a readable message
-        if isinstance(job.budget.stopped, BudgetExceeded):  # an LM call cut short by the budget surfaced as this
-            return _over_budget(job.budget.stopped, observer)
-        if job.cancel.is_set():
-            return Outcome("cancelled", reason=job.cancel_reason, usage=observer.usage if observer else {})
+        usage = observer.usage if observer else {}
+        # Whatever surfaced once the turn was stopped (TurnCancelled, an LM call cut short, a killed
+        # sandbox), the token's first reason decides how the turn ends.
+        cause = job.cancel.error() or (exc if isinstance(exc, TurnCancelled) else None)
+        if cause is not None:
+            return stopped(cause, usage)
         outcome = _failure(exc, settings)
-        outcome.usage = observer.usage if observer else {}
+        outcome.usage = usage
         return outcome
     finally:
-        job.budget.stop(TurnCancelled("the turn has ended"))  # whatever LM call still runs (a tool thread) ends now
         if sandbox is not None:
             try:
                 sandbox.close()

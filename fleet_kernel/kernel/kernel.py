@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import threading
 from pathlib import Path
 from typing import Any
 
 from ipykernel.kernelbase import Kernel
 
 from fleet_kernel import __version__
-from fleet_kernel.kernel import commands
+from fleet_kernel.cancel import CancelToken
+from fleet_kernel.kernel import commands, spec
 from fleet_kernel.kernel.context import KernelContext, load_off_loop, route_output_to_log, skip_unused_imports
 
 log = logging.getLogger(__name__)
@@ -30,19 +30,13 @@ TERMINAL_HISTORY_N = 100
 
 
 class FleetKernel(Kernel):
-    implementation = "fleet"
+    implementation = spec.NAME
     implementation_version = __version__
     banner = (
-        f"Fleet RLM {__version__}: each cell is a turn; the model reasons, writes Python and runs it in a sandbox.\n"
+        f"{spec.DISPLAY_NAME} {__version__}: each cell is a turn; the model reasons, writes Python and runs it in a sandbox.\n"
         "Type a task, or %fleet help for commands."
     )
-    language_info = {  # noqa: RUF012 - the base class reads these class attributes
-        "name": "markdown",
-        "mimetype": "text/markdown",
-        "file_extension": ".md",
-        "pygments_lexer": "markdown",
-        "codemirror_mode": "markdown",
-    }
+    language_info = spec.LANGUAGE_INFO
     help_links = [{"text": "DSPy RLM", "url": "https://dspy.ai/api/modules/RLM/"}]  # noqa: RUF012
 
     def __init__(self, **kwargs: Any) -> None:
@@ -50,9 +44,7 @@ class FleetKernel(Kernel):
         skip_unused_imports()
         self.log_path = route_output_to_log()
         self.ctx = KernelContext()
-        self._active: Any = None  # the running TurnHandle
-        self._interrupted = threading.Event()
-        self._cancel_reason = "interrupted"
+        self._cell_cancel = CancelToken()  # the running cell's: passed on to its turn once that exists
         self._executed = False
         self._warming = False
         self._wire_comms()
@@ -121,11 +113,7 @@ class FleetKernel(Kernel):
 
     def _cancel(self, reason: str) -> None:
         """Thread-safe: cancel the running turn, or the one about to start."""
-        self._cancel_reason = reason
-        self._interrupted.set()
-        handle = self._active
-        if handle is not None:
-            handle.cancel(reason)
+        self._cell_cancel.cancel(reason)
 
     # ------------------------------------------------------------------ execute
 
@@ -153,7 +141,7 @@ class FleetKernel(Kernel):
                 return await self._commands(text, parent, silent)
             if silent:
                 return self._ok()  # extensions probing the kernel never start a paid turn
-            return await self._turn(code, parent)
+            return await self._turn(code, parent, cell_id)
         except Exception as exc:
             return self._fail(parent, *_describe(exc, self.log_path))
 
@@ -177,14 +165,15 @@ class FleetKernel(Kernel):
                 pub.display(data)
         return self._ok()
 
-    async def _turn(self, task: str, parent: dict[str, Any]) -> dict[str, Any]:
+    async def _turn(self, task: str, parent: dict[str, Any], cell_id: str | None) -> dict[str, Any]:
+        """Run a task as a turn; a cell run again (the frontend's ``cellId``) supersedes its earlier turn."""
         from fleet_kernel.kernel.display import PlainLive, Publisher, TextLive, WidgetLive, finish_turn
         from fleet_kernel.view import TurnView
 
-        self._interrupted.clear()
+        self._cell_cancel = cancel = CancelToken()
         pub, view, mode = Publisher(self, parent), TurnView(), self.ctx.live_mode()
         if mode == "widgets":
-            live: Any = WidgetLive(pub, view, lambda: self._cancel("stopped from the notebook"))
+            live: Any = WidgetLive(pub, view, lambda: cancel.cancel("stopped from the notebook"))
         else:
             live = (TextLive if mode == "text" else PlainLive)(pub, view)
         live.begin()
@@ -192,21 +181,18 @@ class FleetKernel(Kernel):
             session_id = await self.ctx.ensure_session()
             await load_off_loop("fleet_kernel.sandbox")  # the runner names the sandbox; that package loads dspy
             assert self.ctx.runner is not None
-            handle = await self.ctx.runner.start(session_id, task)
+            handle = await self.ctx.runner.start(session_id, task, skills=self.ctx.skills, cell_id=cell_id)
         except BaseException:
             live.close()
             if mode != "text":
                 pub.clear()  # the error output that follows replaces the "starting" view
             raise
-        self._active = handle
-        if self._interrupted.is_set():
-            handle.cancel(self._cancel_reason)
+        cancel.on_cancel(lambda: handle.cancel(cancel.reason or "interrupted"))  # at once if it came during start
         try:
             async for event in handle.events():
                 live.on_event(event)
             await live.finish()
         finally:
-            self._active = None
             live.close()
         assert self.ctx.store is not None
         error = await finish_turn(pub, self.ctx.store, view, self.execution_count, text_mode=mode == "text")

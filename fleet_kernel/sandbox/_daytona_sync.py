@@ -22,19 +22,19 @@ from daytona import FileDownloadRequest, FileUpload
 from fleet_kernel import safe_files
 from fleet_kernel.errors import SandboxUnavailableError
 from fleet_kernel.sandbox._daytona_box import DaytonaBox
-from fleet_kernel.workspace import Workspace, usage
+from fleet_kernel.workspace import LAYOUT, Workspace, usage
 
 logger = logging.getLogger(__name__)
 
 REMOTE_ROOT = "/workspace"
-SYNCED = ("files", "artifacts", "memory")
+SYNCED = LAYOUT
 MAX_FILES = 2_000
 UPLOAD_BATCH_BYTES = 32 * 1024 * 1024
 
-_LISTING = """
+_LISTING = f"""
 import hashlib, json, os, sys
-root, limit, found = sys.argv[1], int(sys.argv[2]), {}
-for sub in ("files", "artifacts", "memory"):
+root, limit, found = sys.argv[1], int(sys.argv[2]), {{}}
+for sub in {SYNCED!r}:
     for dirpath, dirnames, filenames in os.walk(os.path.join(root, sub)):
         dirnames.sort()
         for name in sorted(filenames):

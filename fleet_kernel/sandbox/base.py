@@ -1,6 +1,6 @@
-"""What every sandbox backend offers the engine, and how it reports back while code runs.
+"""How a sandbox reports back while code runs (the backend contract itself is ``contract.py``).
 
-A backend is an ``InterpreterFactory``: a zero-argument callable that ``dspy.RLM`` calls for each
+A backend opens an ``InterpreterFactory``: a zero-argument callable that ``dspy.RLM`` calls for each
 interpreter it needs (the root and every child RLM), carrying ``execution_instructions`` for the
 prompt, plus ``interrupt()`` (cancel whatever runs now) and ``close()`` (release per-session resources).
 
@@ -16,7 +16,11 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, Protocol
 
-from dspy.primitives.code_interpreter import CodeInterpreter, CodeInterpreterError
+from dspy.primitives.code_interpreter import CodeInterpreterError
+
+from fleet_kernel.sandbox.contract import InterpreterFactory
+
+__all__ = ["InterpreterFactory", "SandboxCrashed", "SandboxObserver", "current_observer", "observer", "run_with_context"]
 
 
 class SandboxObserver(Protocol):
@@ -47,17 +51,3 @@ def run_with_context(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Cal
 
 class SandboxCrashed(CodeInterpreterError):
     """The sandbox process died or broke protocol: terminal for this interpreter (ends the turn)."""
-
-
-class InterpreterFactory(Protocol):
-    """One per turn (or per session, reused warm): makes interpreters for ``dspy.RLM``."""
-
-    execution_instructions: str
-
-    def __call__(self) -> CodeInterpreter: ...
-
-    def interrupt(self) -> None:
-        """Stop every running execution now (turn cancelled); later ``execute`` calls raise ``TurnCancelled``."""
-
-    def close(self) -> None:
-        """Shut down every interpreter this factory made and release backend resources."""

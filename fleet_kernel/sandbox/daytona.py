@@ -27,8 +27,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fleet_kernel.cancel import CancelToken
 from fleet_kernel.config import Settings
 from fleet_kernel.errors import FleetError, SandboxUnavailableError
+from fleet_kernel.sandbox.contract import describe
 from fleet_kernel.sandbox.interpreter import SandboxFactory
 
 try:
@@ -89,17 +91,9 @@ def client_for(settings: Settings) -> Any:
 
 
 def _instructions(settings: Settings) -> str:
-    return (
-        "Python 3 runs in a Daytona cloud sandbox (a Linux container). State persists between steps: variables, "
-        "imports and functions defined earlier are still there. The working directory is /workspace: the user's "
-        "uploaded files are in /workspace/files, save files for the user in /workspace/artifacts, and "
-        "/workspace/memory/MEMORIES.md holds notes kept across turns (read it at the start, append what is worth "
-        "remembering). Use print() to see results: you only see what is printed (long output is truncated) and the "
-        "value of a final bare expression; output of subprocesses shows only when you capture and print it. "
-        f"Each step may run at most {settings.limits.exec_timeout_s:g} s; a step "
-        "that times out is interrupted but keeps its variables. When done, call SUBMIT(...) with the output "
-        "fields, positionally or by name."
-    )
+    return describe("Python 3 runs in a Daytona cloud sandbox (a Linux container)",
+                    exec_timeout_s=settings.limits.exec_timeout_s,
+                    notes="Output of subprocesses shows only when you capture and print it.")
 
 
 # -- finding and creating a session's sandbox -----------------------------------------------------
@@ -238,7 +232,7 @@ def delete_session_sandboxes(settings: Settings, session_id: str) -> int:
 # -- the backend ----------------------------------------------------------------------------------
 
 
-def open_daytona(settings: Settings, workspace: Path, *, cancel: threading.Event | None = None) -> SandboxFactory:
+def open_daytona(settings: Settings, workspace: Path, *, cancel: CancelToken | None = None) -> SandboxFactory:
     """An interpreter factory whose interpreters each run in a context of the session's Daytona sandbox.
 
     Raises:
@@ -277,6 +271,31 @@ def _after_turn(box: Any, workspace: Path, max_file_bytes: int, quota: tuple[int
         _daytona_sync.pull(box, workspace, max_file_bytes=max_file_bytes, quota=quota)
     except Exception as exc:  # noqa: BLE001 - the turn's outcome stands; say loudly what did not come back
         logger.error("Daytona: could not copy the sandbox's /workspace back to %s: %s", workspace, exc)
+
+
+class DaytonaBackend:
+    """``daytona``: a cloud sandbox per session, kept warm across its turns and deleted with it."""
+
+    def status(self, settings: Settings) -> str | None:
+        """What is missing locally (the SDK, the key); ``fleet doctor daytona`` checks the service itself."""
+        try:
+            _require_sdk()
+            client_for(settings)
+        except SandboxUnavailableError as exc:
+            return exc.message
+        return None
+
+    def instructions(self, settings: Settings, workspace: Path) -> str:
+        return _instructions(settings)
+
+    def open(self, settings: Settings, workspace: Path, *, cancel: CancelToken | None = None) -> SandboxFactory:
+        return open_daytona(settings, workspace, cancel=cancel)
+
+    def forget(self, settings: Settings, session_id: str) -> None:
+        delete_session_sandboxes(settings, session_id)
+
+
+BACKEND = DaytonaBackend()
 
 
 # -- fleet doctor daytona -------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreter
 from dspy.utils.callback import BaseCallback, with_callbacks
 from pydantic_core import to_jsonable_python
 
+from fleet_kernel.cancel import CancelToken
 from fleet_kernel.errors import TurnCancelled
 from fleet_kernel.sandbox._protocol import ProtocolError, SessionClosed
 from fleet_kernel.sandbox.base import SandboxCrashed, current_observer, run_with_context
@@ -35,7 +36,7 @@ from fleet_kernel.telemetry import metrics
 logger = logging.getLogger(__name__)
 
 INTERRUPT_GRACE_S = 2.0  # after an interrupt, how long the code may take to stop before the worker is killed
-POLL_S = 0.1  # how often a waiting execute looks at the cancel flag and the clock
+POLL_S = 0.1  # how often a waiting execute looks at the cancel token and the clock
 OUTPUT_SLACK = 1024  # room past the output cap for the runtime's own truncation notice
 MAX_TOOL_CALLS = 64  # host tool calls of one execution running at once (one thread each); code can forge more
 _STATE_LOST = "variables, imports and functions from earlier steps are gone (files in /workspace are kept)"
@@ -69,6 +70,21 @@ def _to_json(value: Any) -> Any:
         return to_jsonable_python(value, fallback=repr)
 
 
+def _by_name(tool: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """Positional arguments passed by name when the tool names them: dspy wraps user tools as
+    ``invoke(**kwargs)`` (with the function's signature), so ``load_skill('x')`` must arrive as ``name='x'``."""
+    try:
+        signature = inspect.signature(tool)
+    except (TypeError, ValueError):
+        return args, kwargs
+    if any(p.kind in (p.VAR_POSITIONAL, p.POSITIONAL_ONLY) for p in signature.parameters.values()):
+        return args, kwargs
+    try:
+        return [], dict(signature.bind(*args, **kwargs).arguments)
+    except TypeError:
+        return args, kwargs  # the call reports the mismatch itself
+
+
 class _InFlight:
     """Host tool calls of one execution that are still running."""
 
@@ -85,7 +101,7 @@ class SandboxInterpreter:
     """``dspy``'s ``CodeInterpreter`` on a sandbox session that is started lazily and restarted after a crash."""
 
     def __init__(self, new_session: Callable[[], SandboxSession], *, exec_timeout_s: float,
-                 cancel: threading.Event, cancel_cause: Callable[[], TurnCancelled] = TurnCancelled,
+                 cancel: CancelToken,
                  tools: dict[str, Callable[..., Any]] | None = None,
                  output_fields: list[dict[str, Any]] | None = None,
                  on_shutdown: Callable[[SandboxInterpreter], None] | None = None,
@@ -94,7 +110,7 @@ class SandboxInterpreter:
         self._backend = backend
         self._exec_timeout_s = exec_timeout_s
         self._max_output = max_output_bytes  # characters passed on per execution, like the runtime's cap
-        self._cancel, self._cancel_cause = cancel, cancel_cause
+        self._cancel = cancel
         self._tools: dict[str, Callable[..., Any]] = dict(tools or {})
         self.output_fields = output_fields
         self._tools_registered = False
@@ -144,7 +160,7 @@ class SandboxInterpreter:
             self._on_shutdown(self)
 
     def interrupt(self) -> None:
-        """Ask running code to stop now (called from another thread); the flag decides what happens next."""
+        """Ask running code to stop now (called from another thread); the token decides what happens next."""
         session = self._session
         if session is not None and self._busy.locked():
             session.interrupt()
@@ -166,8 +182,7 @@ class SandboxInterpreter:
             CodeExecutionError: the code failed, timed out, or crashed the sandbox (which restarts).
             SandboxCrashed: the sandbox broke protocol or cannot start; terminal.
         """
-        if self._cancel.is_set():
-            raise self._cancel_cause()
+        self._cancel.raise_if_cancelled()
         if not self._busy.acquire(blocking=False):
             raise CodeInterpreterError("This sandbox is already running code.")
         try:
@@ -228,7 +243,7 @@ class SandboxInterpreter:
                 used += now - last
             last = now
             if stop is None:
-                stop = ("cancel" if self._cancel.is_set() else "fatal" if self._fatal
+                stop = ("cancel" if self._cancel.cancelled else "fatal" if self._fatal
                         else "timeout" if used >= self._exec_timeout_s else None)
                 if stop:
                     session.interrupt()
@@ -283,17 +298,17 @@ class SandboxInterpreter:
                                  name=f"fleet-tool-{message.get('name')}").start()
             elif kind == "done" and message.get("id") == exec_id:
                 if stop is None:  # factory.interrupt() or a cancelled tool got there before this loop looked
-                    stop = "cancel" if self._cancel.is_set() else "fatal" if self._fatal else None
+                    stop = "cancel" if self._cancel.cancelled else "fatal" if self._fatal else None
                 if stop and not (stop == "timeout" and message.get("kind") != "interrupted"):
                     raise self._stop_error(stop, message.get("output") or "", message.get("error"))
                 return self._result(message)
 
     def _stop_error(self, stop: str, output: str, error: dict[str, Any] | None) -> BaseException:
         if stop == "cancel":
-            return self._cancel_cause()
+            return self._cancelled()
         if stop == "fatal":
             fatal, self._fatal = self._fatal, None
-            return fatal or self._cancel_cause()
+            return fatal or self._cancelled()
         limit = f"{self._exec_timeout_s:g} s"
         if error is None:
             return CodeExecutionError(f"{output}\nExecution timed out after {limit} and did not stop when "
@@ -301,6 +316,9 @@ class SandboxInterpreter:
         return CodeExecutionError(f"{output}\n{error.get('traceback', '')}Execution timed out after {limit} and "
                                   "was interrupted; the REPL state is kept. Do less per step, or work in "
                                   "smaller pieces.".lstrip())
+
+    def _cancelled(self) -> TurnCancelled:
+        return self._cancel.error() or TurnCancelled()
 
     @staticmethod
     def _result(done: dict[str, Any]) -> Any:
@@ -324,6 +342,8 @@ class SandboxInterpreter:
         tool = self._tools.get(tool_name)
         if tool is None:
             raise NameError(f"{tool_name!r} is not a tool of this sandbox")
+        if args:
+            args, kwargs = _by_name(tool, args, kwargs)
         result = tool(*args, **kwargs)
         if inspect.isawaitable(result):
             async def wait() -> Any:
@@ -358,37 +378,42 @@ class SandboxInterpreter:
 
 
 class SandboxFactory:
-    """A zero-argument interpreter factory for ``dspy.RLM`` that can interrupt and close what it made."""
+    """A zero-argument interpreter factory for ``dspy.RLM`` that can interrupt and close what it made.
+
+    ``cancel`` is the turn's token: once it is cancelled, running code is interrupted and every
+    ``execute`` raises its ``TurnCancelled``.
+    """
 
     def __init__(self, new_session: Callable[[], SandboxSession], *, backend: str, execution_instructions: str,
-                 exec_timeout_s: float, cancel: threading.Event | None = None,
+                 exec_timeout_s: float, cancel: CancelToken | None = None,
                  on_close: Callable[[], None] | None = None, max_output_bytes: int | None = None) -> None:
         self.backend = backend
         self.execution_instructions = execution_instructions
-        self.cancel = cancel if cancel is not None else threading.Event()
+        self.cancel = cancel if cancel is not None else CancelToken()
         self._new_session = new_session
         self._exec_timeout_s = exec_timeout_s
         self._max_output_bytes = max_output_bytes
         self._on_close = on_close
-        self._cause: TurnCancelled | None = None
         self._interpreters: set[SandboxInterpreter] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self.cancel.on_cancel(self._interrupt_all)
 
     def __call__(self) -> SandboxInterpreter:
         interpreter = SandboxInterpreter(self._new_session, exec_timeout_s=self._exec_timeout_s, cancel=self.cancel,
-                                         cancel_cause=self._cancel_cause, on_shutdown=self._forget,
-                                         max_output_bytes=self._max_output_bytes, backend=self.backend)
+                                         on_shutdown=self._forget, max_output_bytes=self._max_output_bytes,
+                                         backend=self.backend)
         with self._lock:
             if self._closed:
                 raise CodeInterpreterError(f"The {self.backend} sandbox has been closed.")
             self._interpreters.add(interpreter)
         return interpreter
 
-    def interrupt(self, cause: TurnCancelled | None = None) -> None:
-        """Cancel: stop running code in every interpreter; later ``execute`` calls raise ``cause``."""
-        self._cause = cause
-        self.cancel.set()
+    def interrupt(self, reason: str = "cancelled") -> None:
+        """Cancel the token: stop running code in every interpreter; later ``execute`` calls raise ``TurnCancelled``."""
+        self.cancel.cancel(reason)
+
+    def _interrupt_all(self) -> None:
         with self._lock:
             interpreters = list(self._interpreters)
         for interpreter in interpreters:
@@ -408,10 +433,6 @@ class SandboxFactory:
     def interpreters(self) -> list[SandboxInterpreter]:
         with self._lock:
             return list(self._interpreters)
-
-    def _cancel_cause(self) -> TurnCancelled:
-        cause = self._cause
-        return type(cause)(cause.reason) if cause is not None else TurnCancelled("cancelled")
 
     def _forget(self, interpreter: SandboxInterpreter) -> None:
         with self._lock:

@@ -14,6 +14,7 @@ import atexit
 import contextlib
 import fcntl
 import functools
+import importlib.util
 import logging
 import os
 import py_compile
@@ -24,10 +25,18 @@ import sys
 import tempfile
 import weakref
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fleet_kernel.config import SandboxLimits
+from fleet_kernel.config import SandboxLimits, Settings
+from fleet_kernel.errors import SandboxUnavailableError
 from fleet_kernel.sandbox import _confine, _pyfarm
 from fleet_kernel.sandbox._protocol import PipeSession, SessionClosed
+from fleet_kernel.sandbox.contract import describe
+from fleet_kernel.workspace import LAYOUT
+
+if TYPE_CHECKING:
+    from fleet_kernel.cancel import CancelToken
+    from fleet_kernel.sandbox.interpreter import SandboxFactory
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +47,7 @@ SANDBOX_RUNTIME = "/run/fleet/runtime.pyc"
 START_TIMEOUT_S = 10.0
 _ETC_BINDS = ("fonts",)  # fontconfig, for matplotlib and friends
 _LIVE: weakref.WeakSet[ProcessSession] = weakref.WeakSet()  # killed at exit, so no cgroup outlives us
+_NOTABLE_PACKAGES = ("numpy", "pandas", "scipy", "matplotlib", "sklearn", "sympy", "networkx", "bs4", "yaml")
 
 
 @functools.cache
@@ -307,3 +317,57 @@ class ProcessSession(PipeSession):
 def _kill_live_sessions() -> None:
     for session in list(_LIVE):
         session.kill()
+
+
+# -- the backends ---------------------------------------------------------------------------------
+
+
+@functools.cache
+def _installed_packages() -> str:
+    found = [name for name in _NOTABLE_PACKAGES if importlib.util.find_spec(name) is not None]
+    return f" Installed packages include {', '.join(found)}." if found else ""
+
+
+class LocalBackend:
+    """``local`` (``isolated``: under bubblewrap) or ``unsafe-local`` (a plain subprocess of the host user)."""
+
+    def __init__(self, *, isolated: bool) -> None:
+        self.isolated = isolated
+
+    def status(self, settings: Settings) -> str | None:
+        return probe_bwrap() if self.isolated else None
+
+    def instructions(self, settings: Settings, workspace: Path) -> str:
+        version = ".".join(map(str, sys.version_info[:2]))
+        where = ("in an isolated sandbox with no network access" if self.isolated
+                 else "directly on the host machine (no sandbox)")
+        return describe(f"Python {version} (CPython) runs {where}", exec_timeout_s=settings.limits.exec_timeout_s,
+                        root="/workspace" if self.isolated else str(workspace.absolute()),
+                        memory_mb=settings.policy.sandbox.memory_mb,
+                        notes=f"Nothing can be installed.{_installed_packages()}")
+
+    def open(self, settings: Settings, workspace: Path, *, cancel: CancelToken | None = None) -> SandboxFactory:
+        from fleet_kernel.sandbox.interpreter import SandboxFactory
+
+        limits, exec_timeout_s = settings.policy.sandbox, settings.limits.exec_timeout_s
+        if self.isolated and (reason := probe_bwrap()) is not None:
+            raise SandboxUnavailableError(
+                f"The local sandbox cannot run: {reason}; or set FLEET_SANDBOX=unsafe-local to run without isolation.")
+        workspace = workspace.absolute()
+        for name in LAYOUT:
+            (workspace / name).mkdir(parents=True, exist_ok=True)
+        if not self.isolated:
+            logger.warning("FLEET_SANDBOX=unsafe-local: model-written code runs WITHOUT isolation, with your user's "
+                           "files, network and credentials, in %s", workspace)
+        return SandboxFactory(
+            functools.partial(ProcessSession, workspace, limits, isolated=self.isolated),
+            backend="local" if self.isolated else "unsafe-local",
+            execution_instructions=self.instructions(settings, workspace),
+            exec_timeout_s=exec_timeout_s, cancel=cancel, max_output_bytes=limits.max_output_bytes)
+
+    def forget(self, settings: Settings, session_id: str) -> None:
+        """Nothing outlives a turn: the workspace is the session's, deleted with it."""
+
+
+LOCAL = LocalBackend(isolated=True)
+UNSAFE_LOCAL = LocalBackend(isolated=False)

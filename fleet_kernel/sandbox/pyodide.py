@@ -21,15 +21,16 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
+from fleet_kernel.cancel import CancelToken
 from fleet_kernel.config import SandboxLimits, Settings
 from fleet_kernel.errors import SandboxUnavailableError
 from fleet_kernel.sandbox._protocol import MAX_MESSAGE_BYTES, PipeSession, SessionClosed
+from fleet_kernel.sandbox.contract import describe
 from fleet_kernel.sandbox.interpreter import SandboxFactory
-from fleet_kernel.workspace import Workspace, usage
+from fleet_kernel.workspace import ARTIFACTS_DIR, MEMORY_DIR, Workspace, usage
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ RUNNER = Path(__file__).with_name("pyodide_runner.js")
 RUNTIME = Path(__file__).with_name("runtime.py")
 START_TIMEOUT_S = 60.0  # a cold start is ~3 s on an idle machine, several times that on a loaded one
 DENO_BASELINE_MB = 384  # Deno + V8 + Pyodide before any user data; added to the memory limit
-WRITABLE = ("artifacts/", "memory/")  # what sandboxed code may change in the host workspace
+WRITABLE = (f"{ARTIFACTS_DIR}/", f"{MEMORY_DIR}/")  # what sandboxed code may change in the host workspace
 _DENO_FLAGS = ("--no-config", "--no-lock", "--node-modules-dir=false")
 MAX_DENIED_LINKS = 5000  # symbolic links in one workspace, each denied on Deno's command line
 
@@ -326,20 +327,13 @@ def _symlinks_to_deny(workspace: Path) -> list[str]:
 
 def execution_instructions(exec_timeout_s: float) -> str:
     """The prompt's description of this environment (what works in Pyodide, what does not)."""
-    return (
-        f"Python {PYODIDE_PYTHON} (Pyodide {PYODIDE_VERSION}, CPython compiled to WebAssembly) runs in a sandbox "
-        "with no network access. State persists between steps: variables, imports and functions defined earlier "
-        "are still there. The working directory is /workspace: the user's uploaded files are in /workspace/files, "
-        "save files for the user in /workspace/artifacts, and /workspace/memory/MEMORIES.md holds notes kept "
-        "across sessions (read it at the start, append what is worth remembering). Only the standard library is "
-        "available and nothing can be installed; threads and subprocesses do not work. Use print() to see "
-        "results: you only see what is printed (long output is truncated) and the value of a final bare "
-        f"expression. Each step may run at most {exec_timeout_s:g} s; a step that times out is interrupted but "
-        "keeps its variables. When done, call SUBMIT(...) with the output fields, positionally or by name."
-    )
+    return describe(f"Python {PYODIDE_PYTHON} (Pyodide {PYODIDE_VERSION}, CPython compiled to WebAssembly) runs in a "
+                    "sandbox with no network access", exec_timeout_s=exec_timeout_s,
+                    notes="Only the standard library is available and nothing can be installed; threads and "
+                          "subprocesses do not work.")
 
 
-def open_pyodide(settings: Settings, workspace: Path, *, cancel: threading.Event | None = None,
+def open_pyodide(settings: Settings, workspace: Path, *, cancel: CancelToken | None = None,
                  deno_dir: Path | None = None) -> SandboxFactory:
     """An interpreter factory whose interpreters each run in their own Pyodide worker process.
 
@@ -358,6 +352,25 @@ def open_pyodide(settings: Settings, workspace: Path, *, cancel: threading.Event
 
     return SandboxFactory(new_session, backend="pyodide", execution_instructions=execution_instructions(
         exec_timeout_s), exec_timeout_s=exec_timeout_s, cancel=cancel, max_output_bytes=limits.max_output_bytes)
+
+
+class PyodideBackend:
+    """``pyodide``: the portable fallback; needs Deno and the Pyodide cache (``PREFETCH_COMMAND``)."""
+
+    def status(self, settings: Settings) -> str | None:
+        return probe_pyodide(settings.home)
+
+    def instructions(self, settings: Settings, workspace: Path) -> str:
+        return execution_instructions(settings.limits.exec_timeout_s)
+
+    def open(self, settings: Settings, workspace: Path, *, cancel: CancelToken | None = None) -> SandboxFactory:
+        return open_pyodide(settings, workspace, cancel=cancel)
+
+    def forget(self, settings: Settings, session_id: str) -> None:
+        """Nothing outlives a turn: each interpreter is its own Deno process."""
+
+
+BACKEND = PyodideBackend()
 
 
 def main() -> None:

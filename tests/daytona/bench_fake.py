@@ -18,9 +18,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 
-from fleet_kernel.sandbox.pyodide_bench import _STREAM_CODE, _Arrivals, _median, _ms
+from sandbox_probes import STREAM_CODE, Arrivals, median, ms  # bench/, on the path above
 
 
 def bench_daytona_fake(runs: int = 30) -> dict[str, float]:
@@ -59,29 +60,29 @@ def bench_daytona_fake(runs: int = 30) -> dict[str, float]:
         warm = time.perf_counter() - started
         interp.tools["echo"] = lambda value: value
 
-        execute = _median(lambda: interp.execute("x += 1"), runs)
-        tool = _median(lambda: interp.execute("echo(1)"), runs)
+        execute = median(lambda: interp.execute("x += 1"), runs)
+        tool = median(lambda: interp.execute("echo(1)"), runs)
         payloads = iter([str(i) * 1_000_000 for i in range(10)])
-        inject = _median(lambda: interp.execute("len(big)", variables={"big": next(payloads)}), 5)
-        round_trip = _median(lambda: interp.execute("big", variables={"big": next(payloads)}), 5)
+        inject = median(lambda: interp.execute("len(big)", variables={"big": next(payloads)}), 5)
+        round_trip = median(lambda: interp.execute("big", variables={"big": next(payloads)}), 5)
 
-        arrivals = _Arrivals()
+        arrivals = Arrivals()
         token = base.observer.set(arrivals)
         try:
-            interp.execute(_STREAM_CODE)
+            interp.execute(STREAM_CODE)
         finally:
             base.observer.reset(token)
         factory.close()
     return {
-        "sdk_import_ms": _ms(import_s),
-        "cold_start_ms": _ms(cold),
-        "warm_turn_start_ms": _ms(warm),
-        "execute_ms": _ms(execute),
-        "execute_with_tool_call_ms": _ms(tool),
-        "inject_1mb_variable_ms": _ms(inject),
-        "round_trip_1mb_variable_ms": _ms(round_trip),
-        "stream_latency_median_ms": _ms(statistics.median(arrivals.delays)),
-        "stream_latency_max_ms": _ms(max(arrivals.delays)),
+        "sdk_import_ms": ms(import_s),
+        "cold_start_ms": ms(cold),
+        "warm_turn_start_ms": ms(warm),
+        "execute_ms": ms(execute),
+        "execute_with_tool_call_ms": ms(tool),
+        "inject_1mb_variable_ms": ms(inject),
+        "round_trip_1mb_variable_ms": ms(round_trip),
+        "stream_latency_median_ms": ms(statistics.median(arrivals.delays)),
+        "stream_latency_max_ms": ms(max(arrivals.delays)),
     }
 
 

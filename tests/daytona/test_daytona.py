@@ -303,9 +303,10 @@ def _launch_env() -> dict[str, str]:
 
 
 def test_cancel_stops_running_code(settings: Settings, workspace: Workspace) -> None:
+    from fleet_kernel.cancel import CancelToken
     from fleet_kernel.errors import TurnCancelled
 
-    cancel = threading.Event()
+    cancel = CancelToken()
     factory = daytona.open_daytona(settings, workspace.root, cancel=cancel)
     interp = factory()
     threading.Timer(0.5, factory.interrupt).start()
@@ -314,7 +315,7 @@ def test_cancel_stops_running_code(settings: Settings, workspace: Workspace) -> 
         interp.execute("import time\nwhile True:\n    time.sleep(0.05)")
     assert time.perf_counter() - started < 3
     factory.close()
-    assert json.dumps({"cancelled": cancel.is_set()}) == '{"cancelled": true}'
+    assert json.dumps({"cancelled": cancel.cancelled}) == '{"cancelled": true}'
 
 
 def test_sync_reads_no_link_pipe_or_undecodable_name(settings: Settings, workspace: Workspace, tmp_path: Path) -> None:

@@ -1,10 +1,10 @@
-"""Figures for the Pyodide backend: ``bench_pyodide()`` (used by bench/sandbox.py), in milliseconds.
+"""The probes bench/sandbox.py runs on each backend, in milliseconds; ``bench_pyodide()`` for Pyodide.
 
-    python -m fleet_kernel.sandbox.pyodide_bench      # prints the figures as JSON
+    python bench/sandbox_probes.py      # prints the Pyodide figures as JSON
 
-Same keys as the Daytona fake's ``bench_daytona_fake()``, so the backends line up side by side.
-``measure(factory)`` runs the same probes on any interpreter factory (``dspy.LocalInterpreter`` too,
-which has no observer, so its streaming figures are ``None``).
+``measure(factory)`` runs them on any interpreter factory (``dspy.LocalInterpreter`` too, which has no
+observer, so its streaming figures are ``None``); tests/daytona/bench_fake.py reuses its helpers, so the
+Daytona fake's figures have the same keys and the backends line up side by side.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 
 from fleet_kernel.sandbox import base
 
-_STREAM_CODE = "import time\nfor _ in range(10):\n    print(time.time())\n    time.sleep(0.1)"
+STREAM_CODE = "import time\nfor _ in range(10):\n    print(time.time())\n    time.sleep(0.1)"
 
 
-class _Arrivals:
+class Arrivals:
     """Observer noting how long each printed timestamp took to reach the host."""
 
     def __init__(self) -> None:
@@ -39,11 +39,11 @@ class _Arrivals:
         pass
 
 
-def _ms(seconds: float | None) -> float | None:
+def ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 2)
 
 
-def _median(call: Callable[[], Any], runs: int) -> float:
+def median(call: Callable[[], Any], runs: int) -> float:
     times = []
     for _ in range(runs):
         started = time.perf_counter()
@@ -59,30 +59,30 @@ def measure(factory: Callable[[], Any], runs: int = 30) -> dict[str, float | Non
     interp.execute("x = 0")
     cold = time.perf_counter() - started
     try:
-        _median(lambda: interp.execute("x += 1"), runs)  # let V8 tier the WebAssembly up before timing
-        execute = _median(lambda: interp.execute("x += 1"), runs)
+        median(lambda: interp.execute("x += 1"), runs)  # let V8 tier the WebAssembly up before timing
+        execute = median(lambda: interp.execute("x += 1"), runs)
         interp.tools["echo"] = lambda value: value
-        tool = _median(lambda: interp.execute("echo(1)"), runs)
+        tool = median(lambda: interp.execute("echo(1)"), runs)
         payloads = iter([str(i) * 1_000_000 for i in range(10)])
-        inject = _median(lambda: interp.execute("len(big)", variables={"big": next(payloads)}), 5)
-        round_trip = _median(lambda: interp.execute("big", variables={"big": next(payloads)}), 5)
-        arrivals = _Arrivals()
+        inject = median(lambda: interp.execute("len(big)", variables={"big": next(payloads)}), 5)
+        round_trip = median(lambda: interp.execute("big", variables={"big": next(payloads)}), 5)
+        arrivals = Arrivals()
         token = base.observer.set(arrivals)
         try:
-            interp.execute(_STREAM_CODE)
+            interp.execute(STREAM_CODE)
         finally:
             base.observer.reset(token)
     finally:
         interp.shutdown()
     delays = arrivals.delays
     return {
-        "cold_start_ms": _ms(cold),
-        "execute_ms": _ms(execute),
-        "execute_with_tool_call_ms": _ms(tool),
-        "inject_1mb_variable_ms": _ms(inject),
-        "round_trip_1mb_variable_ms": _ms(round_trip),
-        "stream_latency_median_ms": _ms(statistics.median(delays)) if delays else None,
-        "stream_latency_max_ms": _ms(max(delays)) if delays else None,
+        "cold_start_ms": ms(cold),
+        "execute_ms": ms(execute),
+        "execute_with_tool_call_ms": ms(tool),
+        "inject_1mb_variable_ms": ms(inject),
+        "round_trip_1mb_variable_ms": ms(round_trip),
+        "stream_latency_median_ms": ms(statistics.median(delays)) if delays else None,
+        "stream_latency_max_ms": ms(max(delays)) if delays else None,
     }
 
 
