@@ -28,6 +28,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "telemetry"))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import dspy
@@ -313,11 +314,33 @@ def load_table(raw: Raw, api: Api, repeat: int) -> None:
           f"{pct(firsts, 0.95) * 1000:>28.1f}")
 
 
+def tracing_table(env: dict[str, str], server: ScriptedLM, untraced: InProcess, repeat: int) -> None:
+    """A 20-iteration turn with OpenTelemetry traces on (to a loopback OTLP receiver) against off, alternating."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "telemetry"))
+    from otlp_receiver import OTLPReceiver  # a test helper: only this table needs it
+
+    off, on = [], []
+    with OTLPReceiver() as collector:
+        os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = collector.endpoint  # the SDK reads it itself
+        traced = InProcess({**env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": collector.endpoint}, server)
+        try:
+            for _ in range(repeat):
+                off.append(untraced.turn(20)[0])
+                on.append(traced.turn(20)[0])
+        finally:
+            traced.close()
+            del os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
+        spans = len(collector.spans)
+    print(f"\n20-iteration turn, traces off {ms(off):.1f} ms, on {ms(on):.1f} ms "
+          f"({(ms(on) - ms(off)) / ms(off) * 100:+.1f}%; {spans} spans received; target within 5%)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--skip-load", action="store_true", help="leave out the 8-concurrent-turns table")
     parser.add_argument("--skip-unpooled", action="store_true", help="leave out the API column without a pool")
+    parser.add_argument("--tracing", action="store_true", help="also time a 20-iteration turn traced vs not")
     args = parser.parse_args()
     home = tempfile.mkdtemp(prefix="fleet-bench-")
     with ScriptedLM() as server:
@@ -345,6 +368,8 @@ def main() -> None:
             memory_table(settings)
             if not args.skip_load:
                 load_table(raw, api, max(1, args.repeat // 2))
+            if args.tracing:
+                tracing_table(env, server, inproc, args.repeat)
         finally:
             for each in apis.values():
                 each.close()

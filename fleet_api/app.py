@@ -22,6 +22,7 @@ from fleet_api.hosts import AllowedHosts, own_names
 from fleet_api.limits import BodyLimit
 from fleet_api.openapi import install_docs_redirect, install_openapi
 from fleet_api.origin import SameOriginWrites
+from fleet_api.routes import metrics
 from fleet_api.routes.attachments import UPLOAD_PATH
 from fleet_api.sse import HEARTBEAT_S
 from fleet_api.tail import StoreTail
@@ -107,6 +108,7 @@ def create_app(
     install_docs_redirect(app)
     for router in routes.ROUTERS:
         app.include_router(router, prefix="/api")
+    app.include_router(metrics.router)
     upload_limit = int(settings.policy.storage.max_upload_mb * 1024 * 1024)
     upload_paths = frozenset({UPLOAD_PATH})
     names = own_names(settings.allowed_hosts, bind_host)

@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator
 
 from sse_starlette import EventSourceResponse
 
+from fleet_kernel.telemetry import metrics
+
 log = logging.getLogger("fleet_api")
 
 HEARTBEAT_S = 15.0
@@ -28,12 +30,14 @@ SSE_RESPONSE_DOC = {
 
 
 async def _guarded(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    metrics.SSE_CLIENTS.inc()
     try:
         async for chunk in chunks:
             yield chunk
     except Exception:  # the status line is sent: end the stream; the client resumes with Last-Event-ID
         log.exception("a turn's event stream failed; the client can resume with Last-Event-ID")
     finally:
+        metrics.SSE_CLIENTS.dec()
         aclose = getattr(chunks, "aclose", None)
         if aclose is not None:
             await aclose()

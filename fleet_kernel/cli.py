@@ -17,6 +17,7 @@ import click
 from fleet_kernel import __version__
 from fleet_kernel.errors import FleetError
 from fleet_kernel.kernel.install import install
+from fleet_kernel.telemetry.export import trace
 
 
 def friendly(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -86,6 +87,8 @@ def doctor(target: str) -> None:
     ok = asyncio.run(run_checks(target, echo=click.echo))
     sys.exit(0 if ok else 1)
 
+
+main.add_command(trace)
 
 if __name__ == "__main__":
     main()

@@ -157,7 +157,10 @@ ENV_VARS: dict[str, str] = {
     "FLEET_ALLOWED_HOSTS": "allowed_hosts",
     "FLEET_LM_RECORD": "lm_record",
     "FLEET_OUTPUT": "output",
+    "FLEET_TRACE_CONTENT": "trace_content",
 }
+# The OpenTelemetry SDK's own variables: Fleet only checks whether traces are switched on.
+OTEL_ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 _HOST_NAME = re.compile(r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*")
 
 
@@ -195,6 +198,11 @@ class Settings(BaseModel):
     lm_record: Path | None = None
     output: OutputMode | None = None
     """``FLEET_OUTPUT``: how this kernel shows turns, chosen for it (``[kernel] output`` is the default)."""
+    trace_content: bool = False
+    """``FLEET_TRACE_CONTENT=1``: traces carry the task, reasoning, code, outputs and answers."""
+    tracing: bool = False
+    """An OTLP traces endpoint is set (``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT``)
+    and ``OTEL_SDK_DISABLED`` is not true; the OpenTelemetry SDK reads those variables itself."""
     policy: Policy = Policy()
     config_path: Path | None = None
 
@@ -312,6 +320,8 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
     values["home"] = home_dir(env)
     values.setdefault("database_url", f"sqlite+aiosqlite:///{values['home'] / 'fleet.db'}")
     values.setdefault("sandbox", policy.sandbox.backend)
+    disabled = env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+    values["tracing"] = not disabled and any(env.get(var, "").strip() for var in OTEL_ENDPOINT_VARS)
     if not values.get("lm_api_key"):
         # dspy/LiteLLM read the provider's own variable (OPENAI_API_KEY, ...) themselves.
         values.pop("lm_api_key", None)

@@ -31,6 +31,7 @@ from fleet_kernel.events import Artifact, Event, LMFinished, TurnCancelledData, 
 from fleet_kernel.sandbox import contract as sandbox_contract
 from fleet_kernel.skills import Catalogue, load_catalogue
 from fleet_kernel.store import AttachmentRow, EndedTurn, Store, TurnRow
+from fleet_kernel.telemetry import Telemetry
 from fleet_kernel.workspace import Workspace, guess_mime
 
 if TYPE_CHECKING:
@@ -115,7 +116,8 @@ class TurnRunner:
         """Start the event writer and the heartbeat, and mark turns left by dead processes interrupted."""
         async with self._started:
             if self._writer is None:
-                self._writer = EventWriter(self.store, self.hub, on_broken=self._events_lost)
+                telemetry = Telemetry(self.settings)
+                self._writer = EventWriter(self.store, self.hub, on_broken=self._events_lost, telemetry=telemetry)
                 self._end_interrupted(await self.store.reap_stale_turns())
                 self._supervisor = asyncio.get_running_loop().create_task(self._supervise(), name="fleet-heartbeat")
                 asyncio.get_running_loop().run_in_executor(None, sandbox_contract.prepare, self.settings)  # pool

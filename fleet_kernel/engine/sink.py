@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fleet_kernel.events import ROOT_AGENT, Event, EventData, TurnFailed, make_event
 from fleet_kernel.store import Store, describe_write_error
+from fleet_kernel.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +66,15 @@ class EventWriter:
     """
 
     def __init__(
-        self, store: Store, hub: EventHub, *, on_broken: Callable[[str, dict[str, Any]], None] | None = None
+        self,
+        store: Store,
+        hub: EventHub,
+        *,
+        on_broken: Callable[[str, dict[str, Any]], None] | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.store = store
+        self.telemetry = telemetry or Telemetry()  # metrics and traces: views of what is committed
         self.hub = hub
         self.on_broken = on_broken
         self._loop = asyncio.get_running_loop()
@@ -119,6 +127,7 @@ class EventWriter:
             return
         for attempt in range(COMMIT_ATTEMPTS):
             try:
+                started = time.perf_counter()
                 await self.store.append_events(batch)
                 self.last_error = None
                 break
@@ -136,6 +145,7 @@ class EventWriter:
                 self._end_broken(event)
             return
         self.hub.publish(batch)
+        self.telemetry.committed(batch, time.perf_counter() - started)
         for event in batch:
             self._last_seq[event.turn_id] = max(self._last_seq.get(event.turn_id, 0), event.seq)
             if event.terminal:
@@ -194,6 +204,7 @@ class EventWriter:
 
     def _deliver_terminal(self, turn_id: str, event: Event) -> None:
         self.hub.publish([event])
+        self.telemetry.committed([event])
         self._closed(turn_id)
 
     def _closed(self, turn_id: str) -> None:
@@ -221,6 +232,7 @@ class EventWriter:
         for task in list(self._pending):  # the store stayed unwritable: the next start reaps those turns
             task.cancel()
         await asyncio.gather(*self._pending, return_exceptions=True)
+        await self.telemetry.close()
 
 
 class TurnEmitter:

@@ -179,6 +179,9 @@ async def cmd_status(ctx: KernelContext, args: list[str]) -> Reply:
         finished = [t for t in turns if t.usage]
         if finished:
             lines.append(_last_turn_usage(finished[-1].usage or {}))
+    from fleet_kernel.telemetry import metrics  # loaded with the store by now (the kernel starts light)
+
+    lines += metrics.summary_lines()  # the counters GET /metrics serves, for this kernel's turns
     return Reply("\n".join(lines), "\n".join(f"- {_md(line)}" for line in lines))
 
 

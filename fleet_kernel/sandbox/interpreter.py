@@ -31,6 +31,7 @@ from fleet_kernel.cancel import CancelToken
 from fleet_kernel.errors import TurnCancelled
 from fleet_kernel.sandbox._protocol import ProtocolError, SessionClosed
 from fleet_kernel.sandbox.base import SandboxCrashed, current_observer, run_with_context
+from fleet_kernel.telemetry import metrics
 
 logger = logging.getLogger(__name__)
 
@@ -104,8 +105,9 @@ class SandboxInterpreter:
                  tools: dict[str, Callable[..., Any]] | None = None,
                  output_fields: list[dict[str, Any]] | None = None,
                  on_shutdown: Callable[[SandboxInterpreter], None] | None = None,
-                 max_output_bytes: int | None = None) -> None:
+                 max_output_bytes: int | None = None, backend: str = "unknown") -> None:
         self._new_session = new_session
+        self._backend = backend
         self._exec_timeout_s = exec_timeout_s
         self._max_output = max_output_bytes  # characters passed on per execution, like the runtime's cap
         self._cancel = cancel
@@ -138,11 +140,13 @@ class SandboxInterpreter:
         if self._session is not None:
             return
         session = self._new_session()
+        began = time.perf_counter()
         try:
             session.start()
         except SessionClosed as exc:
             session.kill()
             raise SandboxCrashed(f"The sandbox could not start: {exc}") from exc
+        metrics.observe_sandbox_start(self._backend, time.perf_counter() - began)
         self._session, self._sent = session, {}
 
     @with_callbacks
@@ -397,7 +401,8 @@ class SandboxFactory:
 
     def __call__(self) -> SandboxInterpreter:
         interpreter = SandboxInterpreter(self._new_session, exec_timeout_s=self._exec_timeout_s, cancel=self.cancel,
-                                         on_shutdown=self._forget, max_output_bytes=self._max_output_bytes)
+                                         on_shutdown=self._forget, max_output_bytes=self._max_output_bytes,
+                                         backend=self.backend)
         with self._lock:
             if self._closed:
                 raise CodeInterpreterError(f"The {self.backend} sandbox has been closed.")
