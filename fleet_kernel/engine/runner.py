@@ -48,6 +48,7 @@ class _Running:
     cancel: CancelToken = field(default_factory=CancelToken)  # the turn's one cancel token, handed down to it
     task: asyncio.Task[None] | None = None
     started: float = field(default_factory=time.monotonic)  # the deadline counts from here
+    inputs: list[Any] = field(default_factory=list)  # engine.inputs.NotebookValue: the turn's input variables
 
     @property
     def reason(self) -> str:
@@ -159,11 +160,13 @@ class TurnRunner:
         *,
         idempotency_key: str | None = None,
         limits: dict[str, Any] | None = None,
+        inputs: list[Any] | None = None,
     ) -> TurnHandle:
         """Claim and start a turn (or return the one that owns ``idempotency_key``).
 
         ``limits`` lowers this turn's ``[limits]`` (``max_turn_tokens``, ``max_iters``, ...); none may
-        exceed the policy.
+        exceed the policy. ``inputs`` (``engine.inputs.NotebookValue``) are the turn's input variables,
+        bound in the sandbox under their names.
 
         Raises:
             ValidationError: empty or oversized task, the key belongs to another task, or a limit is
@@ -205,7 +208,7 @@ class TurnRunner:
                 },
             ),
         )
-        running = _Running(turn, emitter, settings)
+        running = _Running(turn, emitter, settings, inputs=list(inputs or []))
         self._running[turn.turn_id] = running
         running.task = asyncio.get_running_loop().create_task(self._drive(running), name=f"fleet-{turn.turn_id}")
         return handle
@@ -287,6 +290,7 @@ class TurnRunner:
             workspace_manifest=manifest,
             cancel=running.cancel,
             lm_factory=self.lm_factory,
+            inputs=running.inputs,
         )
 
     async def _execute(self, running: _Running, job: TurnJob) -> Outcome:

@@ -74,6 +74,7 @@ class TurnJob:
     workspace_manifest: str
     cancel: CancelToken
     lm_factory: LMFactory | None = None
+    inputs: list[Any] = field(default_factory=list)  # engine.inputs.NotebookValue, sent to the sandbox once
     budget: TurnBudget = field(init=False)
 
     def __post_init__(self) -> None:
@@ -143,8 +144,11 @@ def run_turn(job: TurnJob) -> Outcome:
     observer: TurnObserver | None = None
     try:
         sandbox = open_sandbox(settings, job.workspace, cancel=job.cancel)  # interrupted when the token is cancelled
+        signature: Any = FleetTask
+        for value in job.inputs:
+            signature = signature.append(value.name, dspy.InputField(desc="a value from the user's notebook"), type_=type(value))
         rlm = dspy.RLM(
-            FleetTask,
+            signature,
             max_iters=limits.max_iters,
             max_llm_calls=limits.max_llm_calls,
             max_output_chars=limits.max_output_chars,
@@ -166,6 +170,7 @@ def run_turn(job: TurnJob) -> Outcome:
                 task=job.task,
                 history=job.history,
                 workspace=job.workspace_manifest,
+                **{value.name: value for value in job.inputs},
                 interpreter_factory=_GuardedFactory(sandbox, observer),
             )
         return Outcome(
