@@ -128,7 +128,8 @@ class FleetMagics(Magics):
         ctx = self.engine.ctx
         pub = _publisher(ctx)
         count = getattr(self.shell, "execution_count", 0)
-        job = _turn(ctx, pub, cell, cancel, count, {n: ns[n] for n in names}, opts, schema)
+        task = commands.substitute(ctx.params, cell).strip()  # {name} of %fleet set, as in the kernel
+        job = _turn(ctx, pub, task, cancel, count, {n: ns[n] for n in names}, opts, schema)
         try:
             view, error, result = self.engine.wait(self.engine.submit(job), cancel)
         except FleetMagicError:

@@ -104,3 +104,58 @@ def test_bad_options_and_unknown_names_say_what_to_do(py: PythonKernel, scripted
     assert run.reply["content"]["ename"] == "ValidationError" and "lock is a lock" in run.reply["content"]["evalue"]
     assert "Traceback" not in run.text()
     assert scripted_lm.requests == []
+
+
+def test_the_api_sees_the_notebook_session_and_its_events(py: PythonKernel, scripted_lm, settings) -> None:
+    import httpx
+    from live_api import LiveServer, iter_frames
+
+    scripted_lm.add("visible", [step("say", "print('hello api', flush=True)"), step("done", "SUBMIT(answer='seen')")])
+    run = py.ok("%%fleet\na visible task")
+    meta = run.result["metadata"]["fleet"]
+    with LiveServer(settings) as api:
+        sessions = httpx.get(f"{api.url}/api/sessions", timeout=10).json()["sessions"]
+        assert [s["session_id"] for s in sessions] == [meta["session_id"]]
+        turns = httpx.get(f"{api.url}/api/sessions/{meta['session_id']}/turns", timeout=10).json()["turns"]
+        assert [(t["task"], t["status"], t["answer"]) for t in turns] == [("a visible task", "completed", "seen")]
+        url = f"{api.url}/api/sessions/{meta['session_id']}/turns/{meta['turn_id']}/events"
+        with httpx.stream("GET", url, timeout=10) as response:
+            types = [f.event for f in iter_frames(response) if f.event]
+        assert types[0] == "turn.started" and types[-1] == "turn.completed" and "output" in types
+
+
+def test_schema_stores_the_validated_value(py: PythonKernel, scripted_lm) -> None:
+    from fleet_kernel.engine.runner import TurnRunner
+
+    if "output_schema" not in __import__("inspect").signature(TurnRunner.start).parameters:
+        pytest.skip("this engine has no typed results (output_schema) yet")
+    py.ok("from pydantic import BaseModel\nclass Total(BaseModel):\n    total: int\n    label: str\n"
+          "schema = {'type': 'object', 'properties': {'total': {'type': 'integer'}}, 'required': ['total']}")
+    scripted_lm.add("typed", [step("done", "SUBMIT(answer='done', result={'total': 7, 'label': 'seven'})")])
+    py.ok("%%fleet --schema Total --out typed\na typed task")
+    assert py.value("type(typed).__name__, typed.total, typed.label") == "('Total', 7, 'seven')"
+    scripted_lm.add("plain dict", [step("done", "SUBMIT(answer='done', result={'total': 8})")])
+    py.ok("%%fleet --schema schema --out as_dict\na plain dict task")
+    assert py.value("as_dict") == "{'total': 8}"
+
+
+def test_nbclient_runs_a_notebook_of_python_and_fleet_cells(fleet_env: dict[str, str], scripted_lm, tmp_path) -> None:
+    import nbformat
+    from nbclient import NotebookClient
+
+    scripted_lm.add("mean", [step("done", "SUBMIT(answer=str(sum(values) / len(values)))")])
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("%load_ext fleet_kernel"),
+        nbformat.v4.new_code_cell("values = [1, 2, 3, 6]"),
+        nbformat.v4.new_code_cell("%%fleet --in values --out mean\nthe mean of values"),
+        nbformat.v4.new_code_cell("print('twice', float(mean) * 2)"),
+    ])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in fleet_env.items():
+            env.setenv(key, value)
+        NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    turn = nb.cells[2].outputs
+    assert turn[-1]["output_type"] == "execute_result" and "3.0" in turn[-1]["data"]["text/plain"]
+    assert not any(o["output_type"] == "error" for o in turn)
+    assert nb.cells[3].outputs[0]["text"] == "twice 6.0\n"
