@@ -159,3 +159,25 @@ def test_nbclient_runs_a_notebook_of_python_and_fleet_cells(fleet_env: dict[str,
     assert turn[-1]["output_type"] == "execute_result" and "3.0" in turn[-1]["data"]["text/plain"]
     assert not any(o["output_type"] == "error" for o in turn)
     assert nb.cells[3].outputs[0]["text"] == "twice 6.0\n"
+
+
+def test_a_100_mb_string_is_handled(py: PythonKernel, scripted_lm) -> None:
+    py.ok("huge = 'ab' * 50_000_000")
+    scripted_lm.add("huge", [step("done", "SUBMIT(answer=f'{len(huge)} {huge.count(\"b\")}')")])
+    run = py.ok("%%fleet --in huge --out counted\nmeasure huge", timeout=180)
+    assert py.value("counted") == repr("100000000 50000000"), run.text()
+
+
+def test_inputs_above_the_cap_are_refused_with_the_setting_to_change(fleet_env, scripted_lm, tmp_path) -> None:
+    config = tmp_path / "fleet.toml"
+    config.write_text("[kernel]\nmax_input_mb = 1\n")
+    kernel = PythonKernel({**fleet_env, "FLEET_CONFIG": str(config)})
+    try:
+        kernel.ok("%load_ext fleet_kernel\nnotes = 'n' * 2_000_000")
+        run = kernel.run("%%fleet --in notes --out nothing\nread the notes")
+        content = run.reply["content"]
+        assert content["ename"] == "InputTooLarge" and "max_input_mb" in content["evalue"], content
+        assert kernel.value("'nothing' in globals()") == "False"
+        assert scripted_lm.requests == []
+    finally:
+        kernel.close()
