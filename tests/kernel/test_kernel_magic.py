@@ -181,3 +181,37 @@ def test_inputs_above_the_cap_are_refused_with_the_setting_to_change(fleet_env, 
         assert scripted_lm.requests == []
     finally:
         kernel.close()
+
+
+def test_the_python_and_fleet_notebook_runs_offline_on_its_cassette(fleet_home, tmp_path, monkeypatch) -> None:
+    import sys
+    from pathlib import Path
+
+    from fleet_kernel.engine.runner import TurnRunner
+
+    if "output_schema" not in __import__("inspect").signature(TurnRunner.start).parameters:
+        pytest.skip("the notebook's typed result needs an engine with output_schema")
+    pytest.importorskip("matplotlib")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "notebooks"))
+    for key in [k for k in os.environ if k.startswith("FLEET_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("FLEET_HOME", str(fleet_home))
+    import python_and_fleet_script as script
+
+    nb = script.run(tmp_path / "out")
+    turn = nb.cells[7].outputs
+    assert turn[-1]["output_type"] == "execute_result" and "west** grew fastest" in turn[-1]["data"]["text/plain"]
+    assert [o["output_type"] for o in nb.cells[9].outputs] == ["display_data"]
+    assert "image/png" in nb.cells[9].outputs[0]["data"]
+    sys.modules.pop("python_and_fleet_script", None)
+
+
+def test_the_extension_loads_from_the_ipython_config(fleet_env, scripted_lm, tmp_path) -> None:
+    profile = tmp_path / "ipython" / "profile_default"
+    profile.mkdir(parents=True)
+    (profile / "ipython_kernel_config.py").write_text('c.InteractiveShellApp.extensions = ["fleet_kernel"]\n')
+    kernel = PythonKernel({**fleet_env, "IPYTHONDIR": str(tmp_path / "ipython")})
+    try:
+        assert "%fleet session" in kernel.ok("%fleet help").text()
+    finally:
+        kernel.close()
