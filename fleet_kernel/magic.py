@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import importlib.util
 import shlex
 import sys
 import threading
@@ -127,7 +128,7 @@ class FleetMagics(Magics):
         cancel = CancelToken()
         ctx = self.engine.ctx
         pub = _publisher(ctx)
-        count = getattr(self.shell, "execution_count", 0)
+        count = self.shell.displayhook.prompt_count  # this cell's number (IPython counts on before it runs)
         task = commands.substitute(ctx.params, cell).strip()  # {name} of %fleet set, as in the kernel
         job = _turn(ctx, pub, task, cancel, count, {n: ns[n] for n in names}, opts, schema)
         try:
@@ -176,7 +177,7 @@ async def _turn(
     if opts.model:
         ctx.update_settings(lm_model=opts.model)
     try:
-        view, error = await run_and_show(ctx, pub, task, cancel, count, report_error=False, **start)
+        view, error = await run_and_show(ctx, pub, task, cancel, count, report_error=False, stop_button=False, **start)
     finally:
         if opts.model:
             ctx.update_settings(lm_model=previous.lm_model)
@@ -234,13 +235,17 @@ def _publisher(ctx: KernelContext) -> Any:
         return PrintPublisher()
     from fleet_kernel.kernel.display import Publisher
 
-    if _widget_frontend():
+    parent = kernel.get_parent("shell")
+    if _widget_frontend(parent):
         ctx.widgets_seen = True
-    return Publisher(kernel, kernel.get_parent("shell"))
+    return Publisher(kernel, parent)
 
 
-def _widget_frontend() -> bool:
-    """A widget manager (JupyterLab) holds a control comm open in this kernel."""
+def _widget_frontend(parent: dict[str, Any]) -> bool:
+    """The cell came from a frontend that renders widgets: a widget manager holds its control comm open,
+    or JupyterLab's notebook sent it (its execute requests carry ``deletedCells``; nbclient's do not)."""
+    if "deletedCells" in (parent.get("metadata") or {}):
+        return importlib.util.find_spec("ipywidgets") is not None
     try:
         import comm
 

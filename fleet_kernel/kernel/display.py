@@ -300,7 +300,7 @@ class PlainLive(_Live):
 class WidgetLive(_Live):
     """The ipywidgets card, for frontends that render widgets."""
 
-    def __init__(self, pub: Publisher, view: TurnView, on_stop: Callable[[], None]) -> None:
+    def __init__(self, pub: Publisher, view: TurnView, on_stop: Callable[[], None] | None) -> None:
         super().__init__(pub, view)
         self._on_stop = on_stop
         self.card: Any = None
@@ -329,19 +329,21 @@ async def run_and_show(
     execution_count: int,
     *,
     report_error: bool = True,
+    stop_button: bool = True,
     **start: Any,
 ) -> tuple[TurnView, dict[str, Any] | None]:
     """Run one turn of ``ctx``'s session and show it live in ``ctx``'s mode, then its record.
 
     The one way a cell becomes a turn, for the ``fleet`` kernel and the ``%%fleet`` magic alike.
     ``cancel`` stops the turn (at once if it is cancelled while the turn starts); ``start`` goes to
-    ``TurnRunner.start``. Returns the folded view and the error content of a failed or cancelled turn.
+    ``TurnRunner.start``; ``stop_button`` false leaves the widget card without one. Returns the folded view and the error content of a failed or cancelled turn.
     """
     from fleet_kernel.kernel.context import load_off_loop
 
     view, mode = TurnView(), ctx.live_mode()
     if mode == "widgets":
-        live: _Live = WidgetLive(pub, view, lambda: cancel.cancel("stopped from the notebook"))
+        stop = (lambda: cancel.cancel("stopped from the notebook")) if stop_button else None
+        live: _Live = WidgetLive(pub, view, stop)
     else:
         live = (TextLive if mode == "text" else PlainLive)(pub, view)
     live.begin()

@@ -51,6 +51,7 @@ def test_help_and_a_turn_with_a_dataframe_and_a_10_mb_string(py: PythonKernel, s
     text = run.text()
     assert "rows 3 sum 42 DataFrame" in text and "big 10000003 END" in text
     assert "total 42 and 10000003" in run.result["data"]["text/plain"]
+    assert run.result["execution_count"] == run.reply["content"]["execution_count"]
     assert py.value("answer") == repr("total 42 and 10000003")
     # the values reached the prompt only as a preview, never whole
     prompts = [str(r) for r in scripted_lm.requests]
