@@ -216,3 +216,19 @@ def test_the_extension_loads_from_the_ipython_config(fleet_env, scripted_lm, tmp
         assert "%fleet session" in kernel.ok("%fleet help").text()
     finally:
         kernel.close()
+
+
+def test_terminal_ipython_prints_the_turn_as_text(fleet_env, scripted_lm, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    scripted_lm.add("terminal", [step("say", "print('from the sandbox')"), step("done", "SUBMIT(answer='in a terminal')")])
+    code = ("ip = get_ipython()\nip.run_line_magic('load_ext', 'fleet_kernel')\n"
+            "ip.run_cell_magic('fleet', '--out said', 'a terminal task')\nprint('said:', said)")
+    done = subprocess.run(
+        [sys.executable, "-m", "IPython", "--no-banner", "--colors=nocolor", "-c", code],
+        env={**os.environ, **fleet_env, "IPYTHONDIR": str(tmp_path / "ipython")},
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "from the sandbox" in done.stdout and "said: in a terminal" in done.stdout, done.stdout
