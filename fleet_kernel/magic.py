@@ -96,6 +96,7 @@ class FleetMagics(Magics):
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
         self.engine = Engine()
+        self.engine.ctx.warm_up(self.engine.loop)  # dspy loads in the background while Python cells run
 
     @line_magic("fleet")
     def fleet_line(self, line: str) -> None:

@@ -44,12 +44,14 @@ def test_help_and_a_turn_with_a_dataframe_and_a_10_mb_string(py: PythonKernel, s
     py.ok("import pandas as pd\ndf = pd.DataFrame({'city': ['a', 'b', 'c'], 'n': [1, 2, 39]})\nbig = 'x' * 10_000_000 + 'END'")
     scripted_lm.add("count", [
         step("look", "print('rows', len(df), 'sum', int(df['n'].sum()), type(df).__name__, flush=True)\n"
-                     "print('big', len(big), big[-3:])"),
+                     "print('big', len(big), big[-3:])\nseen = id(big)"),
+        step("again", "print('sent once:', id(big) == seen)"),
         step("done", "SUBMIT(answer=f\"total {int(df['n'].sum())} and {len(big)}\")"),
     ])
     run = py.ok("%%fleet --in df,big --out answer\ncount the rows")
     text = run.text()
     assert "rows 3 sum 42 DataFrame" in text and "big 10000003 END" in text
+    assert "sent once: True" in text  # the same object in the second iteration: not sent again
     assert "total 42 and 10000003" in run.result["data"]["text/plain"]
     assert run.result["execution_count"] == run.reply["content"]["execution_count"]
     assert py.value("answer") == repr("total 42 and 10000003")
