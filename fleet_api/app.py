@@ -44,12 +44,12 @@ DESCRIPTION = (
 )
 
 
-async def _reap_forever(store: Store) -> None:
+async def _reap_forever(runner: TurnRunner) -> None:
     """Mark turns whose process died as interrupted, so their watchers get a terminal event."""
     while True:
         await asyncio.sleep(REAP_INTERVAL_S)
         try:
-            await store.reap_stale_turns()
+            await runner.reap()
         except Exception:  # the store may be down for a moment; try again at the next round
             log.warning("reaping stale turns failed", exc_info=True)
 
@@ -79,7 +79,7 @@ def create_app(
             tail = StoreTail(store, runner.hub)
             app.state.fleet = FleetState(settings, store, runner, heartbeat_s, tail)
             loop = asyncio.get_running_loop()
-            janitor = loop.create_task(_reap_forever(store), name="fleet-reaper")
+            janitor = loop.create_task(_reap_forever(runner), name="fleet-reaper")
             warm = loop.create_task(asyncio.to_thread(_warm_up, app.state.fleet), name="fleet-warm-up")
             try:
                 yield

@@ -169,11 +169,11 @@ async def _turn(
     limits = {k: v for k, v in (("max_iters", opts.max_iters), ("turn_timeout_s", opts.timeout)) if v is not None}
     if limits:
         start["limits"] = limits
-    skills = [s.strip() for s in opts.skills.split(",") if s.strip()]
-    for name, value in (("skills", skills), ("output_schema", schema)):
-        if value:
-            _require(ctx, name)
-            start[name] = value
+    skills = [s.strip() for s in opts.skills.split(",") if s.strip()] or list(ctx.skills)  # else %fleet skill use
+    if skills:
+        start["skills"] = skills
+    if schema is not None:
+        start["output_schema"] = schema
     previous = ctx.settings
     if opts.model:
         ctx.update_settings(lm_model=opts.model)
@@ -201,14 +201,6 @@ def _encode_all(values: dict[str, Any], cap_mb: float) -> list[Any]:
             "([kernel] max_input_mb in fleet.toml): pass a smaller value, or write it to a file and %fleet attach it",
         )
     return encoded
-
-
-def _require(ctx: KernelContext, parameter: str) -> None:
-    import inspect
-
-    assert ctx.runner is not None
-    if parameter not in inspect.signature(ctx.runner.start).parameters:
-        raise _fail("UsageError", f"this Fleet version's turns take no {parameter}")
 
 
 def _schema(ns: dict[str, Any], name: str | None) -> tuple[Any, dict[str, Any] | None]:

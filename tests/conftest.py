@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -16,8 +17,10 @@ from scripted_lm import ScriptedLM  # noqa: E402
 from fleet_kernel.config import Settings, load_settings  # noqa: E402
 
 # No test may reach a real provider or read the developer's own configuration.
+# FLEET_TEST_DATABASE_URL is the tests' own setting (the PostgreSQL pass), not Fleet's.
 for _var in [v for v in os.environ if v.startswith(("FLEET_", "OPENAI_", "ANTHROPIC_", "DAYTONA_"))]:
-    os.environ.pop(_var)
+    if _var != "FLEET_TEST_DATABASE_URL":
+        os.environ.pop(_var)
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 
@@ -57,7 +60,7 @@ async def store(settings: Settings) -> AsyncIterator:
     if not settings.database_url.startswith("sqlite"):
         from fleet_kernel.store import migrate
 
-        migrate.upgrade(settings.database_url)
+        await asyncio.to_thread(migrate.upgrade, settings.database_url)  # Alembic runs its own loop
     st = await Store.open(settings.database_url)
     yield st
     await st.close()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -11,11 +13,12 @@ from typing import Any
 
 import pytest
 from scripted_lm import ScriptedLM, step
+from sqlalchemy import update
 
 from fleet_kernel.config import load_settings
 from fleet_kernel.engine import TurnRunner
-from fleet_kernel.events import Event
-from fleet_kernel.store import Store
+from fleet_kernel.events import Event, make_event
+from fleet_kernel.store import Store, TurnRow
 
 SECRET = "sk-scripted-test-key"
 
@@ -269,3 +272,57 @@ async def test_key_never_reaches_sandbox_events_or_store(make_runner, store, scr
     assert SECRET not in dumped
     turn = await store.get_turn(events[0].turn_id)
     assert SECRET not in json.dumps(turn.to_dict())
+
+
+async def _read_all(events: AsyncIterator[Event]) -> list[Event]:
+    return [event async for event in events]
+
+
+async def _abandon(store: Store, session_id: str, seqs: int) -> str:
+    """A running turn with ``seqs`` stored events whose owner is a real Fleet process that has exited."""
+    code = "from fleet_kernel.store import PROCESS_OWNER; print(PROCESS_OWNER)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    turn, _ = await store.claim_turn(session_id, "left running by a killed process")
+    events = [make_event("output", {"iteration": 1, "stream": "stdout", "text": "x"}, seq=i, session_id=session_id,
+                         turn_id=turn.turn_id) for i in range(1, seqs + 1)]  # fmt: skip
+    await store.append_events(events)
+    async with store.engine.begin() as conn:
+        await conn.execute(update(TurnRow).where(TurnRow.turn_id == turn.turn_id).values(owner=done.stdout.strip()))
+    return turn.turn_id
+
+
+async def test_a_new_turn_takes_over_a_dead_owner_s_session_and_ends_its_stream(
+    make_runner, store: Store, scripted_lm: ScriptedLM
+) -> None:
+    scripted_lm.add("*", [step("Done.", "SUBMIT(answer='ok')")])
+    runner = await make_runner()
+    session = await store.create_session()
+    old = await _abandon(store, session.session_id, seqs=2)
+    watcher = runner.hub.subscribe(old)  # a watcher of the dead turn in this process
+
+    events = await collect(runner, session.session_id, "the next turn")
+
+    assert types(events)[0] == "turn.started" and types(events)[-1] == "turn.completed"
+    ended = await asyncio.wait_for(watcher.get(), 10)
+    assert (ended.seq, ended.type, ended.data["error"]["type"]) == (3, "turn.failed", "interrupted")
+    stored = await store.events_after(old)
+    assert [(e.seq, e.type) for e in stored] == [(1, "output"), (2, "output"), (3, "turn.failed")]
+    assert stored[-1].model_dump() == ended.model_dump()
+    assert (await store.get_turn(old)).status == "interrupted"
+
+
+async def test_two_processes_reaping_one_turn_end_it_once(make_runner, store: Store, settings, scripted_lm) -> None:
+    other_store = await Store.open(settings.database_url)
+    try:
+        runner = await make_runner()
+        other = await TurnRunner(other_store, settings).open()
+        session = await store.create_session()
+        old = await _abandon(store, session.session_id, seqs=1)
+        rounds = await asyncio.gather(*(r.reap() for r in (runner, other) * 3))
+        assert [t.turn_id for t in sum(rounds, [])] == [old]
+        await other.close()  # its writer has committed what it was given
+        followed = await asyncio.wait_for(_read_all(runner.follow(old)), 10)  # up to the terminal event
+        assert [(e.seq, e.type) for e in followed] == [(1, "output"), (2, "turn.failed")]
+        assert [(e.seq, e.type) for e in await store.events_after(old)] == [(1, "output"), (2, "turn.failed")]
+    finally:
+        await other_store.close()

@@ -14,7 +14,7 @@ import pytest
 
 from fleet_kernel.errors import ConflictError, NotFoundError, StoreUnavailableError, ValidationError
 from fleet_kernel.events import make_event
-from fleet_kernel.store import Store
+from fleet_kernel.store import EndedTurn, Store
 
 
 def _events(session_id: str, turn_id: str, seqs: range) -> list:
@@ -107,11 +107,13 @@ async def test_stale_turn_is_interrupted_with_a_terminal_event(store: Store) -> 
     turn, _ = await store.claim_turn(ses.session_id, "t")
     await store.append_events(_events(ses.session_id, turn.turn_id, range(1, 4)))
     assert await store.reap_stale_turns() == []  # fresh heartbeat
-    assert await store.reap_stale_turns(timedelta(seconds=-1)) == [turn.turn_id]
+    reaped = [t for t in await store.reap_stale_turns(timedelta(seconds=-1)) if t.session_id == ses.session_id]
     row = await store.get_turn(turn.turn_id)
     assert row.status == "interrupted" and "stopped before it finished" in row.error["message"]
-    events = await store.events_after(turn.turn_id)
-    assert [e.type for e in events][-1] == "turn.failed" and events[-1].seq == 4
+    # The store writes no event: its caller emits the terminal one, at the seq after the last stored.
+    assert reaped == [EndedTurn(turn.turn_id, ses.session_id, 4, row.error)]
+    assert [e.seq for e in await store.events_after(turn.turn_id)] == [1, 2, 3]
+    assert turn.turn_id not in [t.turn_id for t in await store.reap_stale_turns(timedelta(seconds=-1))]  # once
 
 
 async def test_blobs_attachments_artifacts(store: Store) -> None:
@@ -215,7 +217,7 @@ CANCELLER = textwrap.dedent(
 
 async def test_callers_cancelled_mid_query_do_not_hang_shutdown(store: Store, tmp_path: Path) -> None:
     # An SSE client that goes away cancels its reader in the middle of a query; the process must still exit.
-    # (Without Store's ``_uninterrupted`` this hangs in most runs: aiosqlite 0.22 under SQLAlchemy 2.1.)
+    # (Without the store's ``uninterrupted`` guard this hangs in most runs: aiosqlite 0.22 under SQLAlchemy 2.1.)
     script = tmp_path / "canceller.py"
     script.write_text(CANCELLER)
     proc = await asyncio.create_subprocess_exec(sys.executable, str(script), store.url, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -129,6 +129,8 @@ class EventWriter:
                     await asyncio.sleep(0.1 * (attempt + 1))
         else:
             self.last_error = error
+            for event in batch:  # what is stored of each turn none of whose events this writer committed
+                self._last_seq.setdefault(event.turn_id, event.seq - 1)
             self._break({e.turn_id for e in batch}, {"type": "store_unwritable", "message": error})
             for event in [e for e in batch if e.terminal]:
                 self._end_broken(event)
@@ -160,7 +162,7 @@ class EventWriter:
         delivered = False
         while True:
             try:
-                event = await self.store.fail_turn(turn_id, error)
+                event = await self._store_failed(terminal, error)
                 self.last_error = None
             except Exception as exc:  # noqa: BLE001 - the store is still unwritable: tell watchers here, retry
                 self.last_error = describe_write_error(exc, self.store.location)
@@ -175,6 +177,16 @@ class EventWriter:
                 self._closed(turn_id)
             self._broken.pop(turn_id, None)
             return
+
+    async def _store_failed(self, terminal: Event, error: dict[str, Any]) -> Event | None:
+        """End the turn as failed and store its ``turn.failed`` at the seq the store reserves for it;
+        ``None`` if its stream had ended already (or another process ends it)."""
+        ended = await self.store.fail_turn(terminal.turn_id, error)
+        if ended is None:
+            return None
+        event = make_event(TurnFailed(error=ended.error), seq=ended.seq, session_id=ended.session_id, turn_id=ended.turn_id)
+        await self.store.append_events([event])
+        return event
 
     def _failed_event(self, terminal: Event, error: dict[str, Any]) -> Event:
         seq = self._last_seq.get(terminal.turn_id, 0) + 1

@@ -18,7 +18,7 @@ from ipykernel.kernelbase import Kernel
 
 from fleet_kernel import __version__
 from fleet_kernel.cancel import CancelToken
-from fleet_kernel.kernel import commands
+from fleet_kernel.kernel import commands, spec
 from fleet_kernel.kernel.context import KernelContext, route_output_to_log, skip_unused_imports
 
 log = logging.getLogger(__name__)
@@ -30,19 +30,13 @@ TERMINAL_HISTORY_N = 100
 
 
 class FleetKernel(Kernel):
-    implementation = "fleet"
+    implementation = spec.NAME
     implementation_version = __version__
     banner = (
-        f"Fleet RLM {__version__}: each cell is a turn; the model reasons, writes Python and runs it in a sandbox.\n"
+        f"{spec.DISPLAY_NAME} {__version__}: each cell is a turn; the model reasons, writes Python and runs it in a sandbox.\n"
         "Type a task, or %fleet help for commands."
     )
-    language_info = {  # noqa: RUF012 - the base class reads these class attributes
-        "name": "markdown",
-        "mimetype": "text/markdown",
-        "file_extension": ".md",
-        "pygments_lexer": "markdown",
-        "codemirror_mode": "markdown",
-    }
+    language_info = spec.LANGUAGE_INFO
     help_links = [{"text": "DSPy RLM", "url": "https://dspy.ai/api/modules/RLM/"}]  # noqa: RUF012
 
     def __init__(self, **kwargs: Any) -> None:
@@ -168,7 +162,8 @@ class FleetKernel(Kernel):
         from fleet_kernel.kernel.display import Publisher, run_and_show
 
         self._cell_cancel = cancel = CancelToken()
-        _view, error = await run_and_show(self.ctx, Publisher(self, parent), task, cancel, self.execution_count)
+        pub = Publisher(self, parent)
+        _view, error = await run_and_show(self.ctx, pub, task, cancel, self.execution_count, skills=self.ctx.skills)
         if error is None:
             return self._ok()
         return {"status": "error", "execution_count": self.execution_count, **error}

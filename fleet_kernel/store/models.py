@@ -6,13 +6,23 @@ shared by several machines serves every attachment and artifact from any of them
 
 from __future__ import annotations
 
-from datetime import datetime
+import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, LargeBinary, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 TURN_STATUSES = ("running", "completed", "failed", "cancelled", "interrupted")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:20]}"
+
+
+def utcnow() -> datetime:
+    """Now in UTC without a time zone, as times are stored."""
+    return datetime.now(UTC).replace(tzinfo=None)
 
 
 def iso(moment: datetime | None) -> str | None:
@@ -70,6 +80,7 @@ class TurnRow(Base):
     answer: Mapped[str | None] = mapped_column(Text)
     error: Mapped[dict[str, Any] | None]
     usage: Mapped[dict[str, Any] | None]
+    result: Mapped[Any | None] = mapped_column(JSON, nullable=True)  # the validated value of an output_schema
     model: Mapped[str | None] = mapped_column(String(200))
     sandbox: Mapped[str | None] = mapped_column(String(32))
     owner: Mapped[str] = mapped_column(String(200))
@@ -90,6 +101,7 @@ class TurnRow(Base):
             "answer": self.answer,
             "error": self.error,
             "usage": self.usage,
+            "result": self.result,
             "started_at": iso(self.started_at),
             "finished_at": iso(self.finished_at),
         }

@@ -1,0 +1,232 @@
+"""The connection to the database: engines, SQLite tuning, schema checks, health, and the rule that a
+store call, once started, runs to completion.
+
+SQLite (aiosqlite, WAL, busy timeout, writes in ``BEGIN IMMEDIATE``) by default, PostgreSQL (asyncpg)
+for teams. The concern modules (sessions, turns, events, files) build on ``Database``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import functools
+import os
+import shutil
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from typing import Any, ParamSpec, Self, TypeVar
+
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+
+from fleet_kernel.errors import StoreUnavailableError
+from fleet_kernel.store import migrate
+
+# Free space below this on the disk of a SQLite store makes it unwritable for health checks.
+MIN_FREE_BYTES = 1024 * 1024
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def uninterrupted(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """Let a store call that has started finish before a cancellation reaches its caller.
+
+    Cancelling a task in the middle of a database call makes SQLAlchemy terminate the connection, and
+    with aiosqlite 0.22 that close can wait for ever, so the event loop never shuts down (an SSE client
+    that disconnects, a kernel interrupted mid-read). Store calls take milliseconds: the caller waits
+    for the call to end, then sees its ``CancelledError``.
+    """
+
+    @functools.wraps(method)
+    async def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        task = asyncio.ensure_future(method(*args, **kwargs))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await asyncio.wait([task])
+            if not task.cancelled():
+                task.exception()  # consumed: the cancelled caller hears only of its cancellation
+            raise
+
+    return call
+
+
+def describe_write_error(exc: BaseException, location: str) -> str:
+    """Say why the store cannot be written, naming a full disk, in words a user can act on."""
+    for cause in _causes(exc):
+        message = str(cause).lower()
+        number = getattr(cause, "errno", None)
+        full = getattr(cause, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or number == errno.ENOSPC
+        if full or "disk is full" in message or "no space left" in message:
+            return f"the disk holding the store ({location}) is full: free space there, then run the turn again"
+        if "readonly" in message or "read-only" in message or number == errno.EROFS:
+            return f"the store ({location}) is read-only: make it writable, then run the turn again"
+    return f"the store ({location}) cannot be written: {str(getattr(exc, 'orig', None) or exc)[:300]}"
+
+
+def _causes(exc: BaseException | None) -> Iterator[BaseException]:
+    """The exception, the driver error SQLAlchemy wraps, and their causes."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        orig = getattr(exc, "orig", None)
+        exc = orig if isinstance(orig, BaseException) else (exc.__cause__ or exc.__context__)
+
+
+def is_sqlite(url: str) -> bool:
+    return url.startswith("sqlite")
+
+
+def _private_sqlite_file(path: str) -> None:
+    """Create the database file (and its folder) for the owner only; SQLite gives -wal and -shm its mode."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for name in (path, f"{path}-wal", f"{path}-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(name, 0o600)
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    """WAL + busy timeout, and explicit transactions so writers queue instead of failing as locked."""
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # we emit BEGIN ourselves
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        immediate = conn.get_execution_options().get("fleet_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+class Database:
+    """One async engine (and, for a SQLite file, a plain one for appending events), with read and
+    write transactions; the base of every part of the store."""
+
+    def __init__(self, database_url: str) -> None:
+        self.url = database_url
+        self.sqlite = is_sqlite(database_url)
+        kwargs: dict[str, Any] = {}
+        if self.sqlite:
+            kwargs["connect_args"] = {"timeout": 30}
+        else:
+            kwargs["pool_pre_ping"] = True
+        self.engine: AsyncEngine = create_async_engine(database_url, **kwargs)
+        if self.sqlite:
+            _configure_sqlite(self.engine.sync_engine)
+        if self.sqlite and self.engine.url.database not in (None, "", ":memory:"):
+            # Events are appended from a worker thread through a plain (sync) engine: one thread hop per
+            # batch instead of one per driver call, which is most of the cost of a small commit.
+            self._event_engine: Engine | None = create_engine(
+                self.engine.url.set(drivername="sqlite"), connect_args={"timeout": 30, "check_same_thread": False}
+            ).execution_options(fleet_write=True)
+            _configure_sqlite(self._event_engine.engine)
+        else:
+            self._event_engine = None
+        self._sessions = async_sessionmaker(self.engine, expire_on_commit=False)
+        self._write_engine = self.engine.execution_options(fleet_write=True) if self.sqlite else self.engine
+        self._writers = async_sessionmaker(self._write_engine, expire_on_commit=False)
+
+    @classmethod
+    async def open(cls, database_url: str) -> Self:
+        """Open and check the store; a SQLite file is created and upgraded on first use.
+
+        Raises:
+            StoreUnavailableError: the database cannot be reached, or (non-SQLite) is not migrated.
+        """
+        if is_sqlite(database_url):
+            path = database_url.split(":///", 1)[-1]
+            if path and path != ":memory:":
+                _private_sqlite_file(path)
+        store = cls(database_url)
+        try:
+            current = await store.schema_revision()
+            head = migrate.head_revision()
+            if current != head:
+                if not store.sqlite:
+                    raise StoreUnavailableError(
+                        f"the database at {store.safe_url} is at schema {current or 'none'}, not {head}: "
+                        "run `fleet db upgrade` first"
+                    )
+                await asyncio.to_thread(migrate.upgrade, database_url)
+        except OSError as exc:
+            await store.close()
+            raise StoreUnavailableError(f"cannot reach the database at {store.safe_url}: {exc}") from exc
+        except OperationalError as exc:
+            await store.close()
+            raise StoreUnavailableError(f"cannot use the database at {store.safe_url}: {exc.orig}") from exc
+        except BaseException:
+            await store.close()
+            raise
+        return store
+
+    @property
+    def safe_url(self) -> str:
+        """The URL with any password hidden, fit for messages."""
+        return self.engine.url.render_as_string(hide_password=True)
+
+    @property
+    def location(self) -> str:
+        """Where the store lives, for messages: the SQLite file, else the URL without its password."""
+        path = self.engine.url.database if self.sqlite else None
+        return os.path.abspath(path) if path and path != ":memory:" else self.safe_url
+
+    async def schema_revision(self) -> str | None:
+        async with self.engine.connect() as conn:
+            exists = await conn.run_sync(lambda c: c.dialect.has_table(c, "alembic_version"))
+            if not exists:
+                return None
+            row = (await conn.execute(text("SELECT version_num FROM alembic_version"))).first()
+            return str(row[0]) if row else None
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+        if self._event_engine is not None:
+            self._event_engine.engine.dispose()
+
+    async def ping(self) -> bool:
+        try:
+            async with self.engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+            return True
+        except Exception:  # noqa: BLE001 - health checks report, never raise
+            return False
+
+    async def check_writable(self) -> str | None:
+        """``None`` if a write can be committed now, else what stops it (a full disk, a read-only or deleted file)."""
+        path = self.engine.url.database if self.sqlite else None
+        if path and path != ":memory:":
+            if not os.path.exists(path):
+                return f"the database file {path} was deleted or moved: restore it or restart Fleet"
+            free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+            if free < MIN_FREE_BYTES:
+                return f"the disk holding the store ({path}) is full ({free} bytes free): free space there"
+        try:
+            async with self._write() as s:  # a real write that changes nothing
+                await s.execute(text("UPDATE alembic_version SET version_num = version_num"))
+        except Exception as exc:  # noqa: BLE001 - health checks report, never raise
+            return describe_write_error(exc, self.location)
+        return None
+
+    @asynccontextmanager
+    async def _write(self) -> AsyncIterator[AsyncSession]:
+        """A write transaction (``BEGIN IMMEDIATE`` on SQLite), committed on exit."""
+        async with self._writers.begin() as session:
+            yield session
+
+    @asynccontextmanager
+    async def _read(self) -> AsyncIterator[AsyncSession]:
+        async with self._sessions() as session:
+            yield session

@@ -1,0 +1,379 @@
+"""Turns: claims, leases and their owners' liveness, heartbeats, cancellation, and the end of turns
+whose owner is gone.
+
+The store records no event: ending a turn on the engine's behalf (its owner is gone, or its events
+could not all be stored) reserves the seq of its terminal event in the turn row, makes this process
+the turn's owner, and returns it (``EndedTurn``); the engine emits that event through its one writer,
+which validates it and delivers it to watchers in the process as well. Only the transaction that moved
+the turn out of ``running`` returns it, so however many processes reap at once, one event is emitted.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Self
+
+import psutil
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+
+from fleet_kernel.errors import ConflictError, NotFoundError, ValidationError
+from fleet_kernel.events import TERMINAL_TYPES
+from fleet_kernel.store.models import EventRow, SessionRow, TurnRow, new_id, utcnow
+from fleet_kernel.store.sessions import SessionStore
+
+# The lease of a running turn: its owner beats every 0.5 s, and a turn whose owner has not beaten for
+# this long is taken for dead (a process on another machine, or one whose liveness cannot be checked).
+LEASE = timedelta(seconds=5)
+# An owner on this machine is checked directly (pid and start time): a dead one loses its turns at once,
+# a live one only after this long without a beat (a hung process), so a busy machine never loses a turn.
+HUNG_AFTER = timedelta(seconds=30)
+
+
+def _machine() -> str:
+    """This boot of this machine, and this pid namespace: where a recorded pid means the same process."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = 0
+    return f"{int(psutil.boot_time())}.{namespace}"
+
+
+def _owner_identity() -> str:
+    """``host:pid:start_ms:machine:nonce``: enough for another process on this machine to tell whether the
+    owner still lives (a reused pid has another start time; another machine or container with the same
+    host name has another boot time or pid namespace)."""
+    started = int(psutil.Process().create_time() * 1000)
+    return f"{socket.gethostname()}:{os.getpid()}:{started}:{_machine()}:{uuid.uuid4().hex[:8]}"
+
+
+PROCESS_OWNER = _owner_identity()
+
+
+def owner_state(owner: str) -> str:
+    """``dead``, ``alive`` or ``unknown`` (another machine, or an owner recorded without pid and start time)."""
+    parts = owner.rsplit(":", 4)
+    if len(parts) != 5 or parts[0] != socket.gethostname():
+        return "unknown"
+    _host, pid, started, machine, _nonce = parts
+    if machine != _machine():
+        return "unknown"
+    try:
+        process = psutil.Process(int(pid))
+        same = abs(int(process.create_time() * 1000) - int(started)) <= 10
+        return "alive" if same and process.status() != psutil.STATUS_ZOMBIE else "dead"
+    except ValueError:
+        return "unknown"
+    except psutil.NoSuchProcess:
+        return "dead"
+    except psutil.Error:  # e.g. access denied: it exists
+        return "alive"
+
+
+def abandoned(row: TurnRow, now: datetime) -> bool:
+    """Whether a running turn's owner is gone: dead on this machine, or silent past its lease."""
+    silent = now - row.heartbeat_at
+    state = owner_state(row.owner)
+    if state == "dead":
+        return True
+    return silent > (HUNG_AFTER if state == "alive" else LEASE)
+
+
+@dataclass(frozen=True)
+class EndedTurn:
+    """A turn the store has ended whose terminal event is not stored yet: the engine emits it, a
+    ``turn.failed`` with ``error``, at ``seq``."""
+
+    turn_id: str
+    session_id: str
+    seq: int
+    error: dict[str, Any]
+
+
+class Claim(tuple[TurnRow, bool]):
+    """What ``claim_turn`` did: the pair ``(turn, created)``, and in ``interrupted`` the session's
+    abandoned turn it ended to make room, whose terminal event the caller emits."""
+
+    interrupted: EndedTurn | None
+
+    def __new__(cls, turn: TurnRow, created: bool, interrupted: EndedTurn | None = None) -> Self:
+        claim = super().__new__(cls, (turn, created))
+        claim.interrupted = interrupted
+        return claim
+
+    @property
+    def turn(self) -> TurnRow:
+        return self[0]
+
+    @property
+    def created(self) -> bool:
+        return self[1]
+
+
+class TurnStore(SessionStore):
+    async def claim_turn(
+        self,
+        session_id: str,
+        task: str,
+        *,
+        idempotency_key: str | None = None,
+        model: str | None = None,
+        sandbox: str | None = None,
+    ) -> Claim:
+        """Record a new running turn, or return the turn that already owns ``idempotency_key``.
+
+        A running turn of the session whose owner is gone is ended ``interrupted`` in the same
+        transaction and returned in ``Claim.interrupted``: the caller emits its terminal event.
+
+        Raises:
+            NotFoundError: unknown session.
+            ConflictError: another turn is running in the session (``turn_id`` names it).
+            ValidationError: the key already belongs to a turn with another task.
+        """
+        for _attempt in range(3):
+            existing = await self._turn_by_key(session_id, idempotency_key)
+            if existing is not None:
+                if existing.task != task:
+                    raise ValidationError(
+                        "this Idempotency-Key already belongs to a turn with a different task; use a new key"
+                    )
+                return Claim(existing, False)
+            now = utcnow()
+            interrupted: EndedTurn | None = None
+            try:
+                async with self._write() as s:
+                    ses = await s.get(SessionRow, session_id)
+                    if ses is None:
+                        raise NotFoundError(f"no session {session_id!r}; create one with POST /api/sessions")
+                    if idempotency_key is not None and await s.scalar(
+                        select(TurnRow.turn_id).where(
+                            TurnRow.session_id == session_id, TurnRow.idempotency_key == idempotency_key
+                        )
+                    ):
+                        # A concurrent request with the same key committed first: answer with its turn.
+                        continue
+                    running = await s.scalar(
+                        select(TurnRow)
+                        .where(TurnRow.session_id == session_id, TurnRow.status == "running")
+                        .with_for_update()  # PostgreSQL: a concurrent reaper waits, then finds it ended
+                    )
+                    ours = running is not None and running.idempotency_key == idempotency_key
+                    if ours and idempotency_key is not None:
+                        continue  # committed since the check above (PostgreSQL reads each statement anew)
+                    if running is not None and abandoned(running, now):
+                        interrupted = _interrupt(running)
+                        await s.flush()  # the old turn stops running before the new one starts
+                    elif running is not None:
+                        raise ConflictError(
+                            f"turn {running.turn_id} is already running in this session; wait for it or cancel it",
+                            turn_id=running.turn_id,
+                            code="session_busy",
+                        )
+                    ses.turn_count += 1
+                    ses.updated_at = now
+                    if not ses.title:
+                        ses.title = _title_from(task)
+                    row = TurnRow(
+                        turn_id=new_id("turn"),
+                        run_id=new_id("run"),
+                        session_id=session_id,
+                        position=ses.turn_count,
+                        idempotency_key=idempotency_key,
+                        task=task,
+                        status="running",
+                        model=model,
+                        sandbox=sandbox,
+                        owner=PROCESS_OWNER,
+                        started_at=now,
+                        heartbeat_at=now,
+                        last_seq=0,
+                    )
+                    s.add(row)
+                return Claim(row, True, interrupted)
+            except IntegrityError:
+                continue  # a concurrent claim won the race: look again
+        raise ConflictError("another request is starting a turn in this session; retry", code="session_busy")
+
+    async def _turn_by_key(self, session_id: str, key: str | None) -> TurnRow | None:
+        if key is None:
+            return None
+        async with self._read() as s:
+            return await s.scalar(
+                select(TurnRow).where(TurnRow.session_id == session_id, TurnRow.idempotency_key == key)
+            )
+
+    async def get_turn(self, turn_id: str, session_id: str | None = None) -> TurnRow:
+        async with self._read() as s:
+            row = await s.get(TurnRow, turn_id)
+        if row is None or (session_id is not None and row.session_id != session_id):
+            raise NotFoundError(f"no turn {turn_id!r} in this session")
+        return row
+
+    async def list_turns(self, session_id: str) -> list[TurnRow]:
+        await self.get_session(session_id)
+        async with self._read() as s:
+            rows = await s.scalars(select(TurnRow).where(TurnRow.session_id == session_id).order_by(TurnRow.position))
+            return list(rows)
+
+    async def history(self, session_id: str, *, window: int, before_position: int) -> list[TurnRow]:
+        """The last ``window`` finished turns before ``before_position``, oldest first."""
+        if window <= 0:
+            return []
+        async with self._read() as s:
+            rows = await s.scalars(
+                select(TurnRow)
+                .where(
+                    TurnRow.session_id == session_id,
+                    TurnRow.position < before_position,
+                    TurnRow.status != "running",
+                )
+                .order_by(TurnRow.position.desc())
+                .limit(window)
+            )
+            return list(reversed(list(rows)))
+
+    async def finish_turn(
+        self,
+        turn_id: str,
+        status: str,
+        *,
+        answer: str | None = None,
+        error: dict[str, Any] | None = None,
+        usage: dict[str, Any] | None = None,
+        result: Any = None,
+    ) -> None:
+        async with self._write() as s:
+            row = await s.get(TurnRow, turn_id)
+            if row is None or row.status != "running":
+                return
+            row.status = status
+            row.answer = answer
+            row.result = result
+            row.error = error
+            row.usage = usage
+            row.finished_at = utcnow()
+            ses = await s.get(SessionRow, row.session_id)
+            if ses is not None:
+                ses.updated_at = row.finished_at
+
+    async def beat(self, turn_ids: Iterable[str]) -> dict[str, str]:
+        """Refresh the heartbeat of running turns; returns ``{turn_id: cancel_reason}`` for cancelled ones."""
+        ids = list(turn_ids)
+        if not ids:
+            return {}
+        async with self._write() as s:
+            await s.execute(
+                update(TurnRow)
+                .where(TurnRow.turn_id.in_(ids), TurnRow.status == "running")
+                .values(heartbeat_at=utcnow())
+            )
+            rows = await s.execute(
+                select(TurnRow.turn_id, TurnRow.cancel_reason).where(
+                    TurnRow.turn_id.in_(ids), TurnRow.cancel_requested_at.is_not(None)
+                )
+            )
+            return {turn_id: reason or "cancelled" for turn_id, reason in rows}
+
+    async def cancel_requests(self, turn_ids: Iterable[str]) -> dict[str, str]:
+        """``{turn_id: reason}`` for those of ``turn_ids`` whose cancellation was requested."""
+        ids = list(turn_ids)
+        if not ids:
+            return {}
+        async with self._read() as s:
+            rows = await s.execute(
+                select(TurnRow.turn_id, TurnRow.cancel_reason).where(
+                    TurnRow.turn_id.in_(ids), TurnRow.cancel_requested_at.is_not(None)
+                )
+            )
+            return {turn_id: reason or "cancelled" for turn_id, reason in rows}
+
+    async def request_cancel(self, run_id: str, reason: str = "cancelled by request") -> tuple[TurnRow, str]:
+        """Record a durable cancellation; returns the turn and ``requested|already_requested|already_terminal``."""
+        async with self._write() as s:
+            row = await s.scalar(select(TurnRow).where(TurnRow.run_id == run_id))
+            if row is None:
+                raise NotFoundError(f"no run {run_id!r}", code="run_not_found")
+            if row.status != "running":
+                return row, "already_terminal"
+            if row.cancel_requested_at is not None:
+                return row, "already_requested"
+            row.cancel_requested_at = utcnow()
+            row.cancel_reason = reason
+            return row, "requested"
+
+    async def reap_stale_turns(self, stale_after: timedelta | None = None) -> list[EndedTurn]:
+        """End running turns whose owner is gone as ``interrupted``; returns them, for the caller to emit
+        each one's terminal event.
+
+        An owner is gone when it is a dead process on this machine, or silent past its lease (see
+        ``abandoned``); ``stale_after`` replaces that judgement by a plain heartbeat age. Reads first, so
+        the frequent rounds that find nothing take no write lock.
+        """
+
+        def gone(row: TurnRow, now: datetime) -> bool:
+            return now - row.heartbeat_at > stale_after if stale_after is not None else abandoned(row, now)
+
+        async with self._read() as s:
+            running = list(await s.scalars(select(TurnRow).where(TurnRow.status == "running")))
+        candidates = [row.turn_id for row in running if gone(row, utcnow())]
+        if not candidates:
+            return []
+        async with self._write() as s:
+            rows = await s.scalars(
+                select(TurnRow)
+                .where(TurnRow.turn_id.in_(candidates), TurnRow.status == "running")
+                .with_for_update()  # PostgreSQL: a concurrent reaper waits, then finds them ended
+            )
+            now = utcnow()
+            return [_interrupt(row) for row in rows if gone(row, now)]
+
+    async def fail_turn(self, turn_id: str, error: dict[str, Any]) -> EndedTurn | None:
+        """End a turn as ``failed`` right after its last committed event; returns it, for the caller to
+        store its terminal event, or ``None`` if its stream has ended already.
+
+        For a turn some of whose events could not be committed: nothing after the gap is ever stored. A
+        turn this process ended before without its terminal event being stored (an earlier call, or a
+        reap) is returned as it was ended; one another process ended is that process's to finish.
+        """
+        async with self._write() as s:
+            row = await s.scalar(select(TurnRow).where(TurnRow.turn_id == turn_id).with_for_update())
+            if row is None:
+                return None
+            last = await s.scalar(
+                select(EventRow.type).where(EventRow.turn_id == turn_id, EventRow.seq == row.last_seq)
+            )
+            if last in TERMINAL_TYPES:
+                return None
+            if row.status == "running" or last is not None or row.last_seq == 0:
+                return _end(row, "failed", error)
+            if row.owner != PROCESS_OWNER:  # its terminal seq is reserved, and another process emits it
+                return None
+            return EndedTurn(row.turn_id, row.session_id, row.last_seq, row.error or error)
+
+
+def _end(row: TurnRow, status: str, error: dict[str, Any]) -> EndedTurn:
+    """End a turn in the caller's transaction, reserving the seq of its terminal event for this process."""
+    row.status = status
+    row.finished_at = utcnow()
+    row.error = error
+    row.owner = PROCESS_OWNER
+    row.last_seq += 1
+    return EndedTurn(row.turn_id, row.session_id, row.last_seq, error)
+
+
+def _interrupt(row: TurnRow) -> EndedTurn:
+    error = {
+        "type": "interrupted",
+        "message": f"the process running this turn ({row.owner}) stopped before it finished; run it again",
+    }
+    return _end(row, "interrupted", error)
+
+
+def _title_from(task: str) -> str:
+    line = " ".join(task.strip().split())
+    return line if len(line) <= 60 else line[:57] + "..."
