@@ -128,10 +128,6 @@ def test_the_api_sees_the_notebook_session_and_its_events(py: PythonKernel, scri
 
 
 def test_schema_stores_the_validated_value(py: PythonKernel, scripted_lm) -> None:
-    from fleet_kernel.engine.runner import TurnRunner
-
-    if "output_schema" not in __import__("inspect").signature(TurnRunner.start).parameters:
-        pytest.skip("this engine has no typed results (output_schema) yet")
     py.ok("from pydantic import BaseModel\nclass Total(BaseModel):\n    total: int\n    label: str\n"
           "schema = {'type': 'object', 'properties': {'total': {'type': 'integer'}}, 'required': ['total']}")
     scripted_lm.add("typed", [step("done", "SUBMIT(answer='done', result={'total': 7, 'label': 'seven'})")])
@@ -190,10 +186,6 @@ def test_the_python_and_fleet_notebook_runs_offline_on_its_cassette(fleet_home, 
     import sys
     from pathlib import Path
 
-    from fleet_kernel.engine.runner import TurnRunner
-
-    if "output_schema" not in __import__("inspect").signature(TurnRunner.start).parameters:
-        pytest.skip("the notebook's typed result needs an engine with output_schema")
     pytest.importorskip("matplotlib")
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "notebooks"))
     for key in [k for k in os.environ if k.startswith("FLEET_")]:
