@@ -143,7 +143,10 @@ class FleetMagics(Magics):
         if opts.out is not None:
             value = view.answer if schema is None else result
             if model_class is not None:
-                value = model_class.model_validate(result)
+                try:
+                    value = model_class.model_validate(result)
+                except Exception as exc:  # the JSON Schema held, a validator of the class did not
+                    raise _fail("ValidationError", f"the turn's result is not a valid {model_class.__name__}: {exc}") from None
             ns[opts.out] = value
 
 
