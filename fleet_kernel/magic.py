@@ -131,7 +131,8 @@ class FleetMagics(Magics):
         pub = _publisher(ctx)
         count = self.shell.displayhook.prompt_count  # this cell's number (IPython counts on before it runs)
         task = commands.substitute(ctx.params, cell).strip()  # {name} of %fleet set, as in the kernel
-        job = _turn(ctx, pub, task, cancel, count, {n: ns[n] for n in names}, opts, schema)
+        cell_id = _cell_id()  # a cell run again supersedes its earlier turn, as in the kernel
+        job = _turn(ctx, pub, task, cancel, count, {n: ns[n] for n in names}, opts, schema, cell_id)
         try:
             view, error, result = self.engine.wait(self.engine.submit(job), cancel)
         except FleetMagicError:
@@ -159,13 +160,14 @@ async def _turn(
     values: dict[str, Any],
     opts: argparse.Namespace,
     schema: dict[str, Any] | None,
+    cell_id: str | None,
 ) -> tuple[Any, dict[str, Any] | None, Any]:
     """Encode the inputs, run the turn with the options, return ``(view, error, result)``."""
     from fleet_kernel.kernel.context import load_off_loop
     from fleet_kernel.kernel.display import run_and_show
 
     await ctx.open()
-    start: dict[str, Any] = {}
+    start: dict[str, Any] = {"cell_id": cell_id} if cell_id else {}
     if values:
         await load_off_loop("fleet_kernel.engine.inputs")
         start["inputs"] = await asyncio.to_thread(_encode_all, values, ctx.settings.policy.kernel.max_input_mb)
@@ -235,6 +237,17 @@ def _publisher(ctx: KernelContext) -> Any:
     if _widget_frontend(parent):
         ctx.widgets_seen = True
     return Publisher(kernel, parent)
+
+
+def _cell_id() -> str | None:
+    """The running cell's id (``metadata.cellId`` of its ``execute_request``), if a kernel and its frontend give one."""
+    from IPython import get_ipython
+
+    kernel = getattr(get_ipython(), "kernel", None)
+    if kernel is None:
+        return None
+    cell_id = (kernel.get_parent("shell").get("metadata") or {}).get("cellId")
+    return cell_id if isinstance(cell_id, str) and cell_id else None
 
 
 def _widget_frontend(parent: dict[str, Any]) -> bool:

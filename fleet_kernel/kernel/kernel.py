@@ -141,7 +141,7 @@ class FleetKernel(Kernel):
                 return await self._commands(text, parent, silent)
             if silent:
                 return self._ok()  # extensions probing the kernel never start a paid turn
-            return await self._turn(code, parent)
+            return await self._turn(code, parent, cell_id)
         except Exception as exc:
             return self._fail(parent, *_describe(exc, self.log_path))
 
@@ -158,12 +158,13 @@ class FleetKernel(Kernel):
                 show_reply(pub, reply, text_mode=self.ctx.live_mode() == "text")
         return self._ok()
 
-    async def _turn(self, task: str, parent: dict[str, Any]) -> dict[str, Any]:
+    async def _turn(self, task: str, parent: dict[str, Any], cell_id: str | None) -> dict[str, Any]:
+        """Run a task as a turn; a cell run again (the frontend's ``cellId``) supersedes its earlier turn."""
         from fleet_kernel.kernel.display import Publisher, run_and_show
 
         self._cell_cancel = cancel = CancelToken()
-        pub = Publisher(self, parent)
-        _view, error = await run_and_show(self.ctx, pub, task, cancel, self.execution_count, skills=self.ctx.skills)
+        pub, count = Publisher(self, parent), self.execution_count
+        _view, error = await run_and_show(self.ctx, pub, task, cancel, count, skills=self.ctx.skills, cell_id=cell_id)
         if error is None:
             return self._ok()
         return {"status": "error", "execution_count": self.execution_count, **error}
