@@ -11,6 +11,9 @@ Measures, as a frontend sees them:
 - first cell vs warm cell side by side: the first cell is sent right after ``kernel_info``, while the
   kernel still loads dspy in the background; a warm cell runs once that is done.
 
+- a 1-iteration ``%%fleet`` turn in a python3 kernel with a 10 MB ``--in`` string against one with a
+  small one: what passing a value costs (``--magic-only`` runs just this).
+
 Targets: start within 1.3x of stock ipykernel; first event of a turn under 50 ms.
 """
 
@@ -118,14 +121,37 @@ def bench(name: str, env: dict[str, str], repeat: int, noop: str, first_output: 
     }
 
 
+def magic_bench(env: dict[str, str], repeat: int) -> tuple[float, float]:
+    """Medians of a warm 1-iteration ``%%fleet`` turn's round trip: ``(small input, 10 MB input)``."""
+    km, kc, _ = start("python3", env)
+    try:
+        for setup in ("%load_ext fleet_kernel", "small = 'x'\nbig = 'x' * 10_000_000", "%%fleet\nwarm up"):
+            execute(kc, setup)
+        small, big = [], []
+        for _ in range(repeat):
+            small.append(execute(kc, "%%fleet --in small\nbench a small input")[0])
+            big.append(execute(kc, "%%fleet --in big\nbench a big input")[0])
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    return statistics.median(small), statistics.median(big)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5, help="kernel starts per kernel")
+    parser.add_argument("--magic-only", action="store_true", help="only the %%%%fleet input-variable line")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, ScriptedLM(default=step("answer", "SUBMIT(answer='ok')")) as lm:
         install(prefix=tmp, name="fleet-bench")
         os.environ["JUPYTER_PATH"] = f"{tmp}/share/jupyter"
         env = {**os.environ, "JUPYTER_PATH": f"{tmp}/share/jupyter", "FLEET_HOME": f"{tmp}/home", **lm.env()}
+        small, big = magic_bench(env, args.repeat)
+        magic_line = (f"%%fleet 1-iteration turn (python3 kernel): --in 1 char {small * 1000:8.1f}ms, "
+                      f"--in 10 MB {big * 1000:8.1f}ms (+{(big - small) * 1000:.1f}ms)")
+        if args.magic_only:
+            print(magic_line)
+            return
         stock = bench("python3", env, args.repeat, "pass", "print('x')")
         fleet = bench("fleet-bench", env, args.repeat, "%fleet output", "what is 2+2?")
     rows = [
@@ -145,6 +171,7 @@ def main() -> None:
     for label, result in (("python3 (stock ipykernel)", stock), ("fleet", fleet)):
         first, warm = result["cold_event"] * 1000, result["event"] * 1000
         print(f"{label:42} {first:8.1f}ms {warm:8.1f}ms {first / (stock['cold_event'] * 1000):21.1f}x")
+    print(f"\n{magic_line}")
     ok_start = fleet["start"] <= 1.3 * stock["start"]
     ok_first = fleet["event"] < 0.050
     print(f"\nstart within 1.3x: {'yes' if ok_start else 'NO'}; first event under 50 ms: {'yes' if ok_first else 'NO'}")

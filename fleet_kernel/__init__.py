@@ -6,3 +6,10 @@ import os as _os
 
 # Offline by default: LiteLLM must use its bundled model cost map instead of fetching one at import.
 _os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+def load_ipython_extension(ipython):  # noqa: ANN001, ANN201 - IPython's hook
+    """``%load_ext fleet_kernel``: the ``%%fleet`` and ``%fleet`` magics (imported only now: this package stays light)."""
+    from fleet_kernel.magic import load
+
+    load(ipython)

@@ -129,6 +129,7 @@ class Kernel(_Section):
     output: OutputMode = "rich"
     serve_api: bool = Field(False, description="start the API sidecar with the kernel")
     api_port: int = Field(8000, ge=1, le=65_535)
+    max_input_mb: float = Field(256, gt=0, le=4_096, description="all %%fleet --in values of one turn, as sent")
 
 
 class Policy(_Section):

@@ -56,6 +56,7 @@ class _Running:
     cancel: CancelToken = field(default_factory=CancelToken)  # the turn's one cancel token, handed down to it
     task: asyncio.Task[None] | None = None
     started: float = field(default_factory=time.monotonic)  # the deadline counts from here
+    inputs: list[Any] = field(default_factory=list)  # engine.inputs.NotebookValue: the turn's input variables
     setup_error: dict[str, str] | None = None  # the turn could not be set up (its files); it fails
 
     @property
@@ -185,6 +186,7 @@ class TurnRunner:
         *,
         idempotency_key: str | None = None,
         limits: dict[str, Any] | None = None,
+        inputs: list[Any] | None = None,
         cell_id: str | None = None,
         supersedes_turn_id: str | None = None,
         skills: list[str] | tuple[str, ...] = (),
@@ -200,6 +202,8 @@ class TurnRunner:
         submit a ``result`` that satisfies it. ``cell_id`` names the notebook cell the turn runs from
         (Jupyter's ``cellId``): the turn then supersedes that cell's latest turn in the history later
         turns see. ``supersedes_turn_id`` names the replaced turn directly (a turn of this session).
+        ``inputs`` (``engine.inputs.NotebookValue``) are the turn's input variables, bound in the sandbox
+        under their names.
 
         Raises:
             ValidationError: empty or oversized task, the key belongs to another task, a limit is
@@ -270,7 +274,8 @@ class TurnRunner:
                 attachments=[f.event() for f in choices.files],
             ),
         )
-        running = _Running(turn, emitter, settings, catalogue, choices, setup_error=setup_error)
+        running = _Running(turn, emitter, settings, catalogue, choices, setup_error=setup_error,
+                           inputs=list(inputs or []))
         self._running[turn.turn_id] = running
         running.task = asyncio.get_running_loop().create_task(self._drive(running), name=f"fleet-{turn.turn_id}")
         return handle
@@ -397,6 +402,7 @@ class TurnRunner:
             workspace_manifest=manifest,
             cancel=running.cancel,
             lm_factory=self.lm_factory,
+            inputs=running.inputs,
             catalogue=running.catalogue,
             choices=running.choices,
         )

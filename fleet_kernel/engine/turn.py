@@ -77,6 +77,7 @@ class TurnJob:
     workspace_manifest: str
     cancel: CancelToken
     lm_factory: LMFactory | None = None
+    inputs: list[Any] = field(default_factory=list)  # engine.inputs.NotebookValue, sent to the sandbox once
     catalogue: Catalogue = field(default_factory=lambda: Catalogue({}))
     choices: TurnChoices = field(default_factory=TurnChoices)
     budget: TurnBudget = field(init=False)
@@ -173,8 +174,11 @@ def run_turn(job: TurnJob) -> Outcome:
     observer: TurnObserver | None = None
     try:
         sandbox = open_sandbox(settings, job.workspace, cancel=job.cancel)  # interrupted when the token is cancelled
+        signature: Any = turn_signature(job)
+        for value in job.inputs:
+            signature = signature.append(value.name, dspy.InputField(desc="a value from the user's notebook"), type_=type(value))
         rlm = dspy.RLM(
-            turn_signature(job),
+            signature,
             max_iters=limits.max_iters,
             max_llm_calls=limits.max_llm_calls,
             max_output_chars=limits.max_output_chars,
@@ -197,6 +201,7 @@ def run_turn(job: TurnJob) -> Outcome:
                 task=job.task,
                 history=job.history,
                 workspace=job.workspace_manifest,
+                **{value.name: value for value in job.inputs},
                 interpreter_factory=_GuardedFactory(sandbox, observer),
             )
         return Outcome(

@@ -30,6 +30,9 @@ from fleet_kernel.transcript import error_content, image_bundle, inline_images, 
 from fleet_kernel.view import IterationView, TurnView
 
 if TYPE_CHECKING:
+    from fleet_kernel.cancel import CancelToken
+    from fleet_kernel.kernel.commands import Reply
+    from fleet_kernel.kernel.context import KernelContext
     from fleet_kernel.store import Store
 
 FLUSH_INTERVAL_S = 0.25
@@ -298,7 +301,7 @@ class PlainLive(_Live):
 class WidgetLive(_Live):
     """The ipywidgets card, for frontends that render widgets."""
 
-    def __init__(self, pub: Publisher, view: TurnView, on_stop: Callable[[], object]) -> None:
+    def __init__(self, pub: Publisher, view: TurnView, on_stop: Callable[[], object] | None) -> None:
         super().__init__(pub, view)
         self._on_stop = on_stop
         self.card: Any = None
@@ -319,10 +322,72 @@ class WidgetLive(_Live):
             self.card.close()
 
 
+async def run_and_show(
+    ctx: KernelContext,
+    pub: Publisher,
+    task: str,
+    cancel: CancelToken,
+    execution_count: int,
+    *,
+    report_error: bool = True,
+    stop_button: bool = True,
+    **start: Any,
+) -> tuple[TurnView, dict[str, Any] | None]:
+    """Run one turn of ``ctx``'s session and show it live in ``ctx``'s mode, then its record.
+
+    The one way a cell becomes a turn, for the ``fleet`` kernel and the ``%%fleet`` magic alike.
+    ``cancel`` stops the turn (at once if it is cancelled while the turn starts); ``start`` goes to
+    ``TurnRunner.start``; ``stop_button`` false leaves the widget card without one. Returns the folded view and the error content of a failed or cancelled turn.
+    """
+    from fleet_kernel.kernel.context import load_off_loop
+
+    view, mode = TurnView(), ctx.live_mode()
+    if mode == "widgets":
+        stop = (lambda: cancel.cancel("stopped from the notebook")) if stop_button else None
+        live: _Live = WidgetLive(pub, view, stop)
+    else:
+        live = (TextLive if mode == "text" else PlainLive)(pub, view)
+    live.begin()
+    try:
+        session_id = await ctx.ensure_session()
+        await load_off_loop("fleet_kernel.sandbox")  # the runner names the sandbox; that package loads dspy
+        assert ctx.runner is not None
+        handle = await ctx.runner.start(session_id, task, **start)
+    except BaseException:
+        live.close()
+        if mode != "text":
+            pub.clear()  # the error output that follows replaces the "starting" view
+        raise
+    cancel.on_cancel(lambda: handle.cancel(cancel.reason or "interrupted"))
+    try:
+        async for event in handle.events():
+            live.on_event(event)
+        await live.finish()
+    finally:
+        live.close()
+    assert ctx.store is not None
+    error = await finish_turn(
+        pub, ctx.store, view, execution_count, text_mode=mode == "text", report_error=report_error
+    )
+    return view, error
+
+
+def show_reply(pub: Publisher, reply: Reply, *, text_mode: bool) -> None:
+    """A ``%fleet`` command's reply: a text stream in a terminal, else a display with Markdown."""
+    if text_mode:
+        pub.stream("stdout", reply.text.rstrip("\n") + "\n")
+        return
+    data = {"text/plain": reply.text}
+    if reply.markdown:
+        data["text/markdown"] = reply.markdown
+    pub.display(data)
+
+
 async def finish_turn(
-    pub: Publisher, store: Store, view: TurnView, execution_count: int, *, text_mode: bool
+    pub: Publisher, store: Store, view: TurnView, execution_count: int, *, text_mode: bool, report_error: bool = True
 ) -> dict[str, Any] | None:
-    """Replace the live view with the record: images, then one ``execute_result``; returns the error, if any."""
+    """Replace the live view with the record: images, then one ``execute_result``; returns the error, if any
+    (sent as an ``error`` message unless ``report_error`` is false: the caller raises it its own way)."""
     if not text_mode:
         pub.clear()
     for art in inline_images(view):
@@ -337,7 +402,7 @@ async def finish_turn(
         data["text/plain"] = f"{outcome}\n"
     pub.send("execute_result", {"execution_count": execution_count, "data": data, "metadata": metadata})
     error = error_content(view)
-    if error is not None:
+    if error is not None and report_error:
         pub.send("error", error)
     return error
 

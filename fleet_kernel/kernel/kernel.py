@@ -21,7 +21,7 @@ from fleet_kernel import __version__
 from fleet_kernel.cancel import CancelToken
 from fleet_kernel.errors import FleetError
 from fleet_kernel.kernel import commands, spec
-from fleet_kernel.kernel.context import KernelContext, load_off_loop, route_output_to_log, skip_unused_imports
+from fleet_kernel.kernel.context import KernelContext, route_output_to_log, skip_unused_imports
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ class FleetKernel(Kernel):
             return self._fail(parent, *_describe(exc, self.log_path))
 
     async def _commands(self, text: str, parent: dict[str, Any], silent: bool) -> dict[str, Any]:
-        from fleet_kernel.kernel.display import Publisher  # the renderers: ~0.4 s the kernel's start-up skips
+        from fleet_kernel.kernel.display import Publisher, show_reply  # the renderers: ~0.4 s start-up skips
 
         lines = [line for line in text.splitlines() if line.strip()]
         if not all(commands.is_command(line) for line in lines):
@@ -155,49 +155,18 @@ class FleetKernel(Kernel):
         pub = Publisher(self, parent)
         for line in lines:
             reply = await commands.run_line(self.ctx, line)
-            if silent:
-                continue
-            if self.ctx.live_mode() == "text":
-                pub.stream("stdout", reply.text.rstrip("\n") + "\n")
-            else:
-                data = {"text/plain": reply.text}
-                if reply.markdown:
-                    data["text/markdown"] = reply.markdown
-                pub.display(data)
+            if not silent:
+                show_reply(pub, reply, text_mode=self.ctx.live_mode() == "text")
         return self._ok()
 
     async def _turn(self, task: str, parent: dict[str, Any], cell_id: str | None) -> dict[str, Any]:
         """Run a task as a turn; a cell run again (the frontend's ``cellId``) supersedes its earlier turn."""
         # the renderers and the view: ~0.4 s the kernel's start-up skips
-        from fleet_kernel.kernel.display import PlainLive, Publisher, TextLive, WidgetLive, finish_turn
-        from fleet_kernel.view import TurnView
+        from fleet_kernel.kernel.display import Publisher, run_and_show
 
         self._cell_cancel = cancel = CancelToken()
-        pub, view, mode = Publisher(self, parent), TurnView(), self.ctx.live_mode()
-        if mode == "widgets":
-            live: Any = WidgetLive(pub, view, lambda: cancel.cancel("stopped from the notebook"))
-        else:
-            live = (TextLive if mode == "text" else PlainLive)(pub, view)
-        live.begin()
-        try:
-            session_id = await self.ctx.ensure_session()
-            await load_off_loop("fleet_kernel.sandbox")  # the runner names the sandbox; that package loads dspy
-            assert self.ctx.runner is not None
-            handle = await self.ctx.runner.start(session_id, task, skills=self.ctx.skills, cell_id=cell_id)
-        except BaseException:
-            live.close()
-            if mode != "text":
-                pub.clear()  # the error output that follows replaces the "starting" view
-            raise
-        cancel.on_cancel(lambda: handle.cancel(cancel.reason or "interrupted"))  # at once if it came during start
-        try:
-            async for event in handle.events():
-                live.on_event(event)
-            await live.finish()
-        finally:
-            live.close()
-        assert self.ctx.store is not None
-        error = await finish_turn(pub, self.ctx.store, view, self.execution_count, text_mode=mode == "text")
+        pub, count = Publisher(self, parent), self.execution_count
+        _view, error = await run_and_show(self.ctx, pub, task, cancel, count, skills=self.ctx.skills, cell_id=cell_id)
         if error is None:
             return self._ok()
         return {"status": "error", "execution_count": self.execution_count, **error}

@@ -115,7 +115,8 @@ def status_line(view: TurnView, started: float) -> str:
 class TurnCard:
     """The widget tree of one running turn."""
 
-    def __init__(self, view: TurnView, on_stop: Callable[[], object]) -> None:
+    def __init__(self, view: TurnView, on_stop: Callable[[], object] | None) -> None:
+        """``on_stop`` None: no Stop button (a python3 kernel handles no comm message while a cell runs)."""
         self.view = view
         self.started = time.monotonic()
         self.shared = _Shared()
@@ -128,12 +129,12 @@ class TurnCard:
             tooltip="Cancel this turn",
             layout=w.Layout(width="90px"),
         )
-        self.stop.on_click(lambda _button: self._stop(on_stop))
+        if on_stop is not None:
+            self.stop.on_click(lambda _button: self._stop(on_stop))
         self.sections: list[tuple[IterationView, _Section]] = []
         self.body = w.VBox([], layout=self.shared.layout)
-        self.root = w.VBox(
-            [w.HBox([self.status, self.stop], layout=self.shared.layout), self.body], layout=self.shared.layout
-        )
+        head = [self.status, self.stop] if on_stop is not None else [self.status]
+        self.root = w.VBox([w.HBox(head, layout=self.shared.layout), self.body], layout=self.shared.layout)
 
     def _stop(self, on_stop: Callable[[], object]) -> None:
         self.stop.disabled = True

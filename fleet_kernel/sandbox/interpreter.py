@@ -63,11 +63,17 @@ class SandboxSession(Protocol):
 
 def _to_json(value: Any) -> Any:
     """Values that cross the boundary must be JSON; convert pydantic models and the like, else repr."""
+    if isinstance(value, str):
+        return value  # a large input is not serialised just to learn that it can be
     try:
         json.dumps(value)
         return value
     except (TypeError, ValueError):
         return to_jsonable_python(value, fallback=repr)
+
+
+def _digest(value: Any) -> bytes:
+    return hashlib.blake2b(json.dumps(value).encode(), digest_size=16).digest()
 
 
 def _by_name(tool: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
@@ -117,7 +123,7 @@ class SandboxInterpreter:
         self.callbacks: list[BaseCallback] = []
         self._on_shutdown = on_shutdown
         self._session: SandboxSession | None = None
-        self._sent: dict[str, tuple[Any, bytes]] = {}  # variable -> (value, digest) the sandbox holds
+        self._sent: dict[str, tuple[Any, bytes | None]] = {}  # variable -> (value, digest) the sandbox holds
         self._busy = threading.Lock()
         self._ids = itertools.count(1)
         self._fatal: BaseException | None = None  # a tool was cancelled: stop the code, re-raise this
@@ -213,17 +219,27 @@ class SandboxInterpreter:
             self._busy.release()
 
     def _changed(self, variables: dict[str, Any]) -> dict[str, Any]:
-        """Only what the sandbox does not already hold; RLM re-sends every input on every step."""
+        """Only what the sandbox does not already hold; RLM re-sends every input on every step.
+
+        A ``str`` or ``bytes`` is hashed only when another value comes under its name (a large input
+        is sent without being hashed); a mutable value is hashed when sent, so a change in place shows.
+        """
         changed: dict[str, Any] = {}
         for name, value in variables.items():
             if not name.isidentifier() or keyword.iskeyword(name) or name == "SUBMIT" or name in self._tools:
                 raise CodeInterpreterError(f"Cannot inject a variable named {name!r}.")
             held = self._sent.get(name)
-            if held is not None and held[0] is value and isinstance(value, (str, bytes, int, float, bool)):
+            immutable = isinstance(value, (str, bytes, int, float, bool))
+            if held is not None and held[0] is value and immutable:
                 continue
             value = _to_json(value)
-            digest = hashlib.blake2b(json.dumps(value).encode(), digest_size=16).digest()
-            if held is None or held[1] != digest:
+            if held is None and immutable:
+                changed[name] = value
+                self._sent[name] = (variables[name], None)
+                continue
+            digest = _digest(value)
+            before = None if held is None else held[1] if held[1] is not None else _digest(_to_json(held[0]))
+            if before != digest:
                 changed[name] = value
             self._sent[name] = (variables[name], digest)
         return changed

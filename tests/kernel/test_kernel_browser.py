@@ -142,6 +142,58 @@ def test_lab_shows_the_live_card_then_the_transcript(lab: tuple[str, Path], scri
                     shutil.copy(log, os.environ["KERNEL_TEST_SCREENSHOTS"])
 
 
+def test_lab_shows_a_fleet_cell_of_a_python_notebook_live_then_its_transcript(lab: tuple[str, Path], scripted_lm) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    url, folder = lab
+    ticks = "import time\nfor i in range(8):\n    print('tick', i, flush=True)\n    time.sleep(0.5)"
+    scripted_lm.add("count", [step("count slowly", ticks), step("done", "SUBMIT(answer=f'counted to **{n}**')")])
+    cells = [nbformat.v4.new_code_cell("%load_ext fleet_kernel\nn = 'eight'"),
+             nbformat.v4.new_code_cell("%%fleet --in n --out said\ncount to n"),
+             nbformat.v4.new_code_cell("print(said.upper())")]
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nbformat.write(nb, folder / "t.ipynb")
+    shots = folder / "screenshots"
+    shots.mkdir()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(url)
+            expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_attached(timeout=60_000)
+            dialog = page.locator(".jp-Dialog .jp-mod-accept")
+            if dialog.count():
+                dialog.first.click()
+            cell = [page.locator(".jp-Cell").nth(i) for i in range(3)]
+            deadline = time.monotonic() + 60
+            while "[1]" not in cell[0].locator(".jp-InputPrompt").inner_text():
+                assert time.monotonic() < deadline, "the first cell never ran"
+                cell[0].locator(".cm-content").click()
+                page.keyboard.press("Control+Enter")  # a new kernel may not take it at once: ask until it has
+                page.wait_for_timeout(1000)
+            cell[1].locator(".cm-content").click()
+            page.keyboard.press("Control+Enter")  # runs the %%fleet cell
+            output = cell[1].locator(".jp-OutputArea-output").first
+            # live: the widget card (no Stop button: the kernel's interrupt stops a turn here)
+            expect(output.locator(".widget-html", has_text="Fleet")).to_be_visible(timeout=60_000)
+            expect(output).to_contain_text("tick 1", timeout=30_000)
+            expect(page.locator(".widget-button")).to_have_count(0)
+            page.screenshot(path=str(shots / "magic-live.png"))
+            expect(page.locator(".fleet-transcript")).to_contain_text("counted to eight", timeout=60_000)
+            cell[2].locator(".cm-content").click()
+            page.keyboard.press("Shift+Enter")
+            expect(cell[2].locator(".jp-OutputArea-output")).to_contain_text("COUNTED TO **EIGHT**", timeout=30_000)
+            page.screenshot(path=str(shots / "magic-final.png"))
+        except BaseException:
+            page.screenshot(path=str(shots / "magic-failure.png"))
+            raise
+        finally:
+            browser.close()
+            if os.environ.get("KERNEL_TEST_SCREENSHOTS"):
+                shutil.copytree(shots, os.environ["KERNEL_TEST_SCREENSHOTS"], dirs_exist_ok=True)
+
+
 def test_the_static_html_of_an_exported_turn_sets_code_in_monospace_and_wraps_long_prompts(tmp_path: Path) -> None:
     """nbconvert's HTML of a Fleet cell, in chromium: monospace code and output, nothing cut at the right edge."""
     if not Path(CHROMIUM).exists():

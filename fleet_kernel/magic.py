@@ -1,0 +1,295 @@
+"""``%%fleet`` and ``%fleet`` in any IPython: turns of a Fleet session next to ordinary Python.
+
+``%load_ext fleet_kernel`` registers both. A ``%%fleet`` cell is a turn (its body the task) run by the
+same engine, store and rendering as the ``fleet`` kernel (``kernel.display.run_and_show``), with
+notebook variables in (``--in``) and the answer out (``--out``, validated by ``--schema``); ``%fleet``
+runs the kernel's commands (``kernel.commands``).
+
+IPython runs a magic on its main thread and blocks its event loop meanwhile, so Fleet keeps its own
+loop on a thread of its own (store, runner, live view), and the main thread only waits. The kernel's
+interrupt (SIGINT on the main thread) cancels the turn through its ``CancelToken``; the wait goes on
+until the turn has ended, so the Python kernel stays as it was. Sandbox processes run in their own
+session, so the interrupt the python3 kernel sends to its whole process group never reaches them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import importlib.util
+import shlex
+import sys
+import threading
+from collections.abc import Coroutine
+from typing import Any
+
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+
+from fleet_kernel.cancel import CancelToken
+from fleet_kernel.kernel import commands
+from fleet_kernel.kernel.context import KernelContext
+
+USAGE = "%%fleet [--in a,b] [--out NAME] [--schema NAME] [--skills a,b] [--model NAME] [--max-iters N] [--timeout S]"
+
+
+class FleetMagicError(Exception):
+    """An error shown as one red line (IPython calls ``_render_traceback_``), never as a traceback."""
+
+    def __init__(self, ename: str, evalue: str) -> None:
+        super().__init__(evalue)
+        self.ename, self.evalue = ename, evalue
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"\x1b[0;31m{self.ename}\x1b[0m: {self.evalue}"]
+
+
+def _fail(ename: str, evalue: str) -> FleetMagicError:
+    """A ``FleetMagicError`` whose class is named ``ename``: a frontend shows that name (``TurnCancelled``)."""
+    return type(ename, (FleetMagicError,), {"__module__": __name__})(ename, evalue)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # type: ignore[override] - never exit the kernel
+        raise _fail("UsageError", f"{message}\nusage: {USAGE}")
+
+
+def _parser() -> _Parser:
+    p = _Parser(prog="%%fleet", add_help=False)
+    p.add_argument("--in", dest="inputs", default="")
+    p.add_argument("--out", default=None)
+    p.add_argument("--schema", default=None)
+    p.add_argument("--skills", default="")
+    p.add_argument("--model", default=None)
+    p.add_argument("--max-iters", type=int, default=None)
+    p.add_argument("--timeout", type=float, default=None)
+    return p
+
+
+class Engine:
+    """Fleet's side of an IPython process: a ``KernelContext`` on an event loop of its own thread."""
+
+    def __init__(self) -> None:
+        self.ctx = KernelContext()
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="fleet-engine", daemon=True).start()
+
+    def submit(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def wait(self, future: concurrent.futures.Future[Any], cancel: CancelToken | None = None) -> Any:
+        """The coroutine's result; an interrupt (Ctrl-C, the kernel's) cancels the turn and waits for its end."""
+        while True:
+            try:
+                return future.result()
+            except KeyboardInterrupt:
+                if cancel is None:
+                    future.cancel()
+                    raise
+                cancel.cancel("interrupted")
+
+
+@magics_class
+class FleetMagics(Magics):
+    """``%%fleet`` (a turn) and ``%fleet`` (a command), on one ``Engine`` per IPython process."""
+
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self.engine = Engine()
+        self.engine.ctx.warm_up(self.engine.loop)  # dspy loads in the background while Python cells run
+
+    @line_magic("fleet")
+    def fleet_line(self, line: str) -> None:
+        """Run a Fleet command, as in the fleet kernel: ``%fleet help``."""
+        from fleet_kernel.kernel.display import show_reply
+
+        ctx = self.engine.ctx
+        pub = _publisher(ctx)
+        try:
+            reply = self.engine.wait(self.engine.submit(commands.run_line(ctx, f"{commands.PREFIX} {line}")))
+        except Exception as exc:
+            raise _as_error(exc) from None
+        show_reply(pub, reply, text_mode=ctx.live_mode() == "text")
+
+    @cell_magic("fleet")
+    def fleet_cell(self, line: str, cell: str) -> None:
+        """Run the cell as a turn of this notebook's Fleet session: ``%%fleet --in df --out result``."""
+        try:
+            opts = _parser().parse_args(shlex.split(line))
+        except ValueError as exc:
+            raise _fail("UsageError", f"{exc}\nusage: {USAGE}") from None
+        ns = self.shell.user_ns
+        names = [n.strip() for n in opts.inputs.split(",") if n.strip()]
+        missing = [n for n in names if n not in ns]
+        if missing:
+            raise _fail("NameError", f"--in names {', '.join(missing)}, not defined in the notebook")
+        model_class, schema = _schema(ns, opts.schema)
+        if opts.out is not None and not opts.out.isidentifier():
+            raise _fail("UsageError", f"--out {opts.out!r} is not a Python name")
+        cancel = CancelToken()
+        ctx = self.engine.ctx
+        pub = _publisher(ctx)
+        count = self.shell.displayhook.prompt_count  # this cell's number (IPython counts on before it runs)
+        task = commands.substitute(ctx.params, cell).strip()  # {name} of %fleet set, as in the kernel
+        cell_id = _cell_id()  # a cell run again supersedes its earlier turn, as in the kernel
+        job = _turn(ctx, pub, task, cancel, count, {n: ns[n] for n in names}, opts, schema, cell_id)
+        try:
+            view, error, result = self.engine.wait(self.engine.submit(job), cancel)
+        except FleetMagicError:
+            raise
+        except Exception as exc:
+            raise _as_error(exc) from None
+        if error is not None:
+            raise _fail(error["ename"], error["evalue"])
+        if opts.out is not None:
+            value = view.answer if schema is None else result
+            if model_class is not None:
+                try:
+                    value = model_class.model_validate(result)
+                except Exception as exc:  # the JSON Schema held, a validator of the class did not
+                    raise _fail("ValidationError", f"the turn's result is not a valid {model_class.__name__}: {exc}") from None
+            ns[opts.out] = value
+
+
+async def _turn(
+    ctx: KernelContext,
+    pub: Any,
+    task: str,
+    cancel: CancelToken,
+    count: int,
+    values: dict[str, Any],
+    opts: argparse.Namespace,
+    schema: dict[str, Any] | None,
+    cell_id: str | None,
+) -> tuple[Any, dict[str, Any] | None, Any]:
+    """Encode the inputs, run the turn with the options, return ``(view, error, result)``."""
+    from fleet_kernel.kernel.context import load_off_loop
+    from fleet_kernel.kernel.display import run_and_show
+
+    await ctx.open()
+    start: dict[str, Any] = {"cell_id": cell_id} if cell_id else {}
+    if values:
+        await load_off_loop("fleet_kernel.engine.inputs")
+        start["inputs"] = await asyncio.to_thread(_encode_all, values, ctx.settings.policy.kernel.max_input_mb)
+    limits = {k: v for k, v in (("max_iters", opts.max_iters), ("turn_timeout_s", opts.timeout)) if v is not None}
+    if limits:
+        start["limits"] = limits
+    skills = [s.strip() for s in opts.skills.split(",") if s.strip()] or list(ctx.skills)  # else %fleet skill use
+    if skills:
+        start["skills"] = skills
+    if schema is not None:
+        start["output_schema"] = schema
+    previous = ctx.settings
+    if opts.model:
+        ctx.update_settings(lm_model=opts.model)
+    try:
+        view, error = await run_and_show(ctx, pub, task, cancel, count, report_error=False, stop_button=False, **start)
+    finally:
+        if opts.model:
+            ctx.update_settings(lm_model=previous.lm_model)
+    result = None
+    if error is None and schema is not None:
+        assert ctx.store is not None
+        result = getattr(await ctx.store.get_turn(view.turn_id), "result", None)
+    return view, error, result
+
+
+def _encode_all(values: dict[str, Any], cap_mb: float) -> list[Any]:
+    from fleet_kernel.engine.inputs import encode
+
+    encoded = [encode(name, value) for name, value in values.items()]
+    total = sum(v.size for v in encoded)
+    if total > cap_mb * 1024 * 1024:
+        raise _fail(
+            "InputTooLarge",
+            f"the --in values come to {total / 1048576:,.1f} MB as sent; the limit is {cap_mb:g} MB "
+            "([kernel] max_input_mb in fleet.toml): pass a smaller value, or write it to a file and %fleet attach it",
+        )
+    return encoded
+
+
+def _schema(ns: dict[str, Any], name: str | None) -> tuple[Any, dict[str, Any] | None]:
+    """``(model class or None, JSON Schema)`` for ``--schema NAME``: a dict or a pydantic model class."""
+    if name is None:
+        return None, None
+    if name not in ns:
+        raise _fail("NameError", f"--schema names {name}, not defined in the notebook")
+    value = ns[name]
+    if isinstance(value, dict):
+        return None, value
+    pydantic = sys.modules.get("pydantic")
+    if pydantic is not None and isinstance(value, type) and issubclass(value, pydantic.BaseModel):
+        return value, value.model_json_schema()
+    raise _fail("UsageError", f"--schema {name} must be a JSON Schema dict or a pydantic model class")
+
+
+def _publisher(ctx: KernelContext) -> Any:
+    """The kernel's IOPub (live displays, with this cell as parent), or text on stdout without a kernel."""
+    from IPython import get_ipython
+
+    kernel = getattr(get_ipython(), "kernel", None)
+    if kernel is None:
+        ctx.explicit_output = ctx.explicit_output or "text"
+        return PrintPublisher()
+    from fleet_kernel.kernel.display import Publisher
+
+    parent = kernel.get_parent("shell")
+    if _widget_frontend(parent):
+        ctx.widgets_seen = True
+    return Publisher(kernel, parent)
+
+
+def _cell_id() -> str | None:
+    """The running cell's id (``metadata.cellId`` of its ``execute_request``), if a kernel and its frontend give one."""
+    from IPython import get_ipython
+
+    kernel = getattr(get_ipython(), "kernel", None)
+    if kernel is None:
+        return None
+    cell_id = (kernel.get_parent("shell").get("metadata") or {}).get("cellId")
+    return cell_id if isinstance(cell_id, str) and cell_id else None
+
+
+def _widget_frontend(parent: dict[str, Any]) -> bool:
+    """The cell came from a frontend that renders widgets: a widget manager holds its control comm open,
+    or JupyterLab's notebook sent it (its execute requests carry ``deletedCells``; nbclient's do not)."""
+    if "deletedCells" in (parent.get("metadata") or {}):
+        return importlib.util.find_spec("ipywidgets") is not None
+    try:
+        import comm
+
+        manager = comm.get_comm_manager()
+        return any(getattr(c, "target_name", "") == "jupyter.widget.control" for c in manager.comms.values())
+    except Exception:
+        return False
+
+
+class PrintPublisher:
+    """``Publisher``'s interface for a terminal IPython: streams and text parts printed as they come."""
+
+    def send(self, msg_type: str, content: dict[str, Any]) -> None:
+        if msg_type == "stream":
+            print(content["text"], end="", file=sys.stderr if content["name"] == "stderr" else sys.stdout, flush=True)
+        elif msg_type in ("display_data", "execute_result"):
+            print(content["data"].get("text/plain", ""), flush=True)
+
+    def stream(self, name: str, text: str) -> None:
+        self.send("stream", {"name": name, "text": text})
+
+    def display(self, data: dict[str, Any], metadata: dict[str, Any] | None = None, **_: Any) -> None:
+        self.send("display_data", {"data": data})
+
+    def clear(self) -> None:
+        pass
+
+
+def _as_error(exc: BaseException) -> FleetMagicError:  # noqa: D103
+    from fleet_kernel.errors import FleetError
+
+    if isinstance(exc, FleetError):
+        return _fail(type(exc).__name__, exc.message)
+    return _fail(type(exc).__name__, str(exc))
+
+
+def load(ipython: Any) -> None:
+    ipython.register_magics(FleetMagics)
