@@ -10,10 +10,13 @@ from fastapi import APIRouter, Query, Response
 
 from fleet_api.deps import State, check_id
 from fleet_api.routes._docs import errors
-from fleet_api.schemas import Session, SessionCreate, SessionList, SessionUpdate, TurnList
+from fleet_api.schemas import Session, SessionConfig, SessionCreate, SessionList, SessionUpdate, TurnList
 from fleet_api.views import turn_view
 from fleet_kernel import sandbox
 from fleet_kernel.config import Settings
+from fleet_kernel.engine.session_config import effective_config
+from fleet_kernel.errors import ValidationError
+from fleet_kernel.store.sessions import MAX_PAGE, Archived
 
 log = logging.getLogger("fleet_api")
 router = APIRouter(tags=["sessions"])
@@ -26,9 +29,17 @@ async def create_session(state: State, body: SessionCreate | None = None) -> Ses
 
 
 @router.get("/sessions", response_model=SessionList, responses=errors())
-async def list_sessions(state: State, limit: int = Query(200, ge=1, le=1000)) -> SessionList:
-    rows = await state.store.list_sessions(limit=limit)
-    return SessionList(sessions=[Session.model_validate(r.to_dict()) for r in rows])
+async def list_sessions(
+    state: State,
+    limit: int = Query(50, ge=1, le=MAX_PAGE),
+    cursor: str | None = Query(None, description="the next_cursor of the previous page"),
+    q: str | None = Query(None, max_length=200, description="words in the title or in a task of its turns"),
+    archived: Archived = Query("false", description="false: hide archived sessions; true: only those; all"),
+) -> SessionList:
+    """Sessions newest first, a page at a time."""
+    page = await state.store.page_sessions(limit=limit, cursor=cursor, q=q, archived=archived)
+    return SessionList(sessions=[Session.model_validate(r.to_dict()) for r in page.sessions],
+                       next_cursor=page.next_cursor)
 
 
 @router.get("/sessions/{session_id}", response_model=Session, responses=errors(404))
@@ -39,8 +50,23 @@ async def get_session(session_id: str, state: State) -> Session:
 
 @router.patch("/sessions/{session_id}", response_model=Session, responses=errors(404))
 async def update_session(session_id: str, body: SessionUpdate, state: State) -> Session:
-    row = await state.store.rename_session(check_id(session_id, "session"), body.title)
+    """Rename, archive or unarchive, and choose the session's models (null: the configured ones)."""
+    fields = body.model_dump(exclude_unset=True)
+    if not fields:
+        raise ValidationError("nothing to change: send title, archived, model or sub_model")
+    for key in ("title", "archived"):
+        if key in fields and fields[key] is None:
+            raise ValidationError(f"{key} cannot be null")
+    row = await state.store.update_session(check_id(session_id, "session"), **fields)
     return Session.model_validate(row.to_dict())
+
+
+@router.get("/sessions/{session_id}/config", response_model=SessionConfig, responses=errors(404))
+async def get_session_config(session_id: str, state: State) -> SessionConfig:
+    """The settings a turn of this session would run with now (its models, sandbox, limits, history
+    window, memory caps), with no secret."""
+    row = await state.store.get_session(check_id(session_id, "session"))
+    return SessionConfig.model_validate(effective_config(state.runner.settings, row, state.runner.sandbox_name()))
 
 
 @router.delete(

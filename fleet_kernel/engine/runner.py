@@ -23,6 +23,8 @@ from fleet_kernel import safe_files
 from fleet_kernel.cancel import CancelToken
 from fleet_kernel.config import Settings
 from fleet_kernel.engine.budget import BudgetExceeded
+from fleet_kernel.engine.memory import Memories
+from fleet_kernel.engine.session_config import session_settings
 from fleet_kernel.engine.sink import EventHub, EventWriter, TurnEmitter, follow
 from fleet_kernel.errors import TurnDeadlineExceeded, ValidationError
 from fleet_kernel.events import Artifact, Event, TurnCancelledData, TurnCompleted, TurnFailed, TurnStarted
@@ -47,6 +49,7 @@ class _Running:
     settings: Settings
     cancel: CancelToken = field(default_factory=CancelToken)  # the turn's one cancel token, handed down to it
     task: asyncio.Task[None] | None = None
+    memories: Memories | None = None  # the session's memories, as the turn's host tools change them
     started: float = field(default_factory=time.monotonic)  # the deadline counts from here
 
     @property
@@ -193,9 +196,10 @@ class TurnRunner:
         settings = self.settings.for_turn(limits)
         await self.open()
         assert self._writer is not None
+        settings = session_settings(settings, await self.store.get_session(session_id))  # its own models
         sandbox = self.sandbox_name()
         claim = await self.store.claim_turn(
-            session_id, task, idempotency_key=idempotency_key, model=self.settings.lm_model, sandbox=sandbox
+            session_id, task, idempotency_key=idempotency_key, model=settings.lm_model, sandbox=sandbox
         )
         if claim.interrupted is not None:  # the session's turn whose owner is gone, ended by this claim
             self._end_interrupted([claim.interrupted])
@@ -209,7 +213,7 @@ class TurnRunner:
             TurnStarted(
                 task=task,
                 run_id=turn.run_id,
-                model=self.settings.lm_model,
+                model=settings.lm_model,
                 sandbox=sandbox,
                 limits={
                     "max_iters": limits.max_iters,
@@ -269,6 +273,8 @@ class TurnRunner:
             await self._announced(turn.turn_id)
             job = await self._prepare(running)
             outcome = await self._execute(running, job)
+            if running.memories is not None and running.memories.changed:
+                await running.memories.mirror()  # after the sandbox handed its copy of the workspace back
             await self._collect_artifacts(running, job, cancelled=outcome.status == "cancelled")
         except Exception as exc:  # noqa: BLE001 - report any engine failure as turn.failed
             log.exception("turn %s failed in the engine", turn.turn_id)
@@ -296,6 +302,7 @@ class TurnRunner:
         past = await self.store.history(turn.session_id, window=window.window_turns, before_position=turn.position)
         workspace = await asyncio.to_thread(Workspace.for_session, self.settings.workspaces_dir, turn.session_id)
         manifest = await asyncio.to_thread(workspace.manifest)
+        running.memories = Memories(self.store, running.settings, turn.session_id)
         return TurnJob(
             settings=running.settings,
             emitter=running.emitter,
@@ -305,6 +312,7 @@ class TurnRunner:
             workspace_manifest=manifest,
             cancel=running.cancel,
             lm_factory=self.lm_factory,
+            tools=running.memories.tools(asyncio.get_running_loop()),
         )
 
     async def _execute(self, running: _Running, job: TurnJob) -> Outcome:

@@ -35,8 +35,9 @@ class FleetTask(dspy.Signature):
     """Do the user's task for this turn of a notebook session, by writing and running Python.
 
     Earlier turns of the session are in `history`; the session's durable folder is described in
-    `workspace` (attachments under files/, your outputs under artifacts/, your notes in
-    memory/MEMORIES.md). Answer in Markdown; keep the answer self-contained.
+    `workspace` (attachments under files/, your outputs under artifacts/). Keep what later turns
+    should know with remember(), find it with search_memories() (memory/MEMORIES.md mirrors them).
+    Answer in Markdown; keep the answer self-contained.
     """
 
     task: str = dspy.InputField(desc="what the user asks in this turn")
@@ -74,6 +75,7 @@ class TurnJob:
     workspace_manifest: str
     cancel: CancelToken
     lm_factory: LMFactory | None = None
+    tools: list[Callable[..., Any]] = field(default_factory=list)  # host tools for sandbox code (memory)
     budget: TurnBudget = field(init=False)
 
     def __post_init__(self) -> None:
@@ -149,6 +151,7 @@ def run_turn(job: TurnJob) -> Outcome:
             max_llm_calls=limits.max_llm_calls,
             max_output_chars=limits.max_output_chars,
             sub_lm=sub_lm,
+            tools=job.tools or None,
         )
         observer = TurnObserver(
             job.emitter,

@@ -69,6 +69,21 @@ def _to_json(value: Any) -> Any:
         return to_jsonable_python(value, fallback=repr)
 
 
+def _by_name(tool: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """Positional arguments passed by name when the tool names them: dspy wraps user tools as
+    ``invoke(**kwargs)`` (with the function's signature), so ``load_skill('x')`` must arrive as ``name='x'``."""
+    try:
+        signature = inspect.signature(tool)
+    except (TypeError, ValueError):
+        return args, kwargs
+    if any(p.kind in (p.VAR_POSITIONAL, p.POSITIONAL_ONLY) for p in signature.parameters.values()):
+        return args, kwargs
+    try:
+        return [], dict(signature.bind(*args, **kwargs).arguments)
+    except TypeError:
+        return args, kwargs  # the call reports the mismatch itself
+
+
 class _InFlight:
     """Host tool calls of one execution that are still running."""
 
@@ -323,6 +338,8 @@ class SandboxInterpreter:
         tool = self._tools.get(tool_name)
         if tool is None:
             raise NameError(f"{tool_name!r} is not a tool of this sandbox")
+        if args:
+            args, kwargs = _by_name(tool, args, kwargs)
         result = tool(*args, **kwargs)
         if inspect.isawaitable(result):
             async def wait() -> Any:

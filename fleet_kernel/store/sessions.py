@@ -121,6 +121,13 @@ class SessionStore(Database):
             row.updated_at = utcnow()
         return row
 
+    async def running_turn_id(self, session_id: str) -> str | None:
+        """The turn running in the session now, if any."""
+        async with self._read() as s:
+            return await s.scalar(
+                select(TurnRow.turn_id).where(TurnRow.session_id == session_id, TurnRow.status == "running")
+            )
+
     async def rename_session(self, session_id: str, title: str) -> SessionRow:
         async with self._write() as s:
             row = await s.get(SessionRow, session_id)
