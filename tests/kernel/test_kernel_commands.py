@@ -142,3 +142,29 @@ def test_usage_shows_the_last_turn_against_its_budget(start_kernel, scripted_lm,
     kernel.run("say hello")
     text = kernel.run("%fleet usage").text()
     assert re.search(r"last turn: [\d,]+ tokens of 500,000 \(limits\.max_turn_tokens\), \$0\.0000", text), text
+
+
+def test_memory_commands_show_search_and_forget_what_turns_remembered(kernel: Kernel, scripted_lm) -> None:
+    assert "No session yet" in kernel.run("%fleet memory").text()
+    keep = "print(remember('the deploy window is Friday 18:00', kind='fact'), remember('likes terse answers'))"
+    scripted_lm.add("keep two things", [step("keep", keep), step("done", "SUBMIT(answer='kept')")])
+    kernel.run("keep two things")
+    listed = kernel.run("%fleet memory").text()
+    assert "the deploy window is Friday 18:00" in listed and "[fact]" in listed and "likes terse answers" in listed
+    found = kernel.run("%fleet memory search deploy").text()
+    assert "deploy window" in found and "terse" not in found
+    memory_id = found.split()[0]
+    assert f"Forgot {memory_id}" in kernel.run(f"%fleet memory forget {memory_id}").text()
+    assert "No memory matches" in kernel.run("%fleet memory search deploy").text()
+    assert "no memory" in kernel.run(f"%fleet memory forget {memory_id}").reply["content"]["evalue"]
+    assert "usage" in kernel.run("%fleet memory forget").reply["content"]["evalue"]
+
+
+def test_model_command_sets_the_sessions_model(kernel: Kernel, scripted_lm) -> None:
+    assert "The next turns use openai/other" in kernel.run("%fleet model openai/other").text()
+    session_id = kernel.run("%fleet session").text().split()[1].rstrip(":")
+    assert "Model: openai/other" in kernel.run("%fleet model").text()
+    scripted_lm.add("which model", [step("done", "SUBMIT(answer='ok')")])
+    kernel.run("which model runs this?")
+    assert any(r.get("model") == "other" for r in scripted_lm.requests)
+    assert session_id.startswith("ses_")
