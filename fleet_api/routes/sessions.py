@@ -31,7 +31,7 @@ async def create_session(state: State, body: SessionCreate | None = None) -> Ses
 @router.get("/sessions", response_model=SessionList, responses=errors())
 async def list_sessions(
     state: State,
-    limit: int = Query(50, ge=1, le=MAX_PAGE),
+    limit: int = Query(200, ge=1, le=MAX_PAGE),
     cursor: str | None = Query(None, description="the next_cursor of the previous page"),
     q: str | None = Query(None, max_length=200, description="words in the title or in a task of its turns"),
     archived: Archived = Query("false", description="false: hide archived sessions; true: only those; all"),

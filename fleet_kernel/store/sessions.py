@@ -14,7 +14,7 @@ from fleet_kernel.errors import ConflictError, NotFoundError, ValidationError
 from fleet_kernel.store.connection import Database
 from fleet_kernel.store.models import ArtifactRow, AttachmentRow, BlobRow, EventRow, SessionRow, TurnRow, new_id, utcnow
 
-MAX_PAGE = 200
+MAX_PAGE = 1000
 Archived = Literal["false", "true", "all"]
 _UNSET: Any = object()
 
