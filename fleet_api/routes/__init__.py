@@ -1,7 +1,17 @@
 """Routes, one module per resource; ``ROUTERS`` is mounted under ``/api`` by ``create_app``."""
 
 from fleet_api.routes import (
-    artifacts, attachments, health, memory, notebook, runs, sessions, skills, turns, volume, workspace,
+    artifacts,
+    attachments,
+    health,
+    memory,
+    notebook,
+    runs,
+    sessions,
+    skills,
+    turns,
+    volume,
+    workspace,
 )
 
 ROUTERS = [

@@ -78,10 +78,12 @@ class MemoryStore(Database):
     async def forget_memory(self, session_id: str, memory_id: str) -> bool:
         """Delete one memory of the session; false if it has none with that id."""
         async with self._write() as s:
-            result = await s.execute(
-                delete(MemoryRow).where(MemoryRow.session_id == session_id, MemoryRow.memory_id == memory_id)
+            gone = await s.scalar(
+                delete(MemoryRow)
+                .where(MemoryRow.session_id == session_id, MemoryRow.memory_id == memory_id)
+                .returning(MemoryRow.memory_id)
             )
-        return bool(result.rowcount)
+        return gone is not None
 
     async def list_memories(self, session_id: str) -> list[MemoryRow]:
         """Every memory of the session, oldest first."""
