@@ -10,7 +10,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fleet_kernel.engine.choices import MAX_ATTACHMENTS
 from fleet_kernel.engine.runner import MAX_TASK_CHARS
+from fleet_kernel.skills import MAX_PRESELECTED
 
 TurnStatus = Literal["running", "completed", "failed", "cancelled", "interrupted"]
 
@@ -30,8 +32,39 @@ class SessionUpdate(_Request):
     sub_model: str | None = Field(None, max_length=200, description="its sub-LM; null for FLEET_SUB_LM_MODEL")
 
 
+class TurnLimitsRequest(_Request):
+    """Lower limits for this turn; each at most the configured policy (``[limits]`` in fleet.toml)."""
+
+    max_iters: int | None = Field(None, ge=1, description="RLM iterations")
+    max_llm_calls: int | None = Field(None, ge=0, description="sub-LM calls (llm_query*)")
+    timeout_s: float | None = Field(None, gt=0, description="deadline for the whole turn (limits.turn_timeout_s)")
+    max_turn_tokens: int | None = Field(None, ge=1, description="prompt plus completion tokens over all LM calls")
+    max_turn_cost_usd: float | None = Field(None, gt=0, description="LM cost of the turn")
+
+    def policy_names(self) -> dict[str, Any]:
+        """The given limits under their ``[limits]`` names."""
+        given = self.model_dump(exclude_none=True)
+        if "timeout_s" in given:
+            given["turn_timeout_s"] = given.pop("timeout_s")
+        return given
+
+
 class TurnCreate(_Request):
     task: str = Field(..., min_length=1, max_length=MAX_TASK_CHARS, description="what the model should do")
+    skills: list[str] = Field(
+        [], max_length=MAX_PRESELECTED, description="skills whose cards go into this turn's prompt (GET /api/skills)"
+    )
+    attachment_ids: list[str] = Field(
+        [], max_length=MAX_ATTACHMENTS,
+        description="attachments of this session, put in /workspace/files/ and named to the model as the turn's files",
+    )
+    output_schema: dict[str, Any] | None = Field(
+        None,
+        description="a JSON Schema object of plain types; the model must submit a `result` that satisfies it",
+        json_schema_extra={"example": {"type": "object", "properties": {"total": {"type": "number"}},
+                                       "required": ["total"]}},
+    )
+    limits: TurnLimitsRequest | None = None
 
 
 class ErrorDetail(BaseModel):
@@ -108,6 +141,7 @@ class Turn(BaseModel):
     answer: str | None
     error: dict[str, Any] | None
     usage: dict[str, Any] | None
+    result: Any = Field(None, description="the validated value for the turn's output_schema; null without one")
     started_at: str
     finished_at: str | None
     position: int = Field(..., description="1 for the session's first turn")
@@ -182,6 +216,10 @@ class VolumeTree(BaseModel):
 class Skill(BaseModel):
     name: str
     description: str
+    source: Literal["bundled", "home", "project"] = Field(
+        ..., description="bundled with Fleet, $FLEET_HOME/skills, or ./.fleet/skills of the server's directory"
+    )
+    resources: list[str] = Field(..., description="the card's other files, for read_skill_resource(name, path)")
     body: str
 
 

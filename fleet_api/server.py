@@ -1,19 +1,13 @@
 """``fleet serve``: run the app under uvicorn, loopback unless a token protects it.
 
-``spawn_sidecar`` starts the same server as a detached process, so a notebook kernel can offer the
-API and the API keeps serving after the kernel exits.
+``spawn_sidecar`` (from ``fleet_kernel.kernel.sidecar``) starts the same server as a detached process,
+so a notebook kernel can offer the API and the API keeps serving after the kernel exits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 
 import uvicorn
 
@@ -22,6 +16,7 @@ from fleet_api.auth import is_loopback
 from fleet_api.connections import bounded_h11
 from fleet_kernel.config import Settings, load_settings
 from fleet_kernel.errors import ConfigError
+from fleet_kernel.kernel.sidecar import spawn_sidecar
 from fleet_kernel.store import Store
 
 GRACEFUL_SHUTDOWN_S = 5
@@ -30,6 +25,8 @@ KEEP_ALIVE_S = 30
 HEADER_TIMEOUT_S = 10.0
 # Open connections beyond this are closed on accept; SSE watchers count, browsers open six per host.
 MAX_CONNECTIONS = 500
+
+__all__ = ["build_server", "check_bind", "serve", "spawn_sidecar"]
 
 
 def check_bind(host: str, settings: Settings) -> None:
@@ -92,37 +89,3 @@ def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
     server.run()
     if not server.started:
         raise ConfigError(f"the API could not start on {host}:{port}; see the log above")
-
-
-def spawn_sidecar(
-    port: int, *, host: str = "127.0.0.1", env: dict[str, str] | None = None, wait_s: float = 20.0
-) -> subprocess.Popen[bytes]:
-    """Start ``fleet serve`` as its own process (new session: it outlives its parent) and wait until it answers.
-
-    Raises:
-        ConfigError: it exited or did not answer ``/api/health`` within ``wait_s``.
-    """
-    log_dir = load_settings(env).logs_dir
-    log_dir.mkdir(parents=True, exist_ok=True)
-    with open(log_dir / f"api-{port}.log", "ab") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "fleet_kernel.cli", "serve", "--host", host, "--port", str(port)],
-            env={**os.environ, **(env or {})},
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    probe = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
-    url = f"http://{'[' + probe + ']' if ':' in probe else probe}:{port}/api/health"
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise ConfigError(f"the API exited with status {process.returncode}; see {log_dir / f'api-{port}.log'}")
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return process
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.1)
-    process.terminate()
-    raise ConfigError(f"the API did not answer on {url} within {wait_s:g} s")

@@ -1,4 +1,8 @@
-"""The ``fleet`` command: parse, build, call. Domain errors become one readable line, never a traceback."""
+"""The ``fleet`` command: parse, build, call. Domain errors become one readable line, never a traceback.
+
+The API's own command, ``fleet serve``, is added by ``fleet_api.cli`` (the console script), so this
+package never imports the API.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from fleet_kernel import __version__
 from fleet_kernel.errors import FleetError
 
 
-def _friendly(func: Callable[..., Any]) -> Callable[..., Any]:
+def friendly(func: Callable[..., Any]) -> Callable[..., Any]:
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -31,23 +35,6 @@ def main() -> None:
     """Fleet: recursive language models (dspy.RLM) from Jupyter, with a sandbox and a durable store."""
 
 
-@main.command()
-@click.option(
-    "--host",
-    default="127.0.0.1",
-    show_default=True,
-    help="Address to bind. The default accepts only connections from this machine; "
-    "any other address requires FLEET_API_TOKEN.",
-)
-@click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on.")
-@_friendly
-def serve(host: str, port: int) -> None:
-    """Run the HTTP API (sessions, turns, SSE) on the shared store."""
-    from fleet_api.server import serve as run_server
-
-    run_server(host=host, port=port)
-
-
 @main.group()
 def kernel() -> None:
     """The Jupyter kernel."""
@@ -57,7 +44,7 @@ def kernel() -> None:
 @click.option("--user", "where", flag_value="user", help="Install for the current user.")
 @click.option("--sys-prefix", "where", flag_value="sys-prefix", help="Install into this Python environment.")
 @click.option("--prefix", type=click.Path(file_okay=False), help="Install under this prefix.")
-@_friendly
+@friendly
 def kernel_install(where: str | None, prefix: str | None) -> None:
     """Install the "Fleet RLM" kernelspec so Jupyter can start it."""
     from fleet_kernel.kernel.install import install
@@ -74,7 +61,7 @@ def db() -> None:
 
 
 @db.command("upgrade")
-@_friendly
+@friendly
 def db_upgrade() -> None:
     """Apply Alembic migrations to FLEET_DATABASE_URL."""
     from fleet_kernel.config import load_settings

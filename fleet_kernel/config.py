@@ -122,8 +122,11 @@ class Memory(_Section):
     max_count: int = Field(500, ge=1, le=1_000_000, description="memories in one session")
 
 
+OutputMode = Literal["rich", "text"]
+
+
 class Kernel(_Section):
-    output: Literal["rich", "text"] = "rich"
+    output: OutputMode = "rich"
     serve_api: bool = Field(False, description="start the API sidecar with the kernel")
     api_port: int = Field(8000, ge=1, le=65_535)
 
@@ -154,6 +157,7 @@ ENV_VARS: dict[str, str] = {
     "FLEET_API_TOKEN": "api_token",
     "FLEET_ALLOWED_HOSTS": "allowed_hosts",
     "FLEET_LM_RECORD": "lm_record",
+    "FLEET_OUTPUT": "output",
 }
 SECRET_VARS = ("FLEET_LM_API_KEY", "FLEET_DAYTONA_API_KEY", "FLEET_API_TOKEN")
 _HOST_NAME = re.compile(r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*")
@@ -191,6 +195,8 @@ class Settings(BaseModel):
     api_token: SecretStr | None = None
     allowed_hosts: tuple[str, ...] = ()
     lm_record: Path | None = None
+    output: OutputMode | None = None
+    """``FLEET_OUTPUT``: how this kernel shows turns, chosen for it (``[kernel] output`` is the default)."""
     policy: Policy = Policy()
     config_path: Path | None = None
 
@@ -211,6 +217,11 @@ class Settings(BaseModel):
                 )
             hosts.append(host)
         return tuple(hosts)
+
+    @field_validator("output", mode="before")
+    @classmethod
+    def _lower_output(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
 
     @property
     def limits(self) -> Limits:
@@ -279,6 +290,15 @@ def _config_path(env: dict[str, str]) -> Path | None:
     return local if local.is_file() else None
 
 
+DEFAULT_HOME = "~/.fleet"
+
+
+def home_dir(env: Mapping[str, str] | None = None) -> Path:
+    """``$FLEET_HOME``, else ``~/.fleet``: the store, workspaces and logs (the kernel logs there before settings load)."""
+    env = os.environ if env is None else env
+    return Path(env.get("FLEET_HOME") or DEFAULT_HOME).expanduser().absolute()
+
+
 def load_settings(env: dict[str, str] | None = None) -> Settings:
     """Resolve settings from the environment and ``fleet.toml``.
 
@@ -288,12 +308,11 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
     env = dict(os.environ if env is None else env)
     path = _config_path(env)
     policy = _read_policy(path)
-    home = Path(env.get("FLEET_HOME") or "~/.fleet").expanduser().absolute()
-    values: dict[str, Any] = {"home": home, "policy": policy, "config_path": path}
+    values: dict[str, Any] = {"policy": policy, "config_path": path}
     for var, attr in ENV_VARS.items():
         if env.get(var):
             values[attr] = env[var]
-    values["home"] = Path(values["home"]).expanduser().absolute()
+    values["home"] = home_dir(env)
     values.setdefault("database_url", f"sqlite+aiosqlite:///{values['home'] / 'fleet.db'}")
     values.setdefault("sandbox", policy.sandbox.backend)
     if not values.get("lm_api_key"):

@@ -17,11 +17,13 @@ import shutil
 import sys
 from pathlib import Path
 
+from fleet_kernel.kernel import spec
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 QUICKSTART = NOTEBOOKS / "quickstart.ipynb"
 CASSETTE = NOTEBOOKS / "quickstart.cassette.json"
-KERNEL_NAME = "fleet"
+KERNEL_NAME = spec.NAME
 
 
 class DemoError(Exception):

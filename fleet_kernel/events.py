@@ -56,6 +56,18 @@ class TurnUsage(_Data):
     cost_usd: float = 0.0
 
 
+class TurnFileInfo(_Data):
+    """An attachment in `/workspace/files/` for this turn; `renamed` when it was placed under a suffixed
+    name because another file held its own."""
+
+    attachment_id: str
+    name: str
+    path: str
+    size: int
+    sha256: str
+    renamed: bool = False
+
+
 class EventData(_Data):
     """The data of one event type; ``type`` is the envelope's ``type`` for it."""
 
@@ -73,6 +85,11 @@ class TurnStarted(EventData):
     model: str | None
     sandbox: str
     limits: TurnLimits
+    skills: list[str] = []
+    """The skills preselected for the turn (their cards are in its prompt)."""
+    attachments: list[TurnFileInfo] = []
+    """The turn's files (`attachment_ids`) as placed in `/workspace/files/`; `renamed`: another file held the
+    attachment's name, so it got a suffixed one."""
 
 
 class IterationStarted(EventData):
@@ -129,7 +146,8 @@ class LMFinished(EventData):
 
 
 class ToolStarted(EventData):
-    """A host tool called from sandbox code (`llm_query`, `llm_query_batched`, user tools) starts."""
+    """A host tool called from sandbox code (`llm_query`, `llm_query_batched`, `load_skill`,
+    `read_skill_resource`, `remember`, `search_memories`, `forget`) starts."""
 
     type: ClassVar[str] = "tool.started"
     call_id: str
@@ -185,6 +203,8 @@ class TurnCompleted(EventData):
     duration_ms: float
     extracted: bool = False
     """True when the model ran out of iterations and dspy extracted the answer."""
+    result: Any = None
+    """The validated value for the turn's `output_schema`; null without one."""
 
 
 class TurnFailed(EventData):

@@ -20,8 +20,10 @@ from papermill.exceptions import PapermillException
 from papermill.models import Parameter
 from papermill.translators import Translator, papermill_translators
 
-LANGUAGE = "markdown"
-KERNEL_NAME = "fleet"
+from fleet_kernel.kernel import spec
+
+LANGUAGE = spec.LANGUAGE
+KERNEL_NAME = spec.NAME
 
 
 class FleetTranslator(Translator):

@@ -17,6 +17,7 @@ import unicodedata
 from typing import TYPE_CHECKING, Any
 
 from fleet_kernel.events import Event
+from fleet_kernel.kernel import spec
 from fleet_kernel.render import (
     MONO,
     SHOW_OUTPUT_CHARS,
@@ -47,14 +48,6 @@ OPEN_ITERATIONS = 3
 INLINE_IMAGE_MIMES = ("image/png", "image/jpeg")
 MAX_INLINE_IMAGE_BYTES = 5 * 1024 * 1024
 SLUG_CHARS = 48
-KERNELSPEC = {"name": "fleet", "display_name": "Fleet RLM", "language": "markdown"}
-LANGUAGE_INFO = {
-    "name": "markdown",
-    "mimetype": "text/markdown",
-    "file_extension": ".md",
-    "pygments_lexer": "markdown",
-    "codemirror_mode": "markdown",
-}
 ERROR_NAMES = {"cancelled": "TurnCancelled", "failed": "TurnFailed", "interrupted": "TurnFailed"}
 WRAP_PROMPTS = (
     "<style>.jp-Cell:has(.fleet-transcript) .jp-InputArea-editor pre"
@@ -239,8 +232,8 @@ async def session_notebook(store: Store, session_id: str) -> nbformat.NotebookNo
         cell.metadata["fleet"] = {"turn_id": turn.turn_id, "status": turn.status}
         cells.append(cell)
     nb = v4.new_notebook(cells=cells)
-    nb.metadata["kernelspec"] = dict(KERNELSPEC)
-    nb.metadata["language_info"] = dict(LANGUAGE_INFO)
+    nb.metadata["kernelspec"] = dict(spec.KERNELSPEC)
+    nb.metadata["language_info"] = dict(spec.LANGUAGE_INFO)
     nb.metadata["fleet"] = {"session_id": session.session_id, "title": session.title}
     nbformat.validate(nb)
     return nb

@@ -88,7 +88,7 @@ class Workspace:
         The file is created with ``O_EXCL | O_NOFOLLOW`` in a descriptor of ``files/``, so a link or
         pipe that code planted (even a moment before) is never written through.
         """
-        name = _SAFE_NAME.sub("_", Path(filename).name).strip("._") or "attachment"
+        name = safe_filename(filename)
         stem, suffix = os.path.splitext(name)
         digest = hashlib.sha256(data).hexdigest()
         with safe_files.open_dir(self.root, [FILES_DIR]) as folder:
@@ -219,6 +219,11 @@ def usage(root: Path) -> tuple[int, int]:
                 st = os.lstat(os.path.join(dirpath, name))
                 size += st.st_size if stat.S_ISREG(st.st_mode) else 0
     return size, entries
+
+
+def safe_filename(filename: str) -> str:
+    """The name an attachment is stored under: its last part, letters, digits and ``._-`` only."""
+    return _SAFE_NAME.sub("_", Path(filename).name).strip("._") or "attachment"
 
 
 def guess_mime(path: str) -> str:

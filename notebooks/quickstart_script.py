@@ -148,7 +148,29 @@ SECOND = [
         '       f"the ship spent {in_port[calm]} of its {days[calm]} days in port and the rest at sea.")',
     ),
 ]
-SCRIPTS = {"Which port": FIRST, "calmest": SECOND}
+THIRD = [
+    step(
+        "This is a search in a long text; the long-context-search skill fits, so I load its card first.",
+        'card = load_skill("long-context-search")\nprint("\\n".join(card.splitlines()[:12]))',
+    ),
+    step(
+        "The card says: measure first, narrow with code, keep positions to cite, verify quotes. "
+        "I'll search every line for the Essex and keep line numbers.",
+        "import re\n"
+        'text = open("files/ship_log.txt", encoding="utf-8").read()\nlines = text.splitlines()\n'
+        'print(len(text), "characters,", len(lines), "lines")\n'
+        'hits = [(n, line) for n, line in enumerate(lines, 1) if re.search(r"\\bEssex\\b", line)]\n'
+        "months = sorted({line[:7] for _, line in hits})\n"
+        'print(len(hits), "entries in", len(months), "months; first:", hits[0])',
+    ),
+    step(
+        "The first quote really occurs in the text; time to answer with it.",
+        "first_line, first = hits[0]\nassert first in text\n"
+        'SUBMIT(answer=f"She spoke the *Essex* {len(hits)} times, in {len(months)} months: "\n'
+        '       f"{\', \'.join(months)}.\\n\\nFirst entry (line {first_line}):\\n\\n> {first}")',
+    ),
+]
+SCRIPTS = {"Which port": FIRST, "calmest": SECOND, "speak the Essex": THIRD}
 
 
 def sub_answer(prompt: str) -> str:
@@ -165,12 +187,12 @@ def main() -> None:
 
     LOG.parent.mkdir(exist_ok=True)
     LOG.write_text(make_ship_log(), encoding="utf-8")
-    CASSETTE.unlink(missing_ok=True)
     with ScriptedLM(SCRIPTS, sub=sub_answer) as lm, tempfile.TemporaryDirectory() as home:
-        os.environ.update({**lm.env(), "FLEET_HOME": home, "FLEET_LM_RECORD": str(CASSETTE)})
+        fresh = Path(home) / CASSETTE.name  # recorded apart: the run copies the committed cassette beside the notebook
+        os.environ.update({**lm.env(), "FLEET_HOME": home, "FLEET_LM_RECORD": str(fresh)})
         ensure_kernelspec()
         run_quickstart(Path(home) / "out")
-    data = json.loads(CASSETTE.read_text(encoding="utf-8"))
+        data = json.loads(fresh.read_text(encoding="utf-8"))
     data.update({"label": LABEL, "model": "scripted"})
     CASSETTE.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     print(f"wrote {LOG} and {CASSETTE} ({len(data['exchanges'])} exchanges)")

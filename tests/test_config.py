@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet_kernel.config import load_settings
+from fleet_kernel.config import home_dir, load_settings
 from fleet_kernel.errors import ConfigError
 
 
@@ -57,6 +57,23 @@ def test_bad_environment_value_names_the_variable(tmp_path: Path) -> None:
         load_settings({"FLEET_HOME": str(tmp_path), "FLEET_SANDBOX": "docker"})
     assert "FLEET_SANDBOX" in info.value.message
     assert "'local', 'pyodide', 'daytona' or 'unsafe-local'" in info.value.message
+
+
+def test_home_defaults_to_dot_fleet_and_fleet_home_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert home_dir({}) == tmp_path / ".fleet" == load_settings({}).home
+    assert home_dir({"FLEET_HOME": "~/state"}) == tmp_path / "state" == load_settings({"FLEET_HOME": "~/state"}).home
+    monkeypatch.setenv("FLEET_HOME", str(tmp_path / "from-env"))
+    assert home_dir() == tmp_path / "from-env"
+
+
+def test_fleet_output_is_read_here_and_checked(tmp_path: Path) -> None:
+    env = {"FLEET_HOME": str(tmp_path)}
+    assert load_settings(env).output is None  # the kernel then uses [kernel] output
+    assert load_settings({**env, "FLEET_OUTPUT": " Text "}).output == "text"
+    with pytest.raises(ConfigError) as info:
+        load_settings({**env, "FLEET_OUTPUT": "html"})
+    assert "FLEET_OUTPUT" in info.value.message and "'rich' or 'text'" in info.value.message
 
 
 def test_secrets_are_hidden_in_repr(tmp_path: Path) -> None:

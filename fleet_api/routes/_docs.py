@@ -12,6 +12,7 @@ _TEXT = {
     409: "a turn is running in the session (error.turn_id names it)",
     413: "the upload is larger than storage.max_upload_mb",
     422: "invalid request: validation_error, invalid_json, ...",
+    500: "a configuration problem, such as a malformed skill card (error.message names its file)",
     503: "the store or the sandbox is unavailable",
 }
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from fleet_api.deps import State, check_id
+from fleet_api.deps import check_id
 from fleet_api.routes._docs import errors
-from fleet_kernel.transcript import notebook_filename
-from fleet_kernel.transcript import session_notebook as build_notebook
+from fleet_api.routes.sessions import SessionsDep
 
 router = APIRouter(tags=["sessions"])
 
@@ -19,14 +18,10 @@ NOTEBOOK_MIME = "application/x-ipynb+json"
     response_class=Response,
     responses={200: {"description": "an nbformat 4 notebook", "content": {NOTEBOOK_MIME: {}}}, **errors(404)},
 )
-async def session_notebook(session_id: str, state: State) -> Response:
-    import nbformat  # slow to import; only this route needs it
-
-    session = await state.store.get_session(check_id(session_id, "session"))
-    notebook = await build_notebook(state.store, session_id)
-    name = notebook_filename(session)  # an ASCII slug: no quoting needed
+async def session_notebook(session_id: str, sessions: SessionsDep) -> Response:
+    export = await sessions.export(check_id(session_id, "session"))
     return Response(
-        nbformat.writes(notebook),
+        export.text(),
         media_type=NOTEBOOK_MIME,
-        headers={"Content-Disposition": f'attachment; filename="{name}"'},
+        headers={"Content-Disposition": f'attachment; filename="{export.filename}"'},  # an ASCII slug: no quoting
     )

@@ -2,71 +2,67 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import shutil
+from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Depends, Query, Response
 
 from fleet_api.deps import State, check_id
 from fleet_api.routes._docs import errors
 from fleet_api.schemas import Session, SessionConfig, SessionCreate, SessionList, SessionUpdate, TurnList
 from fleet_api.views import turn_view
-from fleet_kernel import sandbox
-from fleet_kernel.config import Settings
-from fleet_kernel.engine.session_config import effective_config
-from fleet_kernel.errors import ValidationError
+from fleet_kernel.engine.sessions import Sessions
 from fleet_kernel.store.sessions import MAX_PAGE, Archived
 
-log = logging.getLogger("fleet_api")
 router = APIRouter(tags=["sessions"])
 
 
+def get_sessions(state: State) -> Sessions:
+    return Sessions(state.store, state.settings)
+
+
+SessionsDep = Annotated[Sessions, Depends(get_sessions)]
+"""The engine's sessions service over this process's store and settings."""
+
+
 @router.post("/sessions", status_code=201, response_model=Session, responses=errors())
-async def create_session(state: State, body: SessionCreate | None = None) -> Session:
-    row = await state.store.create_session(body.title if body is not None else "")
+async def create_session(sessions: SessionsDep, body: SessionCreate | None = None) -> Session:
+    row = await sessions.create(body.title if body is not None else "")
     return Session.model_validate(row.to_dict())
 
 
 @router.get("/sessions", response_model=SessionList, responses=errors())
 async def list_sessions(
-    state: State,
+    sessions: SessionsDep,
     limit: int = Query(200, ge=1, le=MAX_PAGE),
     cursor: str | None = Query(None, description="the next_cursor of the previous page"),
     q: str | None = Query(None, max_length=200, description="words in the title or in a task of its turns"),
     archived: Archived = Query("false", description="false: hide archived sessions; true: only those; all"),
 ) -> SessionList:
     """Sessions newest first, a page at a time."""
-    page = await state.store.page_sessions(limit=limit, cursor=cursor, q=q, archived=archived)
+    page = await sessions.page(limit=limit, cursor=cursor, q=q, archived=archived)
     return SessionList(sessions=[Session.model_validate(r.to_dict()) for r in page.sessions],
                        next_cursor=page.next_cursor)
 
 
 @router.get("/sessions/{session_id}", response_model=Session, responses=errors(404))
-async def get_session(session_id: str, state: State) -> Session:
-    row = await state.store.get_session(check_id(session_id, "session"))
+async def get_session(session_id: str, sessions: SessionsDep) -> Session:
+    row = await sessions.get(check_id(session_id, "session"))
     return Session.model_validate(row.to_dict())
 
 
 @router.patch("/sessions/{session_id}", response_model=Session, responses=errors(404))
-async def update_session(session_id: str, body: SessionUpdate, state: State) -> Session:
+async def update_session(session_id: str, body: SessionUpdate, sessions: SessionsDep) -> Session:
     """Rename, archive or unarchive, and choose the session's models (null: the configured ones)."""
-    fields = body.model_dump(exclude_unset=True)
-    if not fields:
-        raise ValidationError("nothing to change: send title, archived, model or sub_model")
-    for key in ("title", "archived"):
-        if key in fields and fields[key] is None:
-            raise ValidationError(f"{key} cannot be null")
-    row = await state.store.update_session(check_id(session_id, "session"), **fields)
+    row = await sessions.update(check_id(session_id, "session"), body.model_dump(exclude_unset=True))
     return Session.model_validate(row.to_dict())
 
 
 @router.get("/sessions/{session_id}/config", response_model=SessionConfig, responses=errors(404))
-async def get_session_config(session_id: str, state: State) -> SessionConfig:
+async def get_session_config(session_id: str, state: State, sessions: SessionsDep) -> SessionConfig:
     """The settings a turn of this session would run with now (its models, sandbox, limits, history
     window, memory caps), with no secret."""
-    row = await state.store.get_session(check_id(session_id, "session"))
-    return SessionConfig.model_validate(effective_config(state.runner.settings, row, state.runner.sandbox_name()))
+    config = await sessions.config(check_id(session_id, "session"), state.runner.sandbox_name())
+    return SessionConfig.model_validate(config)
 
 
 @router.delete(
@@ -76,26 +72,10 @@ async def get_session_config(session_id: str, state: State) -> SessionConfig:
     responses=errors(404, 409),
     summary="Delete a session with its turns, events, attachments, artifacts and workspace",
 )
-async def delete_session(session_id: str, state: State) -> Response:
-    turns = await state.store.list_turns(check_id(session_id, "session"))
-    await state.store.delete_session(session_id)
-    state.frames.forget([t.turn_id for t in turns])
-    workspace = state.settings.workspaces_dir / session_id
-    await asyncio.to_thread(shutil.rmtree, workspace, ignore_errors=True)
-    await _forget_sandbox(state.settings, session_id)
+async def delete_session(session_id: str, state: State, sessions: SessionsDep) -> Response:
+    turn_ids = await sessions.delete(check_id(session_id, "session"))
+    state.frames.forget(list(turn_ids))
     return Response(status_code=204)
-
-
-async def _forget_sandbox(settings: Settings, session_id: str) -> None:
-    """The backend drops what it keeps for the session (Daytona: its warm sandbox, which also auto-deletes)."""
-    try:
-        await asyncio.to_thread(sandbox.forget, settings, session_id)
-    except Exception as exc:  # noqa: BLE001 - the session is deleted already; say so rather than fail
-        log.warning(
-            "could not delete the sandbox of session %s (Daytona deletes it after it stops): %s",
-            session_id,
-            getattr(exc, "message", exc),
-        )
 
 
 @router.get("/sessions/{session_id}/turns", response_model=TurnList, responses=errors(404))

@@ -110,7 +110,15 @@ async def start_turn(
 ) -> Response:
     check_id(session_id, "session")
     after = _resume_from(last_event_id, None)
-    handle = await state.runner.start(session_id, body.task, idempotency_key=idempotency_key)
+    handle = await state.runner.start(
+        session_id,
+        body.task,
+        idempotency_key=idempotency_key,
+        limits=body.limits.policy_names() if body.limits is not None else None,
+        skills=body.skills,
+        attachment_ids=body.attachment_ids,
+        output_schema=body.output_schema,
+    )
     turn = handle.turn
     headers = {
         "Location": f"/api/sessions/{session_id}/turns/{turn.turn_id}",

@@ -22,13 +22,16 @@ from typing import TYPE_CHECKING, Any
 from fleet_kernel import safe_files
 from fleet_kernel.cancel import CancelToken
 from fleet_kernel.config import Settings
+from fleet_kernel.engine import choices as turn_choices
 from fleet_kernel.engine.budget import BudgetExceeded
+from fleet_kernel.engine.choices import TurnChoices
 from fleet_kernel.engine.memory import Memories
 from fleet_kernel.engine.session_config import session_settings
 from fleet_kernel.engine.sink import EventHub, EventWriter, TurnEmitter, follow
-from fleet_kernel.errors import TurnDeadlineExceeded, ValidationError
-from fleet_kernel.events import Artifact, Event, TurnCancelledData, TurnCompleted, TurnFailed, TurnStarted
-from fleet_kernel.store import EndedTurn, Store, TurnRow
+from fleet_kernel.errors import NotFoundError, TurnDeadlineExceeded, ValidationError
+from fleet_kernel.events import Artifact, Event, LMFinished, TurnCancelledData, TurnCompleted, TurnFailed, TurnStarted
+from fleet_kernel.skills import Catalogue, load_catalogue
+from fleet_kernel.store import AttachmentRow, EndedTurn, Store, TurnRow
 from fleet_kernel.workspace import Workspace, guess_mime
 
 if TYPE_CHECKING:
@@ -47,10 +50,13 @@ class _Running:
     turn: TurnRow
     emitter: TurnEmitter
     settings: Settings
+    catalogue: Catalogue
+    choices: TurnChoices
     cancel: CancelToken = field(default_factory=CancelToken)  # the turn's one cancel token, handed down to it
     task: asyncio.Task[None] | None = None
     memories: Memories | None = None  # the session's memories, as the turn's host tools change them
     started: float = field(default_factory=time.monotonic)  # the deadline counts from here
+    setup_error: dict[str, str] | None = None  # the turn could not be set up (its files); it fails
 
     @property
     def reason(self) -> str:
@@ -177,15 +183,23 @@ class TurnRunner:
         *,
         idempotency_key: str | None = None,
         limits: dict[str, Any] | None = None,
+        skills: list[str] | tuple[str, ...] = (),
+        attachment_ids: list[str] | tuple[str, ...] = (),
+        output_schema: dict[str, Any] | None = None,
     ) -> TurnHandle:
         """Claim and start a turn (or return the one that owns ``idempotency_key``).
 
         ``limits`` lowers this turn's ``[limits]`` (``max_turn_tokens``, ``max_iters``, ...); none may
-        exceed the policy.
+        exceed the policy. ``skills`` (at most 4) puts those cards in the turn's prompt;
+        ``attachment_ids`` (attachments of the session) are in ``/workspace/files/`` when it starts and
+        named to the model; ``output_schema`` (see ``choices.check_output_schema``) makes the model
+        submit a ``result`` that satisfies it.
 
         Raises:
-            ValidationError: empty or oversized task, the key belongs to another task, or a limit is
-                unknown, invalid or above the policy.
+            ValidationError: empty or oversized task, the key belongs to another task, a limit is
+                unknown, invalid or above the policy, an unknown or extra skill, an attachment not of the
+                session, or an output schema Fleet cannot use.
+            SkillFormatError: a skill card is malformed.
             NotFoundError: unknown session.
             ConflictError: a turn is already running in the session.
         """
@@ -194,6 +208,10 @@ class TurnRunner:
         if len(task) > MAX_TASK_CHARS:
             raise ValidationError(f"the task is {len(task)} characters; the limit is {MAX_TASK_CHARS}. Attach long text as a file")
         settings = self.settings.for_turn(limits)
+        catalogue = await asyncio.to_thread(load_catalogue, self.settings.home)
+        selected = catalogue.select(skills)
+        schema = turn_choices.check_output_schema(output_schema) if output_schema is not None else None
+        attachments = await self._attachments(session_id, attachment_ids)
         await self.open()
         assert self._writer is not None
         settings = session_settings(settings, await self.store.get_session(session_id))  # its own models
@@ -208,6 +226,13 @@ class TurnRunner:
         if not created:
             return handle
         emitter = TurnEmitter(self._writer, session_id=session_id, turn_id=turn.turn_id)
+        choices = TurnChoices(skills=selected, output_schema=schema)
+        setup_error = None
+        try:
+            choices.files = await self._place_files(turn, attachments)
+        except Exception as exc:  # noqa: BLE001 - the turn is claimed: it fails, with a reason, instead
+            log.exception("turn %s: placing its files failed", turn.turn_id)
+            setup_error = {"type": "attachment_error", "message": f"the turn's files could not be placed: {exc}"}
         limits = settings.limits
         emitter.emit(
             TurnStarted(
@@ -225,19 +250,57 @@ class TurnRunner:
                     "max_tokens": settings.policy.lm.max_tokens,
                     "sub_max_tokens": settings.policy.lm.sub_cap,
                 },
+                skills=list(selected),
+                attachments=[f.event() for f in choices.files],
             ),
         )
-        running = _Running(turn, emitter, settings)
+        running = _Running(turn, emitter, settings, catalogue, choices, setup_error=setup_error)
         self._running[turn.turn_id] = running
         running.task = asyncio.get_running_loop().create_task(self._drive(running), name=f"fleet-{turn.turn_id}")
         return handle
 
     async def run(
-        self, session_id: str, task: str, *, idempotency_key: str | None = None, limits: dict[str, Any] | None = None
+        self, session_id: str, task: str, *, idempotency_key: str | None = None, limits: dict[str, Any] | None = None,
+        **choices: Any,
     ) -> TurnRow:
-        """Start a turn and wait for it: the one-call way to run a turn."""
-        handle = await self.start(session_id, task, idempotency_key=idempotency_key, limits=limits)
+        """Start a turn and wait for it: the one-call way to run a turn (``choices`` as in ``start``)."""
+        handle = await self.start(session_id, task, idempotency_key=idempotency_key, limits=limits, **choices)
         return await handle.wait()
+
+    async def _attachments(self, session_id: str, attachment_ids: list[str] | tuple[str, ...]) -> list[AttachmentRow]:
+        """The session's attachments named by a turn, in order. Raises ``ValidationError`` for any other id."""
+        ids = list(dict.fromkeys(attachment_ids))
+        if ids:
+            await self.store.get_session(session_id)  # an unknown session is a 404, as without attachments
+        if len(ids) > turn_choices.MAX_ATTACHMENTS:
+            raise ValidationError(f"a turn takes at most {turn_choices.MAX_ATTACHMENTS} attachments; got {len(ids)}")
+        rows = []
+        for attachment_id in ids:
+            try:
+                row = await self.store.get_attachment(str(attachment_id))
+            except NotFoundError:
+                row = None
+            if row is None or row.session_id != session_id:
+                raise ValidationError(
+                    f"{str(attachment_id)[:80]!r} is not an attachment of session {session_id}: "
+                    "upload it with POST /api/attachments (session_id of this session) first"
+                )
+            rows.append(row)
+        return rows
+
+    async def _place_files(self, turn: TurnRow, rows: list[AttachmentRow]) -> list[turn_choices.TurnFile]:
+        """Each attachment of the turn in ``files/``, restored from the store when it is gone or changed."""
+        if not rows:
+            return []
+        workspace = await asyncio.to_thread(Workspace.for_session, self.settings.workspaces_dir, turn.session_id)
+        files = []
+        for row in rows:
+            found = await asyncio.to_thread(turn_choices.file_in_place, workspace, row)
+            if found is None:
+                data = await self.store.get_blob(row.sha256)
+                found = await asyncio.to_thread(turn_choices.place_file, workspace, row, data)
+            files.append(found)
+        return files
 
     def follow(self, turn_id: str, after_seq: int = 0, *, quiet_s: float | None = None) -> AsyncIterator[Event]:
         """Replay then tail a turn; ``quiet_s`` as in ``sink.follow`` (default: its polling interval)."""
@@ -271,6 +334,15 @@ class TurnRunner:
         started = time.perf_counter()
         try:
             await self._announced(turn.turn_id)
+            if running.setup_error is not None:
+                from fleet_kernel.engine.turn import Outcome
+
+                # The contract: every turn reports its LM step, even one that could not start.
+                running.emitter.emit(
+                    LMFinished(role="root", model=running.settings.lm_model, duration_ms=0.0, usage={}, cost_usd=None)
+                )
+                await self._finish(running, Outcome("failed", error=running.setup_error), 0.0)
+                return
             job = await self._prepare(running)
             outcome = await self._execute(running, job)
             if running.memories is not None and running.memories.changed:
@@ -312,6 +384,8 @@ class TurnRunner:
             workspace_manifest=manifest,
             cancel=running.cancel,
             lm_factory=self.lm_factory,
+            catalogue=running.catalogue,
+            choices=running.choices,
             tools=running.memories.tools(asyncio.get_running_loop()),
         )
 
@@ -417,7 +491,7 @@ class TurnRunner:
             try:
                 await self.store.finish_turn(  # the turn row shows what it used against its budgets
                     turn.turn_id, outcome.status, answer=outcome.answer, error=outcome.error,
-                    usage={**usage, "budgets": budgets},
+                    usage={**usage, "budgets": budgets}, result=outcome.result,
                 )
             except Exception:  # noqa: BLE001 - still end the stream; the row is reaped later if it stays running
                 log.exception("recording the outcome of %s failed", turn.turn_id)
@@ -428,6 +502,7 @@ class TurnRunner:
                     usage=usage,
                     duration_ms=round(duration_ms, 3),
                     extracted=outcome.extracted,
+                    result=outcome.result,
                 )
             )
         elif outcome.status == "cancelled":

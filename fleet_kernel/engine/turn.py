@@ -20,6 +20,7 @@ from dspy.utils.exceptions import LMError as DSPyLMError
 from fleet_kernel.cancel import CancelToken
 from fleet_kernel.config import Settings
 from fleet_kernel.engine.budget import TurnBudget
+from fleet_kernel.engine.choices import TurnChoices, files_prompt, result_type, schema_prompt
 from fleet_kernel.engine.lm import build_lms, explain_lm_error, scrub
 from fleet_kernel.engine.observe import TurnObserver
 from fleet_kernel.engine.sink import TurnEmitter
@@ -27,6 +28,7 @@ from fleet_kernel.errors import FleetError, LMError, TurnCancelled
 from fleet_kernel.events import LMFinished
 from fleet_kernel.sandbox import base as sandbox_base
 from fleet_kernel.sandbox import open_sandbox
+from fleet_kernel.skills import Catalogue
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,7 @@ class Outcome:
     answer: str | None = None
     error: dict[str, str] | None = None
     reason: str | None = None
+    result: Any = None  # the validated ``result`` output, when the turn had an output schema
     extracted: bool = False
     usage: dict[str, Any] = field(default_factory=dict)
 
@@ -75,7 +78,9 @@ class TurnJob:
     workspace_manifest: str
     cancel: CancelToken
     lm_factory: LMFactory | None = None
-    tools: list[Callable[..., Any]] = field(default_factory=list)  # host tools for sandbox code (memory)
+    catalogue: Catalogue = field(default_factory=lambda: Catalogue({}))
+    choices: TurnChoices = field(default_factory=TurnChoices)
+    tools: list[Callable[..., Any]] = field(default_factory=list)  # more host tools for sandbox code (memory)
     budget: TurnBudget = field(init=False)
 
     def __post_init__(self) -> None:
@@ -120,6 +125,17 @@ def _failure(exc: BaseException, settings: Settings) -> Outcome:
     return Outcome("failed", error={"type": type(exc).__name__, "message": scrub(str(exc), settings)[:2000]})
 
 
+def _scrubbed(value: Any, settings: Settings) -> Any:
+    """A result with every configured secret removed from its strings."""
+    if isinstance(value, str):
+        return scrub(value, settings)
+    if isinstance(value, dict):
+        return {scrub(str(k), settings): _scrubbed(v, settings) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_scrubbed(v, settings) for v in value]
+    return value
+
+
 def stopped(cause: TurnCancelled, usage: dict[str, Any] | None = None) -> Outcome:
     """The outcome of a turn stopped by ``cause``: one with a ``code`` (``BudgetExceeded``,
     ``TurnDeadlineExceeded``) fails it with that error type, any other cancels it."""
@@ -127,6 +143,20 @@ def stopped(cause: TurnCancelled, usage: dict[str, Any] | None = None) -> Outcom
     if code is not None:
         return Outcome("failed", error={"type": code, "message": cause.reason}, usage=usage or {})
     return Outcome("cancelled", reason=cause.reason, usage=usage or {})
+
+
+def turn_signature(job: TurnJob) -> type[dspy.Signature]:
+    """``FleetTask`` with this turn's skills catalogue, preselected cards, files and output schema."""
+    choices = job.choices
+    parts = [FleetTask.instructions, job.catalogue.prompt(choices.skills) if job.catalogue.skills else "",
+             files_prompt(choices.files)]
+    if choices.output_schema is not None:
+        parts.append(schema_prompt(choices.output_schema))
+    signature = FleetTask.with_instructions("\n\n".join(p for p in parts if p))
+    if choices.output_schema is not None:
+        desc = "the structured result, a dict that satisfies the output schema"
+        signature = signature.append("result", dspy.OutputField(desc=desc), type_=result_type(choices.output_schema))
+    return signature
 
 
 def run_turn(job: TurnJob) -> Outcome:
@@ -146,12 +176,12 @@ def run_turn(job: TurnJob) -> Outcome:
     try:
         sandbox = open_sandbox(settings, job.workspace, cancel=job.cancel)  # interrupted when the token is cancelled
         rlm = dspy.RLM(
-            FleetTask,
+            turn_signature(job),
             max_iters=limits.max_iters,
             max_llm_calls=limits.max_llm_calls,
             max_output_chars=limits.max_output_chars,
             sub_lm=sub_lm,
-            tools=job.tools or None,
+            tools=[*(job.catalogue.tools() if job.catalogue.skills else []), *job.tools] or None,
         )
         observer = TurnObserver(
             job.emitter,
@@ -176,6 +206,7 @@ def run_turn(job: TurnJob) -> Outcome:
             answer=scrub(str(prediction.answer), settings),
             extracted=observer.extracted,
             usage=observer.usage,
+            result=_scrubbed(getattr(prediction, "result", None), settings),
         )
     except BaseException as exc:  # noqa: BLE001 - every failure becomes turn.failed, with a readable message
         usage = observer.usage if observer else {}

@@ -11,6 +11,7 @@
     %fleet export [file.ipynb | folder]              write the session as a notebook (fleet-<title>-<id>.ipynb)
     %fleet serve [port]                              start the HTTP API on this kernel's store
     %fleet set [name [value]]                        show or set a parameter: {name} in later cells is its value
+    %fleet skill [list | show N | use N... | clear]  list skill cards, read one, put up to 4 in the next turns' prompt
 
 A command raises ``FleetError`` with advice when it cannot do what was asked; the kernel renders it once.
 """
@@ -74,16 +75,13 @@ async def cmd_help(ctx: KernelContext, args: list[str]) -> Reply:
 async def cmd_session(ctx: KernelContext, args: list[str]) -> Reply:
     action = args[0] if args else ""
     if action == "new":
-        await ctx.open()
-        assert ctx.store is not None
-        ctx.session_id = (await ctx.store.create_session(" ".join(args[1:]))).session_id
+        ctx.session_id = (await (await ctx.sessions()).create(" ".join(args[1:]))).session_id
         return Reply(f"New session {ctx.session_id}; the next cell is its first turn.")
     if action == "use":
         if len(args) != 2:
             raise _usage_error("usage: %fleet session use <session_id> (see %fleet session list)")
         await ctx.use_session(args[1])
-        assert ctx.store is not None
-        session = await ctx.store.get_session(args[1])
+        session = await (await ctx.sessions()).get(args[1])
         return Reply(
             f"Using session {session.session_id} ({session.title or 'untitled'}, {session.turn_count} turns); "
             "its history feeds the next turn."
@@ -94,16 +92,12 @@ async def cmd_session(ctx: KernelContext, args: list[str]) -> Reply:
         raise _usage_error(f"unknown session action {action!r}: use new, use or list")
     if ctx.session_id is None:
         return Reply("No session yet: the first turn creates one (or %fleet session use <id>).")
-    await ctx.open()
-    assert ctx.store is not None
-    session = await ctx.store.get_session(ctx.session_id)
+    session = await (await ctx.sessions()).get(ctx.session_id)
     return Reply(f"Session {session.session_id}: {session.title or 'untitled'} ({session.turn_count} turns)")
 
 
 async def _list_sessions(ctx: KernelContext) -> Reply:
-    await ctx.open()
-    assert ctx.store is not None
-    sessions = await ctx.store.list_sessions(limit=50)
+    sessions = await (await ctx.sessions()).list(limit=50)
     if not sessions:
         return Reply("No sessions in the store yet.")
     lines, rows = [], []
@@ -203,6 +197,7 @@ async def cmd_status(ctx: KernelContext, args: list[str]) -> Reply:
         f"model: {settings.lm_model or '(not configured)'}",
         f"sandbox: {sandbox}",
         f"output: {ctx.output_mode()}",
+        f"skills: {', '.join(ctx.skills) or '(none preselected; %fleet skill use <name>)'}",
         f"store: {ctx.store.safe_url}",
         f"home: {settings.home}",
         f"engine loaded: {'yes' if ctx.warm.is_set() else 'loading'}",
@@ -239,50 +234,28 @@ def _last_turn_usage(usage: dict[str, Any]) -> str:
 
 
 async def cmd_attach(ctx: KernelContext, args: list[str]) -> Reply:
-    from fleet_kernel.errors import NotFoundError, PayloadTooLargeError
-    from fleet_kernel.workspace import Workspace, guess_mime
-
     if len(args) != 1:
         raise _usage_error("usage: %fleet attach <local file>")
     source = Path(args[0]).expanduser()
-    if not source.is_file():
-        raise NotFoundError(f"no file {source} (paths are relative to {Path.cwd()})")
-    limit_mb = ctx.settings.policy.storage.max_upload_mb
-    if source.stat().st_size > limit_mb * 1024 * 1024:
-        raise PayloadTooLargeError(f"{source.name} is larger than storage.max_upload_mb ({limit_mb:g} MB)")
-    session_id = await ctx.ensure_session()
-    assert ctx.store is not None
-    data = await asyncio.to_thread(source.read_bytes)
-    workspace = await asyncio.to_thread(Workspace.for_session, ctx.settings.workspaces_dir, session_id)
-    path = await asyncio.to_thread(workspace.add_file, source.name, data)
-    await ctx.store.add_attachment(
-        session_id=session_id, filename=source.name, path=path, mime=guess_mime(path), data=data
-    )
+    sessions = await ctx.sessions()
+    data = await sessions.read_file(source)
+    attached = await sessions.attach(await ctx.ensure_session(), source.name, data)
+    row = attached.attachment
+    taken = f"; files/ already held another {source.name}" if attached.renamed else ""
     return Reply(
-        f"Attached {source.name} as /workspace/{path} ({len(data):,} bytes); the model sees it in /workspace/files."
+        f"Attached {source.name} as /workspace/{row.path} ({row.size:,} bytes{taken}); "
+        "the model sees it in /workspace/files."
     )
 
 
 async def cmd_export(ctx: KernelContext, args: list[str]) -> Reply:
-    import nbformat
-
-    from fleet_kernel.transcript import notebook_filename, session_notebook
-
     if len(args) > 1 or (args and not args[0].endswith((".ipynb", "/")) and not Path(args[0]).is_dir()):
         raise _usage_error("usage: %fleet export [file.ipynb | folder] (default: a file named after the session)")
     if ctx.session_id is None:
         raise _usage_error("nothing to export yet: run a turn first, or %fleet session use <id>")
-    await ctx.open()
-    assert ctx.store is not None
-    session = await ctx.store.get_session(ctx.session_id)
-    nb = await session_notebook(ctx.store, ctx.session_id)
-    target = Path(args[0] if args else ".").expanduser()
-    if not target.name.endswith(".ipynb"):
-        target = target / notebook_filename(session)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, str(target))
-    turns = sum(cell.cell_type == "code" for cell in nb.cells)
-    return Reply(f"Wrote {turns} turns of session {ctx.session_id} to {target.resolve()}")
+    export = await (await ctx.sessions()).export(ctx.session_id)
+    target = await asyncio.to_thread(export.write, Path(args[0] if args else ".").expanduser())
+    return Reply(f"Wrote {export.turns} turns of session {ctx.session_id} to {target.resolve()}")
 
 
 class Sidecar:
@@ -293,7 +266,7 @@ class Sidecar:
 
 
 async def cmd_serve(ctx: KernelContext, args: list[str]) -> Reply:
-    from fleet_api.server import spawn_sidecar
+    from fleet_kernel.kernel.sidecar import spawn_sidecar
     from fleet_kernel.errors import FleetError
 
     settings = ctx.settings
@@ -337,6 +310,39 @@ async def cmd_set(ctx: KernelContext, args: list[str]) -> Reply:
     return Reply(f"{name} = {ctx.params[name]!r}; {{{name}}} in the next cells is this value.")
 
 
+async def cmd_skill(ctx: KernelContext, args: list[str]) -> Reply:
+    from fleet_kernel.skills import load_catalogue
+
+    action, names = (args[0], args[1:]) if args else ("list", [])
+    catalogue = await asyncio.to_thread(load_catalogue, ctx.settings.home)
+    if action == "list":
+        if names:
+            raise _usage_error("usage: %fleet skill list")
+        chosen = set(ctx.skills)
+        lines = [f"{'*' if s.name in chosen else ' '} {s.name} ({s.source}): {s.description}" for s in catalogue]
+        rows = [f"| {'**' if s.name in chosen else ''}`{s.name}` | {s.source} | {_md(s.description)} |"
+                for s in catalogue]
+        note = f"Selected for the next turns: {', '.join(ctx.skills)}" if ctx.skills else "None selected."
+        markdown = "| skill | source | description |\n|---|---|---|\n" + "\n".join(rows) + f"\n\n{note}"
+        return Reply("\n".join([*lines, note]), markdown)
+    if action == "show":
+        if len(names) != 1:
+            raise _usage_error("usage: %fleet skill show <name> (see %fleet skill list)")
+        skill = catalogue.get(names[0])
+        resources = f"\n\nResources: {', '.join(skill.resources)}" if skill.resources else ""
+        return Reply(f"{skill.name} ({skill.source}): {skill.description}\n\n{skill.body}{resources}",
+                     f"**{skill.name}** ({skill.source}): {_md(skill.description)}\n\n{skill.body}{resources}")
+    if action == "use":
+        if not names:
+            raise _usage_error("usage: %fleet skill use <name>... (up to 4; %fleet skill clear to stop)")
+        ctx.skills = catalogue.select(names)
+        return Reply(f"The next turns have these skills in their prompt: {', '.join(ctx.skills)}.")
+    if action == "clear":
+        ctx.skills = ()
+        return Reply("No skills are preselected; every turn still sees the list and can load_skill(name).")
+    raise _usage_error(f"unknown skill action {action!r}: use list, show, use or clear")
+
+
 COMMANDS: dict[str, Handler] = {
     "help": cmd_help,
     "session": cmd_session,
@@ -350,9 +356,10 @@ COMMANDS: dict[str, Handler] = {
     "export": cmd_export,
     "serve": cmd_serve,
     "set": cmd_set,
+    "skill": cmd_skill,
 }
 SUBCOMMANDS = {"session": ("new", "use", "list"), "output": OUTPUTS, "sandbox": SANDBOXES, "model": ("default",),
-               "memory": ("search", "forget")}
+               "skill": ("list", "show", "use", "clear"), "memory": ("search", "forget")}
 
 
 # ---------------------------------------------------------------------------------------------- dispatch
@@ -404,11 +411,13 @@ async def complete(ctx: KernelContext, code: str, cursor_pos: int) -> tuple[list
     elif done[0] in SUBCOMMANDS and len(done) == 1:
         options = list(SUBCOMMANDS[done[0]])
     elif done[:2] == ["session", "use"] and len(done) == 2:
-        await ctx.open()
-        assert ctx.store is not None
-        options = [s.session_id for s in await ctx.store.list_sessions(limit=100)]
+        options = [s.session_id for s in await (await ctx.sessions()).list(limit=100)]
     elif done == ["set"]:
         options = list(ctx.params)
+    elif done[:2] in (["skill", "show"], ["skill", "use"]) and (done[1] == "use" or len(done) == 2):
+        from fleet_kernel.skills import load_catalogue
+
+        options = sorted((await asyncio.to_thread(load_catalogue, ctx.settings.home)).skills)
     elif done == ["attach"] or done == ["export"]:
         options = _paths(word)
     return [o for o in options if o.startswith(word)], word_start, cursor_pos

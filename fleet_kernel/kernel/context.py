@@ -16,20 +16,21 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from fleet_kernel.config import Settings
+    from fleet_kernel.config import OutputMode, Settings
     from fleet_kernel.engine.runner import TurnRunner
+    from fleet_kernel.engine.sessions import Sessions
     from fleet_kernel.store import Store
 
 log = logging.getLogger(__name__)
 
-OutputMode = Literal["rich", "text"]
 WARM_MODULES = (
     "fleet_kernel.config",
     "fleet_kernel.engine.runner",  # then the store opens on the loop, before the rest loads
     "fleet_kernel.transcript",
+    "fleet_kernel.engine.sessions",
     "fleet_kernel.kernel.display",
     "fleet_kernel.sandbox",
     "fleet_kernel.engine.turn",  # dspy and LiteLLM: the slow one
@@ -56,7 +57,8 @@ class KernelContext:
         self.runner: TurnRunner | None = None
         self.session_id: str | None = None
         self.params: dict[str, str] = {}  # %fleet set: {name} in later cells is the value
-        self.explicit_output: OutputMode | None = _env_output()
+        self.skills: tuple[str, ...] = ()  # %fleet skill use: cards in the prompt of the next turns
+        self.explicit_output: OutputMode | None = None  # %fleet output
         self.widgets_seen = False  # a widget manager (JupyterLab) opened its control comm
         self.console_seen = False  # a terminal asked for its up-arrow history before any cell ran
         self._open_lock = asyncio.Lock()
@@ -153,26 +155,42 @@ class KernelContext:
 
     # ------------------------------------------------------------------ session
 
+    async def sessions(self) -> Sessions:
+        """The sessions service over this kernel's store and its current settings (opened if need be)."""
+        await self.open()
+        await load_off_loop("fleet_kernel.engine.sessions")
+        from fleet_kernel.engine.sessions import Sessions
+
+        assert self.store is not None
+        return Sessions(self.store, self.settings)
+
     async def ensure_session(self) -> str:
         """The kernel's session, created on its first turn (titled from that turn's task by the store)."""
-        await self.open()
-        assert self.store is not None
+        sessions = await self.sessions()
         if self.session_id is None:
-            self.session_id = (await self.store.create_session("")).session_id
+            self.session_id = (await sessions.create()).session_id
         return self.session_id
 
     async def use_session(self, session_id: str) -> None:
         """Continue an existing session: its history feeds the next turn. Raises ``NotFoundError``."""
-        await self.open()
-        assert self.store is not None
-        self.session_id = (await self.store.get_session(session_id)).session_id
+        self.session_id = (await (await self.sessions()).get(session_id)).session_id
 
     # ------------------------------------------------------------------ output
 
-    def output_mode(self) -> OutputMode:
-        """``text`` or ``rich``: set by ``%fleet output``, ``FLEET_OUTPUT``, else ``fleet.toml``."""
+    def chosen_output(self) -> OutputMode | None:
+        """The output mode chosen for this kernel: ``%fleet output``, else ``FLEET_OUTPUT``; None if neither."""
         if self.explicit_output is not None:
             return self.explicit_output
+        try:
+            return self.settings.output
+        except Exception:  # invalid settings: the first command or turn that needs them says so
+            return None
+
+    def output_mode(self) -> OutputMode:
+        """``text`` or ``rich``: set by ``%fleet output``, ``FLEET_OUTPUT``, else ``fleet.toml``."""
+        chosen = self.chosen_output()
+        if chosen is not None:
+            return chosen
         try:
             return self.settings.policy.kernel.output
         except Exception:
@@ -181,7 +199,7 @@ class KernelContext:
     def live_mode(self) -> str:
         """How a turn is shown live: ``widgets``, ``plain`` displays, or ``text`` streams."""
         mode = self.output_mode()
-        if mode == "text" or (self.explicit_output is None and self.console_seen and not self.widgets_seen):
+        if mode == "text" or (self.chosen_output() is None and self.console_seen and not self.widgets_seen):
             return "text"
         return "widgets" if self.widgets_seen else "plain"
 
@@ -202,18 +220,16 @@ async def load_off_loop(module: str) -> None:
         await asyncio.to_thread(importlib.import_module, module)
 
 
-def _env_output() -> OutputMode | None:
-    value = os.environ.get("FLEET_OUTPUT", "").strip().lower()
-    return value if value in ("rich", "text") else None  # type: ignore[return-value]
-
-
 def route_output_to_log(home: Path | None = None) -> Path:
     """Send this process's logging, prints and fd 1/2 to ``$FLEET_HOME/logs/kernel.log``, never to a cell.
 
     Library warnings (LiteLLM, dspy) and stray prints would otherwise reach the frontend with an empty
     parent header (dropped by JupyterLab, shown in a console) or land in the next cell.
     """
-    home = home or Path(os.environ.get("FLEET_HOME") or "~/.fleet").expanduser()
+    if home is None:
+        from fleet_kernel.config import home_dir
+
+        home = home_dir()
     try:
         (home / "logs").mkdir(parents=True, exist_ok=True)
         path = home / "logs" / "kernel.log"

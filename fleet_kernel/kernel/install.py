@@ -15,18 +15,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-KERNEL_NAME = "fleet"
+from fleet_kernel.kernel import spec
+
+KERNEL_NAME = spec.NAME
 LOGOS = ("logo-32x32.png", "logo-64x64.png", "logo-svg.svg")
 
 
 def kernel_spec(python: str = sys.executable) -> dict[str, object]:
-    return {
-        "argv": [python, "-Xfrozen_modules=off", "-m", "fleet_kernel", "-f", "{connection_file}"],
-        "display_name": "Fleet RLM",
-        "language": "markdown",
-        "interrupt_mode": "message",
-        "metadata": {"debugger": False},
-    }
+    return spec.kernel_json(python)
 
 
 def _logo_dir() -> Path | None:
@@ -66,14 +62,16 @@ def install(user: bool = False, sys_prefix: bool = False, prefix: str | None = N
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="fleet kernel install", description="Install the Fleet RLM kernelspec.")
+    parser = argparse.ArgumentParser(
+        prog="fleet kernel install", description=f"Install the {spec.DISPLAY_NAME} kernelspec."
+    )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--user", action="store_true", help="install for the current user")
     where.add_argument("--sys-prefix", action="store_true", help="install into this Python environment")
     where.add_argument("--prefix", help="install under this prefix")
     args = parser.parse_args(argv)
     path = install(user=args.user, sys_prefix=args.sys_prefix, prefix=args.prefix)
-    print(f"Installed the fleet kernelspec in {path}")
+    print(f"Installed the {KERNEL_NAME} kernelspec in {path}")
 
 
 if __name__ == "__main__":

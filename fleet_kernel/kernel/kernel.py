@@ -18,7 +18,7 @@ from ipykernel.kernelbase import Kernel
 
 from fleet_kernel import __version__
 from fleet_kernel.cancel import CancelToken
-from fleet_kernel.kernel import commands
+from fleet_kernel.kernel import commands, spec
 from fleet_kernel.kernel.context import KernelContext, load_off_loop, route_output_to_log, skip_unused_imports
 
 log = logging.getLogger(__name__)
@@ -30,19 +30,13 @@ TERMINAL_HISTORY_N = 100
 
 
 class FleetKernel(Kernel):
-    implementation = "fleet"
+    implementation = spec.NAME
     implementation_version = __version__
     banner = (
-        f"Fleet RLM {__version__}: each cell is a turn; the model reasons, writes Python and runs it in a sandbox.\n"
+        f"{spec.DISPLAY_NAME} {__version__}: each cell is a turn; the model reasons, writes Python and runs it in a sandbox.\n"
         "Type a task, or %fleet help for commands."
     )
-    language_info = {  # noqa: RUF012 - the base class reads these class attributes
-        "name": "markdown",
-        "mimetype": "text/markdown",
-        "file_extension": ".md",
-        "pygments_lexer": "markdown",
-        "codemirror_mode": "markdown",
-    }
+    language_info = spec.LANGUAGE_INFO
     help_links = [{"text": "DSPy RLM", "url": "https://dspy.ai/api/modules/RLM/"}]  # noqa: RUF012
 
     def __init__(self, **kwargs: Any) -> None:
@@ -186,7 +180,7 @@ class FleetKernel(Kernel):
             session_id = await self.ctx.ensure_session()
             await load_off_loop("fleet_kernel.sandbox")  # the runner names the sandbox; that package loads dspy
             assert self.ctx.runner is not None
-            handle = await self.ctx.runner.start(session_id, task)
+            handle = await self.ctx.runner.start(session_id, task, skills=self.ctx.skills)
         except BaseException:
             live.close()
             if mode != "text":

@@ -84,6 +84,8 @@ def _private_base() -> Path | None:
 
 def _rewrite(mirror: Path, farm: Farm) -> None:
     """Absolute links into the install, and ``pyvenv.cfg``, point at the neutral paths."""
+    if mirror.is_symlink() or not mirror.is_dir():
+        raise OSError(f"{mirror} is not a folder of the mirror")  # never rewrite anything outside it
     for dirpath, dirnames, filenames in os.walk(mirror):
         for name in (*dirnames, *filenames):
             path = os.path.join(dirpath, name)
@@ -110,7 +112,9 @@ def _build(base: Path, key: str, prefixes: list[str]) -> Path:
         targets = tuple(f"{NEUTRAL_ROOT}/{n}" for n in range(len(prefixes)))
         farm = Farm(tuple(prefixes), (), targets)
         for n, prefix in enumerate(prefixes):
-            subprocess.run(["cp", "-al", prefix, str(work / str(n))], check=True, capture_output=True, timeout=300)
+            # The real folder: `cp -a` copies a link as a link, and rewriting through it would edit the install.
+            source = os.path.realpath(prefix)
+            subprocess.run(["cp", "-al", source, str(work / str(n))], check=True, capture_output=True, timeout=300)
             _rewrite(work / str(n), farm)
         work.chmod(0o700)
         os.utime(work)  # its age is the age of this state of the install, for _sweep

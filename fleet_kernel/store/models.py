@@ -86,6 +86,7 @@ class TurnRow(Base):
     answer: Mapped[str | None] = mapped_column(Text)
     error: Mapped[dict[str, Any] | None]
     usage: Mapped[dict[str, Any] | None]
+    result: Mapped[Any | None] = mapped_column(JSON, nullable=True)  # the validated value of an output_schema
     model: Mapped[str | None] = mapped_column(String(200))
     sandbox: Mapped[str | None] = mapped_column(String(32))
     owner: Mapped[str] = mapped_column(String(200))
@@ -106,6 +107,7 @@ class TurnRow(Base):
             "answer": self.answer,
             "error": self.error,
             "usage": self.usage,
+            "result": self.result,
             "started_at": iso(self.started_at),
             "finished_at": iso(self.finished_at),
         }

@@ -245,6 +245,7 @@ class TurnStore(SessionStore):
         answer: str | None = None,
         error: dict[str, Any] | None = None,
         usage: dict[str, Any] | None = None,
+        result: Any = None,
     ) -> None:
         async with self._write() as s:
             row = await s.get(TurnRow, turn_id)
@@ -252,6 +253,7 @@ class TurnStore(SessionStore):
                 return
             row.status = status
             row.answer = answer
+            row.result = result
             row.error = error
             row.usage = usage
             row.finished_at = utcnow()

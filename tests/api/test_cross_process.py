@@ -98,7 +98,7 @@ def test_one_key_two_processes_one_run(
 
 def test_serve_refuses_open_bind_without_token(fleet_env: dict[str, str]) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "fleet_kernel.cli", "serve", "--host", "0.0.0.0", "--port", str(free_port())],
+        [sys.executable, "-m", "fleet_api", "serve", "--host", "0.0.0.0", "--port", str(free_port())],
         env={**os.environ, **fleet_env},
         capture_output=True,
         text=True,
@@ -112,7 +112,7 @@ def test_serve_refuses_open_bind_without_token(fleet_env: dict[str, str]) -> Non
 def test_serve_without_a_store_fails_in_one_line(fleet_env: dict[str, str]) -> None:
     env = {**os.environ, **fleet_env, "FLEET_DATABASE_URL": "postgresql+asyncpg://fleet:pw@127.0.0.1:1/fleet"}
     result = subprocess.run(
-        [sys.executable, "-m", "fleet_kernel.cli", "serve", "--port", str(free_port())],
+        [sys.executable, "-m", "fleet_api", "serve", "--port", str(free_port())],
         env=env,
         capture_output=True,
         text=True,

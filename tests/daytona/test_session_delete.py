@@ -16,6 +16,8 @@ from fleet_kernel.errors import SandboxUnavailableError
 from fleet_kernel.sandbox import daytona
 from fleet_kernel.workspace import Workspace
 
+LOGGER = "fleet_kernel.engine.sessions"  # where deleting a session says what it could not clean up
+
 
 def _sessions(client: Any, store: str) -> list[str]:
     """The ``fleet_session`` label of every sandbox of this store, as Daytona lists them."""
@@ -99,10 +101,10 @@ def test_http_delete_succeeds_when_daytona_is_unreachable(
     offline = load_settings({**env, "FLEET_DAYTONA_API_URL": "http://127.0.0.1:9/api"})
     with LiveServer(offline) as live, httpx.Client(base_url=live.url, timeout=60) as http:
         sid = http.post("/api/sessions").json()["session_id"]
-        with caplog.at_level(logging.WARNING, logger="fleet_api"):
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
             assert http.delete(f"/api/sessions/{sid}").status_code == 204
         assert http.get(f"/api/sessions/{sid}").status_code == 404
-    warnings = [r.getMessage() for r in caplog.records if r.name == "fleet_api" and r.levelno == logging.WARNING]
+    warnings = [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
     assert any(
         f"could not delete the sandbox of session {sid}" in w and "cannot reach Daytona" in w for w in warnings
     ), warnings

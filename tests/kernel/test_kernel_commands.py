@@ -30,6 +30,12 @@ def test_attach_puts_the_file_in_the_workspace_for_the_next_turn(
     assert "the secret word is albatross" in "".join(c["text"] for c in turn.of("stream"))
     (workspace,) = (fleet_home / "workspaces").iterdir()
     assert (workspace / "files" / "notes.txt").read_text() == "the secret word is albatross\n"
+    other = tmp_path / "other" / "notes.txt"
+    other.parent.mkdir()
+    other.write_text("a different file of the same name\n")
+    again = kernel.run(f"%fleet attach {other}").text()
+    assert "Attached notes.txt as /workspace/files/notes-2.txt" in again and "already held another notes.txt" in again
+    assert (workspace / "files" / "notes.txt").read_text() == "the secret word is albatross\n"
 
 
 def test_export_writes_the_session_as_a_notebook(kernel: Kernel, scripted_lm, tmp_path: Path) -> None:
@@ -142,6 +148,39 @@ def test_usage_shows_the_last_turn_against_its_budget(start_kernel, scripted_lm,
     kernel.run("say hello")
     text = kernel.run("%fleet usage").text()
     assert re.search(r"last turn: [\d,]+ tokens of 500,000 \(limits\.max_turn_tokens\), \$0\.0000", text), text
+
+
+def test_skill_commands_choose_the_cards_of_the_next_turns(kernel: Kernel, scripted_lm, fleet_home: Path) -> None:
+    import sqlite3
+
+    card = fleet_home / "skills" / "harbour-notes"
+    card.mkdir(parents=True)
+    (card / "SKILL.md").write_text("---\nname: harbour-notes\ndescription: Tide tables.\n---\n# Tides\n\nHigh water at noon.\n")
+    (card / "tides.csv").write_text("day,high\nmon,12:00\n")
+    listing = kernel.run("%fleet skill list").text()
+    assert "harbour-notes (home): Tide tables." in listing and "tabular-analysis (bundled)" in listing
+    shown = kernel.run("%fleet skill show harbour-notes").text()
+    assert "High water at noon." in shown and "Resources: tides.csv" in shown
+    bad = kernel.run("%fleet skill use harbour-notes no-such-card")
+    assert bad.reply["content"]["status"] == "error" and "unknown skill 'no-such-card'" in bad.text()
+    assert "harbour-notes, tabular-analysis" in kernel.run("%fleet skill use harbour-notes tabular-analysis").text()
+    assert "* harbour-notes" in kernel.run("%fleet skill list").text()
+
+    def prompt_of(task: str) -> str:
+        (body, *_) = [b for b in scripted_lm.requests if task in json.dumps(b)]
+        return json.dumps(body)
+
+    scripted_lm.add("tide task", [step("done", "SUBMIT(answer='noon')")])
+    kernel.run("the tide task")
+    assert "High water at noon." in prompt_of("the tide task") and "Load with explicit types" in prompt_of("the tide task")
+    kernel.run("%fleet skill clear")
+    scripted_lm.add("later task", [step("done", "SUBMIT(answer='ok')")])
+    kernel.run("a later task")
+    assert "High water at noon." not in prompt_of("a later task")
+    assert "harbour-notes: Tide tables." in prompt_of("a later task")  # the catalogue is always there
+    with sqlite3.connect(fleet_home / "fleet.db") as db:
+        started = [json.loads(d) for (d,) in db.execute("SELECT data FROM events WHERE type = 'turn.started' ORDER BY ts")]
+    assert [s["skills"] for s in started] == [["harbour-notes", "tabular-analysis"], []]
 
 
 def test_memory_commands_show_search_and_forget_what_turns_remembered(kernel: Kernel, scripted_lm) -> None:

@@ -42,6 +42,13 @@ def test_each_turn_cell_keeps_images_and_one_transcript(executed: nbformat.Noteb
     assert "1851-04" in second[-1].data["text/markdown"]
 
 
+def test_the_model_loads_a_skill(executed: nbformat.NotebookNode) -> None:
+    (result,) = [o for o in outputs(executed, "In which months did the Albatross speak the Essex") if o.output_type == "execute_result"]
+    assert result.metadata["fleet"]["status"] == "completed"
+    assert "load_skill" in result.data["text/markdown"] and "Long-context search" in result.data["text/markdown"]
+    assert "67 times, in 22 months" in result.data["text/markdown"]
+
+
 def test_no_output_depends_on_widgets_or_a_kernel(executed: nbformat.NotebookNode) -> None:
     for cell in executed.cells:
         for output in cell.get("outputs", []):

@@ -1,0 +1,3 @@
+from fleet_api.cli import main
+
+main(prog_name="fleet")

@@ -1,0 +1,208 @@
+"""What a turn is given besides its task: preselected skills, this turn's files, an output schema.
+
+Both front doors pass these to ``TurnRunner.start``, which checks them here before the turn is claimed
+(a bad choice is a ``ValidationError``, 422 over HTTP) and hands them to the turn: the skills and files
+become part of its instructions, the schema the type of its ``result`` output.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic_core import core_schema
+
+from fleet_kernel import safe_files
+from fleet_kernel.errors import ValidationError
+from fleet_kernel.store.models import AttachmentRow
+from fleet_kernel.workspace import Workspace
+
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
+
+MAX_SCHEMA_CHARS = 16_000
+MAX_SCHEMA_DEPTH = 8
+MAX_ATTACHMENTS = 20
+MAX_ERRORS_SHOWN = 5
+PLAIN_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
+# Keywords of plain-type schemas. No references ($ref could make the validator fetch a URL), no
+# combinators, and no regular expressions (a pattern can make validation run for ever).
+KEYWORDS = frozenset({
+    "type", "properties", "required", "additionalProperties", "items", "enum", "const", "title",
+    "description", "default", "examples", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+    "multipleOf", "minLength", "maxLength", "minItems", "maxItems", "uniqueItems", "minProperties",
+    "maxProperties", "format", "$schema",
+})  # fmt: skip
+
+
+@dataclass
+class TurnFile:
+    """An attachment as this turn sees it: ``name`` in ``/workspace/files/``; ``renamed`` when another
+    file had its name there, so it was placed under a suffixed one."""
+
+    attachment_id: str
+    name: str
+    path: str
+    size: int
+    sha256: str
+    filename: str
+    moved_from: str | None = None  # the attachment's usual path, when another file holds it now
+
+    @property
+    def renamed(self) -> bool:
+        return self.moved_from is not None
+
+    def event(self) -> dict[str, Any]:
+        return {"attachment_id": self.attachment_id, "name": self.name, "path": self.path, "size": self.size,
+                "sha256": self.sha256, "renamed": self.renamed}
+
+
+@dataclass
+class TurnChoices:
+    """One turn's choices, checked."""
+
+    skills: tuple[str, ...] = ()
+    files: list[TurnFile] = field(default_factory=list)
+    output_schema: dict[str, Any] | None = None
+
+
+def file_in_place(workspace: Workspace, row: AttachmentRow) -> TurnFile | None:
+    """The attachment where it was put at upload, if that file still holds its bytes (links not followed)."""
+    try:
+        size, digest = safe_files.hash_path(workspace.root, row.path, max_bytes=row.size)
+    except safe_files.Refused:
+        return None
+    return _turn_file(row, row.path) if (size, digest) == (row.size, row.sha256) else None
+
+
+def place_file(workspace: Workspace, row: AttachmentRow, data: bytes) -> TurnFile:
+    """Put an attachment back into ``files/``: at its usual path when that is free, else under a suffixed
+    name (``add_file`` never writes over another file, nor through a link)."""
+    path = workspace.add_file(PurePosixPath(row.path).name, data)
+    return _turn_file(row, path)
+
+
+def _turn_file(row: AttachmentRow, path: str) -> TurnFile:
+    return TurnFile(attachment_id=row.attachment_id, name=PurePosixPath(path).name, path=path, size=row.size,
+                    sha256=row.sha256, filename=row.filename, moved_from=None if path == row.path else row.path)
+
+
+def check_output_schema(schema: Any) -> dict[str, Any]:
+    """An output schema Fleet can use: a JSON Schema object of plain types, small, self-contained.
+
+    Raises:
+        ValidationError: what is wrong and where.
+    """
+    if not isinstance(schema, dict):
+        raise ValidationError("output_schema must be a JSON Schema object, such as "
+                              '{"type": "object", "properties": {"total": {"type": "number"}}}')
+    try:
+        text = json.dumps(schema)
+    except (TypeError, ValueError):
+        raise ValidationError("output_schema must be plain JSON") from None
+    if len(text) > MAX_SCHEMA_CHARS:
+        raise ValidationError(f"output_schema is {len(text)} characters of JSON; the limit is {MAX_SCHEMA_CHARS}")
+    if schema.get("type") != "object":
+        raise ValidationError('output_schema must describe an object: give it "type": "object" and "properties"')
+    _check_node(schema, "output_schema", 0)
+    from jsonschema import Draft202012Validator  # seconds to import: only for turns that have a schema
+    from jsonschema.exceptions import SchemaError
+
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "the top level"
+        raise ValidationError(f"output_schema is not a valid JSON Schema at {where}: {exc.message[:300]}") from None
+    return schema
+
+
+def _check_node(node: Any, where: str, depth: int) -> None:
+    if not isinstance(node, dict):
+        raise ValidationError(f"{where} must be a schema object")
+    if depth > MAX_SCHEMA_DEPTH:
+        raise ValidationError(f"output_schema nests deeper than {MAX_SCHEMA_DEPTH} levels at {where}")
+    unknown = sorted(set(node) - KEYWORDS)
+    if unknown:
+        raise ValidationError(
+            f"{where} uses {unknown[0]!r}, which Fleet does not support in an output schema; use plain types "
+            f"with: {', '.join(sorted(KEYWORDS - {'$schema'}))}"
+        )
+    types = node.get("type")
+    for name in types if isinstance(types, list) else [types] if types is not None else []:
+        if name not in PLAIN_TYPES:
+            raise ValidationError(f"{where}.type {name!r} is not one of {', '.join(sorted(PLAIN_TYPES))}")
+    for key, sub in (node.get("properties") or {}).items():
+        _check_node(sub, f"{where}.properties.{key}", depth + 1)
+    if "items" in node:
+        _check_node(node["items"], f"{where}.items", depth + 1)
+    if isinstance(node.get("additionalProperties"), dict):
+        _check_node(node["additionalProperties"], f"{where}.additionalProperties", depth + 1)
+
+
+def describe_errors(validator: Draft202012Validator, value: Any) -> str | None:
+    """Why ``value`` does not satisfy the schema, in terms the model can act on; None when it does."""
+    errors = sorted(validator.iter_errors(value), key=lambda e: [str(p) for p in e.absolute_path])
+    if not errors:
+        return None
+    lines = []
+    for error in errors[:MAX_ERRORS_SHOWN]:
+        where = "result" + "".join(f"[{p!r}]" for p in error.absolute_path)
+        lines.append(f"{where}: {error.message[:300]}")
+    if len(errors) > MAX_ERRORS_SHOWN:
+        lines.append(f"... and {len(errors) - MAX_ERRORS_SHOWN} more")
+    return "the result does not match the output schema: " + "; ".join(lines)
+
+
+def result_type(schema: dict[str, Any]) -> type:
+    """The type of a turn's ``result`` output: a dict that must satisfy ``schema``.
+
+    dspy.RLM parses each SUBMITted field with pydantic; a value this type rejects goes back to the model
+    as a ``[Type Error]`` it can fix in its next step. The prompt shows the user's schema as the field's.
+    """
+    from jsonschema import Draft202012Validator, FormatChecker
+
+    validator = Draft202012Validator(schema, format_checker=FormatChecker())
+
+    def check(value: dict[str, Any]) -> dict[str, Any]:
+        problem = describe_errors(validator, value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    class TurnResult(dict):  # type: ignore[type-arg]
+        @classmethod
+        def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+            return core_schema.no_info_after_validator_function(check, core_schema.dict_schema())
+
+        @classmethod
+        def __get_pydantic_json_schema__(cls, core: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+            return dict(schema)
+
+    return TurnResult
+
+
+def files_prompt(files: list[TurnFile]) -> str:
+    """How the turn's files are named to the model."""
+    if not files:
+        return ""
+    lines = ["Files attached to this turn (the user means these; they are in /workspace/files/):"]
+    for f in files:
+        line = f"- /workspace/{f.path} ({f.size} bytes)"
+        if f.renamed:
+            line += f"; uploaded as {json.dumps(f.filename)}, placed here because /workspace/{f.moved_from} is " \
+                    "now a different file"
+        elif f.name != f.filename:
+            line += f"; uploaded as {json.dumps(f.filename)}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def schema_prompt(schema: dict[str, Any]) -> str:
+    return (
+        "This turn must also return a structured `result`: SUBMIT(answer=..., result=...) where `result` is a "
+        "dict that satisfies this JSON Schema (a value that does not is returned to you as an error to fix):\n"
+        + json.dumps(schema, ensure_ascii=False)
+    )

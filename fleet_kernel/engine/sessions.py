@@ -1,0 +1,210 @@
+"""``Sessions``: what a session is beyond its row, for both front doors.
+
+A session is a store row with its turns, events, attachments and artifacts, plus a workspace folder
+(``$FLEET_HOME/workspaces/<session_id>``) and whatever the sandbox backend keeps for it (Daytona: a warm
+sandbox). The kernel's ``%fleet`` commands and the API's routes parse their input and render the answer;
+creating, attaching, deleting and exporting happen here, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fleet_kernel import sandbox
+from fleet_kernel.config import Settings
+from fleet_kernel.engine.session_config import effective_config
+from fleet_kernel.errors import NotFoundError, PayloadTooLargeError, ValidationError
+from fleet_kernel.store import AttachmentRow, SessionRow, Store
+from fleet_kernel.store.sessions import Archived, SessionPage
+from fleet_kernel.transcript import notebook_filename, session_notebook
+from fleet_kernel.workspace import Workspace, guess_mime, safe_filename
+
+if TYPE_CHECKING:
+    import nbformat
+
+log = logging.getLogger(__name__)
+
+_MIME = re.compile(r"^[A-Za-z0-9][\w.+-]*/[A-Za-z0-9][\w.+-]*$")
+MAX_FILENAME_CHARS = 255
+
+
+@dataclass(frozen=True)
+class Attached:
+    """An attachment and the name it was asked for: ``renamed`` when ``files/`` held another file of that name."""
+
+    attachment: AttachmentRow
+    renamed: bool
+
+
+@dataclass(frozen=True)
+class Export:
+    """A session as a notebook, with the file name it is offered under (``fleet-<title>-<id>.ipynb``)."""
+
+    filename: str
+    notebook: nbformat.NotebookNode
+
+    @property
+    def turns(self) -> int:
+        return sum(cell.cell_type == "code" for cell in self.notebook.cells)
+
+    def text(self) -> str:
+        import nbformat  # slow to import; only exports need it
+
+        return nbformat.writes(self.notebook)
+
+    def write(self, target: Path) -> Path:
+        """Write to ``target``: a ``.ipynb`` file, or a folder that gets ``filename``. Returns the file."""
+        import nbformat
+
+        if not target.name.endswith(".ipynb"):
+            target = target / self.filename
+        target.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(self.notebook, str(target))
+        return target
+
+
+class Sessions:
+    """Create, find, rename, attach to, delete and export sessions over one store and its settings."""
+
+    def __init__(self, store: Store, settings: Settings) -> None:
+        self.store = store
+        self.settings = settings
+
+    async def create(self, title: str = "") -> SessionRow:
+        return await self.store.create_session(title)
+
+    async def get(self, session_id: str) -> SessionRow:
+        """Raises ``NotFoundError``."""
+        return await self.store.get_session(session_id)
+
+    async def list(self, limit: int = 200) -> Sequence[SessionRow]:
+        """The most recently updated first."""
+        return await self.store.list_sessions(limit=limit)
+
+    async def rename(self, session_id: str, title: str) -> SessionRow:
+        """Raises ``NotFoundError``."""
+        return await self.store.rename_session(session_id, title)
+
+    async def page(
+        self, *, limit: int = 200, cursor: str | None = None, q: str | None = None, archived: Archived = "false"
+    ) -> SessionPage:
+        """Newest first, ``limit`` at a time; see ``Store.page_sessions``. Raises ``ValidationError``."""
+        return await self.store.page_sessions(limit=limit, cursor=cursor, q=q, archived=archived)
+
+    async def update(self, session_id: str, changes: dict[str, Any]) -> SessionRow:
+        """Apply ``title``, ``archived``, ``model`` and ``sub_model`` (``None`` model: the configured one).
+
+        Raises:
+            ValidationError: nothing to change, a null title or archived flag, or an unknown field.
+            NotFoundError: unknown session.
+        """
+        if not changes:
+            raise ValidationError("nothing to change: send title, archived, model or sub_model")
+        unknown = set(changes) - {"title", "archived", "model", "sub_model"}
+        if unknown:
+            raise ValidationError(f"unknown session fields: {', '.join(sorted(unknown))}")
+        for key in ("title", "archived"):
+            if key in changes and changes[key] is None:
+                raise ValidationError(f"{key} cannot be null")
+        return await self.store.update_session(session_id, **changes)
+
+    async def config(self, session_id: str, sandbox_name: str) -> dict[str, Any]:
+        """The settings a turn of the session would use now (``session_config.effective_config``)."""
+        return effective_config(self.settings, await self.store.get_session(session_id), sandbox_name)
+
+    # ------------------------------------------------------------------ attachments
+
+    @property
+    def max_upload_bytes(self) -> int:
+        """The largest attachment (``storage.max_upload_mb``)."""
+        return int(self.settings.policy.storage.max_upload_mb * 1024 * 1024)
+
+    async def attach(self, session_id: str, filename: str, data: bytes, content_type: str | None = None) -> Attached:
+        """Put ``data`` in the session's ``files/`` and keep it durably (bytes and sha256 in the store).
+
+        The name is made safe; a different file of that name is never overwritten (the new one is
+        ``name-2.ext``, ...), the same bytes under the same name are the same file. ``content_type`` is
+        kept when it is a plain, specific one, else the type is guessed from the name.
+
+        Raises:
+            NotFoundError: unknown session.
+            PayloadTooLargeError: ``data`` is larger than ``storage.max_upload_mb``.
+        """
+        filename = filename[:MAX_FILENAME_CHARS] or "attachment"
+        await self.store.get_session(session_id)
+        if len(data) > self.max_upload_bytes:
+            raise PayloadTooLargeError(f"{filename} is larger than {self._limit_text()}")
+        workspace = await asyncio.to_thread(Workspace.for_session, self.settings.workspaces_dir, session_id)
+        path = await asyncio.to_thread(workspace.add_file, filename, data)
+        row = await self.store.add_attachment(
+            session_id=session_id, filename=filename, path=path, mime=_mime(content_type, path), data=data
+        )
+        return Attached(row, renamed=Path(path).name != safe_filename(filename))
+
+    async def read_file(self, source: Path) -> bytes:
+        """A local file's bytes for ``attach``, checked first so a bad path never starts anything.
+
+        Raises:
+            NotFoundError: no such file.
+            PayloadTooLargeError: the file is larger than ``storage.max_upload_mb`` (it is not read).
+        """
+        if not source.is_file():
+            raise NotFoundError(f"no file {source} (paths are relative to {Path.cwd()})")
+        if source.stat().st_size > self.max_upload_bytes:
+            raise PayloadTooLargeError(f"{source.name} is larger than {self._limit_text()}")
+        return await asyncio.to_thread(source.read_bytes)
+
+    def _limit_text(self) -> str:
+        return f"storage.max_upload_mb ({self.settings.policy.storage.max_upload_mb:g} MB)"
+
+    # ------------------------------------------------------------------ delete and export
+
+    async def delete(self, session_id: str) -> tuple[str, ...]:
+        """Delete the session with its turns, events, attachments, artifacts, workspace and sandbox.
+
+        Returns the ids of the turns it had (a front door may hold things of its own for them).
+
+        Raises:
+            NotFoundError: unknown session.
+            ConflictError: a turn is running in it (cancel it first).
+        """
+        turns = await self.store.list_turns(session_id)
+        await self.store.delete_session(session_id)
+        await asyncio.to_thread(shutil.rmtree, self.settings.workspaces_dir / session_id, ignore_errors=True)
+        await self._forget_sandbox(session_id)
+        return tuple(turn.turn_id for turn in turns)
+
+    async def _forget_sandbox(self, session_id: str) -> None:
+        """The backend drops what it keeps for the session (Daytona: its warm sandbox, which also auto-deletes)."""
+        try:
+            await asyncio.to_thread(sandbox.forget, self.settings, session_id)
+        except Exception as exc:  # noqa: BLE001 - the session is deleted already; say so rather than fail
+            log.warning(
+                "could not delete the sandbox of session %s (Daytona deletes it after it stops): %s",
+                session_id,
+                getattr(exc, "message", exc),
+            )
+
+    async def export(self, session_id: str) -> Export:
+        """The session as an nbformat 4 notebook for the ``fleet`` kernel, one cell per turn.
+
+        Raises:
+            NotFoundError: unknown session.
+        """
+        session = await self.store.get_session(session_id)
+        return Export(notebook_filename(session), await session_notebook(self.store, session_id))
+
+
+def _mime(declared: str | None, path: str) -> str:
+    """The declared content type when it is a plain, specific one; else guessed from the name."""
+    base = (declared or "").split(";", 1)[0].strip().lower()
+    if _MIME.match(base) and base != "application/octet-stream":
+        return base
+    return guess_mime(path)

@@ -1,0 +1,56 @@
+"""The API as a process of its own: ``%fleet serve`` starts ``python -m fleet_api serve`` and waits until it answers.
+
+The kernel never imports ``fleet_api`` (the API depends on the kernel package, not the other way round):
+it knows the server only by its command line and its ``/api/health`` URL.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from fleet_kernel.config import load_settings
+from fleet_kernel.errors import ConfigError
+
+
+def serve_command(host: str, port: int) -> list[str]:
+    """``fleet serve`` as this interpreter runs it."""
+    return [sys.executable, "-m", "fleet_api", "serve", "--host", host, "--port", str(port)]
+
+
+def spawn_sidecar(
+    port: int, *, host: str = "127.0.0.1", env: dict[str, str] | None = None, wait_s: float = 20.0
+) -> subprocess.Popen[bytes]:
+    """Start ``fleet serve`` as its own process (new session: it outlives its parent) and wait until it answers.
+
+    Raises:
+        ConfigError: it exited or did not answer ``/api/health`` within ``wait_s``.
+    """
+    log_dir = load_settings(env).logs_dir
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / f"api-{port}.log", "ab") as log:
+        process = subprocess.Popen(
+            serve_command(host, port),
+            env={**os.environ, **(env or {})},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    probe = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    url = f"http://{'[' + probe + ']' if ':' in probe else probe}:{port}/api/health"
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ConfigError(f"the API exited with status {process.returncode}; see {log_dir / f'api-{port}.log'}")
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return process
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.1)
+    process.terminate()
+    raise ConfigError(f"the API did not answer on {url} within {wait_s:g} s")
