@@ -1,10 +1,15 @@
 """Engine benchmark: Fleet turns vs raw dspy.RLM + dspy.LocalInterpreter, same scripted LM, one run.
 
-    .venv/bin/python bench/engine.py [--repeat 5]
+    .venv/bin/python bench/engine.py [--repeat 5] [--skip-load]
 
-Prints wall time per turn for 1, 5 and 20 iterations, the per-iteration cost (slope between 1 and 20),
-and sandbox cold start / per-execute latency. Fleet adds isolation, streaming and persistence; the
-target is a per-iteration overhead within 1.5x of the baseline and a sandbox cold start under 100 ms.
+Every table puts raw and Fleet side by side in the same run, samples interleaved, so both columns see
+the same machine load (printed with each table). Columns: raw ``dspy.RLM`` + ``dspy.LocalInterpreter``;
+Fleet in-process (``TurnRunner`` on the store, one session); Fleet through the API (a real
+``fleet serve`` on loopback, a NEW session for every turn, POST .../turns streaming to its last event).
+Then: per-iteration cost (slope between 1 and 20 iterations), sandbox cold start and per-execute
+latency, the cost of a 1 MB input variable per execute, and 8 concurrent 20-iteration turns.
+Targets (issue 14): per iteration through the API <= 1.3x raw (goal 1.2x); a 1-iteration turn in a new
+session <= 1.3x raw; a 1 MB input < 0.5 ms per iteration over a small one.
 """
 
 from __future__ import annotations
@@ -12,11 +17,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+
+import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -24,13 +33,16 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import dspy  # noqa: E402
 from scripted_lm import ScriptedLM, step  # noqa: E402
 
+from fleet_api.server import spawn_sidecar  # noqa: E402
 from fleet_kernel.config import load_settings  # noqa: E402
 from fleet_kernel.engine import TurnRunner  # noqa: E402
 from fleet_kernel.engine.turn import FleetTask  # noqa: E402
-from fleet_kernel.sandbox import open_sandbox  # noqa: E402
+from fleet_kernel.sandbox import open_sandbox, pool  # noqa: E402
 from fleet_kernel.store import Store  # noqa: E402
 
 ITERATIONS = (1, 5, 20)
+LOAD_SESSIONS, LOAD_ITERATIONS = 8, 20
+BIG = "x" * (1 << 20)
 
 
 def script(n: int) -> list[dict]:
@@ -39,50 +51,192 @@ def script(n: int) -> list[dict]:
     ]
 
 
-def median_ms(samples: list[float]) -> float:
+def ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1000
 
 
-def bench_raw(lm_url: str, server: ScriptedLM, n: int, repeat: int) -> float:
-    lm = dspy.LM("openai/scripted", api_base=lm_url, api_key="sk-bench", cache=False, num_retries=0)
-    samples = []
-    for _ in range(repeat):
-        server.add("*", script(n))
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
+
+
+def load() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ---------------------------------------------------------------------- the three ways to run a turn
+
+
+class Raw:
+    """dspy.RLM + dspy.LocalInterpreter in this process (no isolation, no store, no events)."""
+
+    def __init__(self, server: ScriptedLM) -> None:
+        self.server = server
+        self.lm = dspy.LM("openai/scripted", api_base=server.base_url, api_key="sk-bench", cache=False, num_retries=0)
+
+    def turn(self, n: int, key: str = "raw") -> float:
+        self.server.add(key, script(n))
         rlm = dspy.RLM(FleetTask, max_iters=n + 1, interpreter_factory=dspy.LocalInterpreter)
         started = time.perf_counter()
-        with dspy.context(lm=lm):
-            rlm(task="bench", history="", workspace="")
-        samples.append(time.perf_counter() - started)
-    return median_ms(samples)
+        with dspy.context(lm=self.lm):
+            rlm(task=key, history="", workspace="")
+        return time.perf_counter() - started
 
 
-async def bench_fleet(env: dict[str, str], server: ScriptedLM, n: int, repeat: int) -> tuple[float, float]:
-    """Median wall time of a whole turn, and median time from start() to the first event."""
-    settings = load_settings(env)
-    store = await Store.open(settings.database_url)
-    runner = await TurnRunner(store, settings).open()
-    session = await store.create_session()
-    samples, first = [], []
+class InProcess:
+    """Fleet's TurnRunner on the store in this process, on its own event loop thread; one session."""
+
+    def __init__(self, env: dict[str, str], server: ScriptedLM) -> None:
+        self.server, self.loop = server, asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        self.settings = load_settings(env)
+        self._call(self._open())
+
+    def _call(self, coro):  # type: ignore[no-untyped-def]
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    async def _open(self) -> None:
+        self.store = await Store.open(self.settings.database_url)
+        self.runner = await TurnRunner(self.store, self.settings).open()
+        self.session = await self.store.create_session()
+
+    async def _turn(self, n: int) -> tuple[float, float]:
+        self.server.add("in-process", script(n))
+        started = time.perf_counter()
+        handle = await self.runner.start(self.session.session_id, "in-process")
+        first = None
+        async for _event in handle.events():
+            first = first or time.perf_counter()
+        return time.perf_counter() - started, (first or started) - started
+
+    def turn(self, n: int) -> tuple[float, float]:
+        return self._call(self._turn(n))
+
+    def close(self) -> None:
+        async def shut() -> None:
+            await self.runner.close()
+            await self.store.close()
+
+        self._call(shut())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+class Api:
+    """A real ``fleet serve`` on loopback; each turn in a new session, POST streaming to the last event."""
+
+    def __init__(self, env: dict[str, str], server: ScriptedLM) -> None:
+        self.server, self.port = server, free_port()
+        self.process = spawn_sidecar(self.port, env=env, wait_s=60)
+        self.base = f"http://127.0.0.1:{self.port}"
+
+    async def turn(self, client: httpx.AsyncClient, n: int, key: str) -> tuple[float, float]:
+        """(whole turn, POST -> first event), seconds; the session is created before the clock starts."""
+        self.server.add(key, script(n))
+        session_id = (await client.post("/api/sessions", json={"title": key})).json()["session_id"]
+        started = time.perf_counter()
+        first = None
+        async with client.stream("POST", f"/api/sessions/{session_id}/turns", json={"task": key}) as response:
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    first = first or time.perf_counter()
+        return time.perf_counter() - started, (first or started) - started
+
+    def run(self, coro_fn):  # type: ignore[no-untyped-def]
+        async def go():  # type: ignore[no-untyped-def]
+            async with httpx.AsyncClient(base_url=self.base, timeout=300) as client:
+                return await coro_fn(client)
+
+        return asyncio.run(go())
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(30)
+
+
+# ---------------------------------------------------------------------- tables
+
+
+def turns_table(raw: Raw, inproc: InProcess, apis: dict[str, Api], repeat: int) -> None:
+    columns = ["raw RLM", "in-process", *(f"API {name}" for name in apis)]
+    walls: dict[tuple[int, str], list[float]] = {}
+    firsts: dict[tuple[int, str], list[float]] = {}
+    for n in ITERATIONS:
+        for i in range(repeat):  # interleaved: the columns share the load of each moment
+            walls.setdefault((n, columns[0]), []).append(raw.turn(n))
+            wall, first = inproc.turn(n)
+            walls.setdefault((n, columns[1]), []).append(wall)
+            firsts.setdefault((n, columns[1]), []).append(first)
+            for name, api in apis.items():
+                wall, first = api.run(lambda c, api=api, n=n, i=i, name=name: api.turn(c, n, f"api {name} {n} {i}"))
+                walls.setdefault((n, f"API {name}"), []).append(wall)
+                firsts.setdefault((n, f"API {name}"), []).append(first)
+    print(f"\nTurns, whole turn in ms (median of {repeat}; API: a new session per turn; load average {load()})\n")
+    print(f"{'iters':>5} | " + " | ".join(f"{c:>16}" for c in columns))
+    print("-" * (8 + 19 * len(columns)))
+    for n in ITERATIONS:
+        print(f"{n:>5} | " + " | ".join(f"{ms(walls[n, c]):>16.1f}" for c in columns))
+    print("\nfirst event, ms: " + ", ".join(f"{c} {ms(firsts[ITERATIONS[0], c]):.1f}" for c in columns[1:]))
+    span = ITERATIONS[-1] - ITERATIONS[0]
+    # median of the slopes between every 1-iteration and every 20-iteration sample: one outlier moves it little
+    slope = {c: statistics.median((long - short) * 1000 / span for short in walls[ITERATIONS[0], c]
+                                  for long in walls[ITERATIONS[-1], c]) for c in columns}
+    base = slope[columns[0]]
+    print("per iteration (median slope 1 -> 20), ms: " + ", ".join(
+        f"{c} {slope[c]:.2f}" + ("" if c == columns[0] else f" ({slope[c] / base:.2f}x)") for c in columns)
+        + "   target <= 1.3x, goal 1.2x")
+    one = ms(walls[ITERATIONS[0], columns[0]])
+    print("1-iteration turn vs raw: " + ", ".join(
+        f"{c} {ms(walls[ITERATIONS[0], c]) / one:.2f}x" for c in columns[1:]) + "   target <= 1.3x")
+
+
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of a process and its descendants (stage, bubblewrap, the sandboxed Python)."""
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            status = Path(f"/proc/{current}/status").read_text()
+            total += int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(child) for child in (task / "children").read_text().split()]
+        except (OSError, StopIteration):
+            continue
+    return total / 1024
+
+
+def memory_table(settings) -> None:  # type: ignore[no-untyped-def]
+    """RSS of the pool's ready sandboxes, and of a sandbox bound to a session that is idle between steps."""
+    factory = open_sandbox(settings, Path(settings.home) / "memory-workspace")
     try:
-        for _ in range(repeat):
-            server.add("*", script(n))
-            started = time.perf_counter()
-            handle = await runner.start(session.session_id, "bench")
-            first_seen = None
-            async for _event in handle.events():
-                first_seen = first_seen or time.perf_counter()
-            samples.append(time.perf_counter() - started)
-            first.append(first_seen - started)
+        deadline = time.monotonic() + 60
+        while pool.POOL.ready() < settings.policy.sandbox.pool and time.monotonic() < deadline:
+            time.sleep(0.1)
+        ready = [tree_rss_mb(w._process.pid) for w in list(pool.POOL._ready) if w._process is not None]
+        interp = factory()
+        for i in range(5):
+            interp.execute(f"x_{i} = {i} * 2\nprint(x_{i})")
+        bound = tree_rss_mb(interp._session._worker._process.pid)
+        interp.shutdown()
     finally:
-        await runner.close()
-        await store.close()
-    return median_ms(samples), median_ms(first)
+        factory.close()
+    print(f"\nMemory (RSS of stage + bubblewrap + sandboxed Python; pool size {settings.policy.sandbox.pool})")
+    print(f"  one ready sandbox in the pool: {statistics.median(ready):.1f} MB; the whole pool: {sum(ready):.1f} MB")
+    print(f"  a session's sandbox idle between steps (5 steps run): {bound:.1f} MB; a session with no turn "
+          "running holds no sandbox (0 MB)")
 
 
-def bench_interpreter(make, repeat: int) -> tuple[float, float]:
-    """Median cold start (first execute on a fresh interpreter) and per-execute latency."""
-    cold, warm = [], []
-    for _ in range(repeat):
+def interpreter_table(settings, home: str, repeat: int, unpooled=None) -> None:  # type: ignore[no-untyped-def]
+    """Cold start, per-execute latency, and per-execute cost of a 1 MB input variable over a small one."""
+
+    def measure(make) -> tuple[list[float], list[float], list[float], list[float]]:  # type: ignore[no-untyped-def]
+        cold, warm, small, big = [], [], [], []
         interp = make()
         started = time.perf_counter()
         interp.execute("x = 1")
@@ -91,46 +245,110 @@ def bench_interpreter(make, repeat: int) -> tuple[float, float]:
             started = time.perf_counter()
             interp.execute(f"x = {i}; print(x * 2)")
             warm.append(time.perf_counter() - started)
+        for into, value in ((small, "small"), (big, BIG)):  # RLM passes the same input on every step
+            interp.execute("print(len(context))", variables={"context": value})  # the first send is paid once
+            for _ in range(20):
+                started = time.perf_counter()
+                interp.execute("print(len(context))", variables={"context": value})
+                into.append(time.perf_counter() - started)
         interp.shutdown()
-    return median_ms(cold), median_ms(warm)
+        return cold, warm, small, big
+
+    fleet, cold_fleet, raw = ([], [], [], []), ([], [], [], []), ([], [], [], [])
+    factory = open_sandbox(settings, Path(home) / "bench-workspace")
+    cold_factory = open_sandbox(unpooled, Path(home) / "bench-workspace") if unpooled is not None else None
+    try:
+        for _ in range(repeat):
+            time.sleep(1)  # the pool refills
+            for into, part in zip(fleet, measure(factory), strict=True):
+                into.extend(part)
+            if cold_factory is not None:
+                for into, part in zip(cold_fleet, measure(cold_factory), strict=True):
+                    into.extend(part)
+            for into, part in zip(raw, measure(dspy.LocalInterpreter), strict=True):
+                into.extend(part)
+    finally:
+        factory.close()
+        if cold_factory is not None:
+            cold_factory.close()
+    print(f"\nSandbox (median; load average {load()})\n")
+    print(f"{'interpreter':>24} | {'cold start (ms)':>15} | {'per execute (ms)':>16} | "
+          f"{'1 MB input - small (ms/execute)':>31}")
+    print("-" * 96)
+    rows = [(f"Fleet {settings.sandbox or 'local'} pooled", fleet), ("Fleet local, no pool", cold_fleet),
+            ("dspy.LocalInterpreter", raw)]
+    for name, (cold, warm, small, big) in [row for row in rows if row[1][0]]:
+        print(f"{name:>24} | {ms(cold):>15.1f} | {ms(warm):>16.2f} | {ms(big) - ms(small):>31.2f}")
+    print("target: a 1 MB input adds < 0.5 ms per iteration (the same value re-sent by RLM every step)")
+
+
+def load_table(raw: Raw, api: Api, repeat: int) -> None:
+    """8 sessions x 20-iteration turns at once through one fleet serve, vs 8 raw turns in 8 threads."""
+    raw_rates, api_rates, firsts = [], [], []
+    for r in range(repeat):
+        walls: list[float] = []
+        threads = [threading.Thread(target=lambda i=i, r=r, walls=walls: walls.append(
+                       raw.turn(LOAD_ITERATIONS, f"load raw {r} {i}"))) for i in range(LOAD_SESSIONS)]
+        began = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        raw_rates.append(LOAD_SESSIONS * LOAD_ITERATIONS / (time.perf_counter() - began))
+
+        async def burst(client: httpx.AsyncClient, r: int = r) -> float:
+            began = time.perf_counter()
+            done = await asyncio.gather(*(api.turn(client, LOAD_ITERATIONS, f"load api {r} {i}")
+                                          for i in range(LOAD_SESSIONS)))
+            firsts.extend(first for _, first in done)
+            return LOAD_SESSIONS * LOAD_ITERATIONS / (time.perf_counter() - began)
+
+        api_rates.append(api.run(burst))
+    print(f"\nUnder load: {LOAD_SESSIONS} concurrent {LOAD_ITERATIONS}-iteration turns (median of {repeat}; "
+          f"load average {load()})\n")
+    print(f"{'':>34} | {'iterations/s':>12} | {'p95 POST -> first event (ms)':>28}")
+    print("-" * 82)
+    print(f"{'raw dspy.RLM, 8 threads':>34} | {statistics.median(raw_rates):>12.1f} | {'-':>28}")
+    print(f"{'Fleet, one fleet serve, 8 sessions':>34} | {statistics.median(api_rates):>12.1f} | "
+          f"{pct(firsts, 0.95) * 1000:>28.1f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--skip-load", action="store_true", help="leave out the 8-concurrent-turns table")
+    parser.add_argument("--skip-unpooled", action="store_true", help="leave out the API column without a pool")
     args = parser.parse_args()
     home = tempfile.mkdtemp(prefix="fleet-bench-")
     with ScriptedLM() as server:
         env = {**os.environ, "FLEET_HOME": home, **server.env()}
         env.pop("FLEET_SANDBOX", None)
         settings = load_settings(env)
-        rows = []
-        for n in ITERATIONS:
-            raw = bench_raw(server.base_url, server, n, args.repeat)
-            fleet, first = asyncio.run(bench_fleet(env, server, n, args.repeat))
-            rows.append((n, raw, fleet, first))
-        factory = open_sandbox(settings, Path(home) / "bench-workspace")
+        unpooled = Path(home) / "no-pool.toml"
+        unpooled.write_text("[sandbox]\npool_size = 0\n")
+        raw, inproc = Raw(server), InProcess(env, server)
+        api = Api(env, server)
+        apis = {"pooled": api}
+        if not args.skip_unpooled:
+            apis["no pool"] = Api({**env, "FLEET_CONFIG": str(unpooled)}, server)
         try:
-            fleet_cold, fleet_exec = bench_interpreter(factory, args.repeat)
+            raw.turn(1)  # warm-ups: imports, connections, the sandbox probe
+            inproc.turn(1)
+            for each in apis.values():
+                each.run(lambda c, each=each: each.turn(c, 1, "warm-up"))
+            time.sleep(2)  # the pools fill
+            print(f"Engine: Fleet ({settings.sandbox or 'local'} sandbox, store, events) vs raw dspy.RLM + "
+                  f"LocalInterpreter; scripted OpenAI-compatible LM on loopback; {os.cpu_count()} cores")
+            turns_table(raw, inproc, apis, args.repeat)
+            interpreter_table(settings, home, args.repeat,
+                              None if args.skip_unpooled else load_settings({**env, "FLEET_CONFIG": str(unpooled)}))
+            memory_table(settings)
+            if not args.skip_load:
+                load_table(raw, api, max(1, args.repeat // 2))
         finally:
-            factory.close()
-        raw_cold, raw_exec = bench_interpreter(dspy.LocalInterpreter, args.repeat)
-
-    print(f"\nEngine: Fleet ({settings.sandbox or 'local'} sandbox, store, events) vs raw dspy.RLM + LocalInterpreter")
-    print(f"scripted OpenAI-compatible LM on loopback, median of {args.repeat}\n")
-    print(f"{'iterations':>10} | {'raw dspy.RLM (ms)':>18} | {'Fleet turn (ms)':>16} | {'Fleet first event (ms)':>22}")
-    print("-" * 76)
-    for n, raw, fleet, first in rows:
-        print(f"{n:>10} | {raw:>18.1f} | {fleet:>16.1f} | {first:>22.1f}")
-    raw_slope = (rows[-1][1] - rows[0][1]) / (ITERATIONS[-1] - ITERATIONS[0])
-    fleet_slope = (rows[-1][2] - rows[0][2]) / (ITERATIONS[-1] - ITERATIONS[0])
-    print(f"\nper iteration: raw {raw_slope:.2f} ms, Fleet {fleet_slope:.2f} ms "
-          f"(ratio {fleet_slope / raw_slope:.2f}x; target <= 1.5x)")  # fmt: skip
-    print(f"\n{'sandbox':>26} | {'cold start (ms)':>15} | {'per execute (ms)':>16}")
-    print("-" * 64)
-    print(f"{'Fleet ' + (settings.sandbox or 'local'):>26} | {fleet_cold:>15.1f} | {fleet_exec:>16.2f}")
-    print(f"{'dspy.LocalInterpreter':>26} | {raw_cold:>15.1f} | {raw_exec:>16.2f}")
-    print("\ntarget: sandbox cold start < 100 ms")
+            for each in apis.values():
+                each.close()
+            inproc.close()
 
 
 if __name__ == "__main__":

@@ -65,6 +65,17 @@ class TurnCreate(_Request):
                                        "required": ["total"]}},
     )
     limits: TurnLimitsRequest | None = None
+    supersedes_turn_id: str | None = Field(
+        None,
+        max_length=64,
+        description="a turn of this session that this one replaces in the history later turns see (a cell run again)",
+    )
+
+
+class TurnUpdate(_Request):
+    in_history: bool = Field(
+        ..., description="false: later turns no longer see this turn (recorded, reversible); true: they see it again"
+    )
 
 
 class ErrorDetail(BaseModel):
@@ -149,6 +160,12 @@ class Turn(BaseModel):
     model: str | None
     sandbox: str | None
     cancel_requested: bool
+    cell_id: str | None = Field(None, description="the notebook cell the turn ran from; null outside notebooks")
+    supersedes_turn_id: str | None = Field(None, description="the earlier turn of its cell that this one replaces")
+    superseded_by: str | None = Field(None, description="the later turn that replaces this one, if any")
+    in_history: bool = Field(
+        False, description="whether the next turn sees this one (its cell's latest completed turn, not forgotten)"
+    )
 
 
 class TurnList(BaseModel):

@@ -100,6 +100,13 @@ class SandboxLimits(_Section):
     max_output_bytes: int = Field(1_000_000, ge=1_000, le=100_000_000, description="captured output per execution")
     workspace_mb: int = Field(1024, ge=1, le=1_048_576, description="size of a session workspace")
     workspace_files: int = Field(100_000, ge=16, le=10_000_000, description="files and folders in a workspace")
+    pool_size: int | None = Field(None, ge=0, le=256, description="pre-started local sandboxes; default: cores, <= 4")
+    idle_stop_s: float = Field(600, ge=0, description="stop a sandbox that runs no code this long (0: never)")
+
+    @property
+    def pool(self) -> int:
+        """Pre-started sandboxes to keep: ``pool_size``, else one per core up to 4 (each idles at ~29 MB RSS)."""
+        return self.pool_size if self.pool_size is not None else min(4, os.cpu_count() or 1)
 
 
 class History(_Section):

@@ -77,7 +77,8 @@ class EventData(_Data):
 class TurnStarted(EventData):
     """Always `seq` 1, as soon as the turn is accepted: what runs, on which model and sandbox, within which
     limits. `max_turn_cost_usd` is null without a cost budget; `max_tokens`/`sub_max_tokens` are the caps
-    sent with each root / sub-LM and child request."""
+    sent with each root / sub-LM and child request. `cell_id` is the notebook cell the turn ran from
+    (null outside notebooks); `supersedes_turn_id` the earlier run of that cell it replaces in the history."""
 
     type: ClassVar[str] = "turn.started"
     task: str
@@ -90,6 +91,8 @@ class TurnStarted(EventData):
     attachments: list[TurnFileInfo] = []
     """The turn's files (`attachment_ids`) as placed in `/workspace/files/`; `renamed`: another file held the
     attachment's name, so it got a suffixed one."""
+    cell_id: str | None = None
+    supersedes_turn_id: str | None = None
 
 
 class IterationStarted(EventData):

@@ -214,7 +214,8 @@ async def turn_outputs(store: Store, view: TurnView, execution_count: int) -> li
 
 
 async def session_notebook(store: Store, session_id: str) -> nbformat.NotebookNode:
-    """The session as an nbformat 4 notebook for the ``fleet`` kernel, one cell per turn.
+    """The session as an nbformat 4 notebook for the ``fleet`` kernel, as it stands: one cell per
+    notebook cell (its latest completed turn, else its latest), and one per turn without a cell.
 
     Raises:
         NotFoundError: unknown session.
@@ -223,7 +224,7 @@ async def session_notebook(store: Store, session_id: str) -> nbformat.NotebookNo
     from nbformat import v4
 
     session = await store.get_session(session_id)
-    turns = await store.list_turns(session_id)
+    turns = await store.standing_turns(session_id)
     views = [await turn_view(store, turn) for turn in turns]
     cells = [v4.new_markdown_cell(title_markdown(session, views), metadata={"fleet": {"role": "title"}})]
     for turn, view in zip(turns, views, strict=True):

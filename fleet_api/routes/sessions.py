@@ -81,4 +81,5 @@ async def delete_session(session_id: str, state: State, sessions: SessionsDep) -
 @router.get("/sessions/{session_id}/turns", response_model=TurnList, responses=errors(404))
 async def list_turns(session_id: str, state: State) -> TurnList:
     rows = await state.store.list_turns(check_id(session_id, "session"))
-    return TurnList(turns=[turn_view(r) for r in rows])
+    lineage = await state.store.lineage(session_id)
+    return TurnList(turns=[turn_view(r, lineage) for r in rows])

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 
 from fleet_api.deps import State, check_id
 from fleet_api.routes._docs import errors
-from fleet_api.schemas import Turn, TurnAccepted, TurnCreate
+from fleet_api.schemas import Turn, TurnAccepted, TurnCreate, TurnUpdate
 from fleet_api.sse import SSE_RESPONSE_DOC, event_stream, parse_last_event_id
 from fleet_api.views import turn_view
 from fleet_kernel.errors import ValidationError
@@ -118,6 +118,7 @@ async def start_turn(
         skills=body.skills,
         attachment_ids=body.attachment_ids,
         output_schema=body.output_schema,
+        supersedes_turn_id=body.supersedes_turn_id,
     )
     turn = handle.turn
     headers = {
@@ -142,7 +143,18 @@ async def start_turn(
 @router.get("/sessions/{session_id}/turns/{turn_id}", response_model=Turn, responses=errors(404))
 async def get_turn(session_id: str, turn_id: str, state: State) -> Turn:
     row = await state.store.get_turn(check_id(turn_id, "turn"), check_id(session_id, "session"))
-    return turn_view(row)
+    return turn_view(row, await state.store.lineage(session_id))
+
+
+@router.patch(
+    "/sessions/{session_id}/turns/{turn_id}",
+    response_model=Turn,
+    summary="Take a turn out of the history later turns see, or put it back",
+    responses=errors(404, 409),
+)
+async def update_turn(session_id: str, turn_id: str, body: TurnUpdate, state: State) -> Turn:
+    row = await state.store.set_in_history(check_id(session_id, "session"), check_id(turn_id, "turn"), body.in_history)
+    return turn_view(row, await state.store.lineage(session_id))
 
 
 @router.get(

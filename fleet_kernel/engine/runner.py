@@ -30,6 +30,7 @@ from fleet_kernel.engine.session_config import session_settings
 from fleet_kernel.engine.sink import EventHub, EventWriter, TurnEmitter, follow
 from fleet_kernel.errors import NotFoundError, TurnDeadlineExceeded, ValidationError
 from fleet_kernel.events import Artifact, Event, LMFinished, TurnCancelledData, TurnCompleted, TurnFailed, TurnStarted
+from fleet_kernel.sandbox import contract as sandbox_contract
 from fleet_kernel.skills import Catalogue, load_catalogue
 from fleet_kernel.store import AttachmentRow, EndedTurn, Store, TurnRow
 from fleet_kernel.workspace import Workspace, guess_mime
@@ -43,6 +44,7 @@ HEARTBEAT_S = 0.5
 CANCEL_GRACE_S = 1.0
 ANNOUNCE_WAIT_S = 0.25
 MAX_TASK_CHARS = 100_000
+MAX_CELL_ID_CHARS = 200
 
 
 @dataclass
@@ -119,6 +121,7 @@ class TurnRunner:
                 self._writer = EventWriter(self.store, self.hub, on_broken=self._events_lost)
                 self._end_interrupted(await self.store.reap_stale_turns())
                 self._supervisor = asyncio.get_running_loop().create_task(self._supervise(), name="fleet-heartbeat")
+                asyncio.get_running_loop().run_in_executor(None, sandbox_contract.prepare, self.settings)  # pool
         return self
 
     async def close(self) -> None:
@@ -183,6 +186,8 @@ class TurnRunner:
         *,
         idempotency_key: str | None = None,
         limits: dict[str, Any] | None = None,
+        cell_id: str | None = None,
+        supersedes_turn_id: str | None = None,
         skills: list[str] | tuple[str, ...] = (),
         attachment_ids: list[str] | tuple[str, ...] = (),
         output_schema: dict[str, Any] | None = None,
@@ -193,12 +198,15 @@ class TurnRunner:
         exceed the policy. ``skills`` (at most 4) puts those cards in the turn's prompt;
         ``attachment_ids`` (attachments of the session) are in ``/workspace/files/`` when it starts and
         named to the model; ``output_schema`` (see ``choices.check_output_schema``) makes the model
-        submit a ``result`` that satisfies it.
+        submit a ``result`` that satisfies it. ``cell_id`` names the notebook cell the turn runs from
+        (Jupyter's ``cellId``): the turn then supersedes that cell's latest turn in the history later
+        turns see. ``supersedes_turn_id`` names the replaced turn directly (a turn of this session).
 
         Raises:
             ValidationError: empty or oversized task, the key belongs to another task, a limit is
                 unknown, invalid or above the policy, an unknown or extra skill, an attachment not of the
-                session, or an output schema Fleet cannot use.
+                session, an output schema Fleet cannot use, a ``supersedes_turn_id`` that is not a turn of
+                the session, or a cell id over 200 characters.
             SkillFormatError: a skill card is malformed.
             NotFoundError: unknown session.
             ConflictError: a turn is already running in the session.
@@ -207,6 +215,8 @@ class TurnRunner:
             raise ValidationError("the task is empty: write what the model should do")
         if len(task) > MAX_TASK_CHARS:
             raise ValidationError(f"the task is {len(task)} characters; the limit is {MAX_TASK_CHARS}. Attach long text as a file")
+        if cell_id is not None and not 0 < len(cell_id) <= MAX_CELL_ID_CHARS:
+            raise ValidationError(f"a cell id has 1 to {MAX_CELL_ID_CHARS} characters; this one has {len(cell_id)}")
         settings = self.settings.for_turn(limits)
         catalogue = await asyncio.to_thread(load_catalogue, self.settings.home)
         selected = catalogue.select(skills)
@@ -217,7 +227,13 @@ class TurnRunner:
         settings = session_settings(settings, await self.store.get_session(session_id))  # its own models
         sandbox = self.sandbox_name()
         claim = await self.store.claim_turn(
-            session_id, task, idempotency_key=idempotency_key, model=settings.lm_model, sandbox=sandbox
+            session_id,
+            task,
+            idempotency_key=idempotency_key,
+            model=settings.lm_model,
+            sandbox=sandbox,
+            cell_id=cell_id,
+            supersedes_turn_id=supersedes_turn_id,
         )
         if claim.interrupted is not None:  # the session's turn whose owner is gone, ended by this claim
             self._end_interrupted([claim.interrupted])
@@ -250,6 +266,8 @@ class TurnRunner:
                     "max_tokens": settings.policy.lm.max_tokens,
                     "sub_max_tokens": settings.policy.lm.sub_cap,
                 },
+                cell_id=turn.cell_id,
+                supersedes_turn_id=turn.supersedes_turn_id,
                 skills=list(selected),
                 attachments=[f.event() for f in choices.files],
             ),
@@ -514,13 +532,16 @@ class TurnRunner:
 
 
 def format_history(turns: list[TurnRow], max_chars: int) -> str:
-    """Earlier turns as the model sees them, newest kept when over ``max_chars``."""
+    """Earlier turns as the model sees them (``Store.history``), newest kept when over ``max_chars``.
+
+    Turns are numbered in the order given, the order of the notebook's cells, not the order they ran.
+    """
     if not turns:
         return "(this is the first turn of the session)"
     blocks = []
-    for turn in turns:
+    for number, turn in enumerate(turns, 1):
         answer = turn.answer if turn.status == "completed" else f"({turn.status}: {(turn.error or {}).get('message', '')})"
-        blocks.append(f"--- turn {turn.position} ---\nUser: {turn.task}\nAssistant: {answer}")
+        blocks.append(f"--- turn {number} ---\nUser: {turn.task}\nAssistant: {answer}")
     text = "\n\n".join(blocks)
     if len(text) > max_chars:
         text = "... (older turns omitted)\n" + text[-max_chars:]

@@ -12,6 +12,7 @@
     %fleet serve [port]                              start the HTTP API on this kernel's store
     %fleet set [name [value]]                        show or set a parameter: {name} in later cells is its value
     %fleet skill [list | show N | use N... | clear]  list skill cards, read one, put up to 4 in the next turns' prompt
+    %fleet history [forget|restore <turn_id>]        what the next turn sees of earlier turns; take one out or back
 
 A command raises ``FleetError`` with advice when it cannot do what was asked; the kernel renders it once.
 """
@@ -310,6 +311,51 @@ async def cmd_set(ctx: KernelContext, args: list[str]) -> Reply:
     return Reply(f"{name} = {ctx.params[name]!r}; {{{name}}} in the next cells is this value.")
 
 
+async def cmd_history(ctx: KernelContext, args: list[str]) -> Reply:
+    """The turns the next turn sees (``Store.history``, as the runner asks it), or forget/restore one."""
+    from fleet_kernel.engine.runner import format_history
+
+    if args and (args[0] not in HISTORY_ACTIONS or len(args) != 2):
+        raise _usage_error("usage: %fleet history [forget|restore <turn_id>] (turn ids are listed by %fleet history)")
+    if ctx.session_id is None:
+        return Reply("No session yet: the first turn sees no history.")
+    await ctx.open()
+    assert ctx.store is not None
+    if args:
+        keep = args[0] == "restore"
+        await ctx.store.set_in_history(ctx.session_id, args[1], keep)
+        if keep:
+            return Reply(f"Turn {args[1]} is back in the history the next turns see.")
+        return Reply(
+            f"Turn {args[1]} is out of the history the next turns see (undo: %fleet history restore {args[1]})."
+        )
+    window = ctx.settings.policy.history
+    turns = await ctx.store.history(ctx.session_id, window=window.window_turns)
+    forgotten = [t for t in await ctx.store.list_turns(ctx.session_id) if t.forgotten_at is not None]
+    count = f"{len(turns) or 'no'} earlier turn{'s' * (len(turns) != 1)}"
+    head = [f"The next turn sees {count}" + (", in this order:" if turns else ".")]
+    if turns and len(format_history(turns, window.max_chars)) > window.max_chars:
+        head.append(f"(the oldest text is cut to [history] max_chars = {window.max_chars})")
+    lines, rows = list(head), []
+    for number, turn in enumerate(turns, 1):
+        cell = f"cell {turn.cell_id[:8]}" if turn.cell_id else "no cell"
+        task, answer = _line(turn.task), _line(turn.answer or "" if turn.status == "completed" else f"({turn.status})")
+        lines.append(f"{number:>3}. {turn.turn_id}  {cell:<13}  {task} -> {answer}")
+        rows.append(f"| {number} | `{turn.turn_id}` | {_md(cell)} | {_md(task)} | {_md(answer)} |")
+    markdown = "\n".join(_md(line) for line in head)
+    if rows:
+        markdown += "\n\n| # | turn | cell | task | answer |\n|---|---|---|---|---|\n" + "\n".join(rows)
+    if forgotten:
+        note = "Forgotten (%fleet history restore <turn_id>): " + ", ".join(t.turn_id for t in forgotten)
+        lines.append(note)
+        markdown += "\n\n" + _md(note)
+    return Reply("\n".join(lines), markdown)
+
+
+def _line(text: str, width: int = 60) -> str:
+    """The first line of ``text``, cut to ``width`` characters."""
+    line = " ".join(text.strip().split("\n", 1)[0].split())
+    return line if len(line) <= width else line[: width - 3] + "..."
 async def cmd_skill(ctx: KernelContext, args: list[str]) -> Reply:
     from fleet_kernel.skills import load_catalogue
 
@@ -357,9 +403,18 @@ COMMANDS: dict[str, Handler] = {
     "serve": cmd_serve,
     "set": cmd_set,
     "skill": cmd_skill,
+    "history": cmd_history,
 }
-SUBCOMMANDS = {"session": ("new", "use", "list"), "output": OUTPUTS, "sandbox": SANDBOXES, "model": ("default",),
-               "skill": ("list", "show", "use", "clear"), "memory": ("search", "forget")}
+HISTORY_ACTIONS = ("forget", "restore")
+SUBCOMMANDS = {
+    "session": ("new", "use", "list"),
+    "output": OUTPUTS,
+    "sandbox": SANDBOXES,
+    "model": ("default",),
+    "history": HISTORY_ACTIONS,
+    "skill": ("list", "show", "use", "clear"),
+    "memory": ("search", "forget"),
+}
 
 
 # ---------------------------------------------------------------------------------------------- dispatch

@@ -141,7 +141,7 @@ class FleetKernel(Kernel):
                 return await self._commands(text, parent, silent)
             if silent:
                 return self._ok()  # extensions probing the kernel never start a paid turn
-            return await self._turn(code, parent)
+            return await self._turn(code, parent, cell_id)
         except Exception as exc:
             return self._fail(parent, *_describe(exc, self.log_path))
 
@@ -165,7 +165,8 @@ class FleetKernel(Kernel):
                 pub.display(data)
         return self._ok()
 
-    async def _turn(self, task: str, parent: dict[str, Any]) -> dict[str, Any]:
+    async def _turn(self, task: str, parent: dict[str, Any], cell_id: str | None) -> dict[str, Any]:
+        """Run a task as a turn; a cell run again (the frontend's ``cellId``) supersedes its earlier turn."""
         from fleet_kernel.kernel.display import PlainLive, Publisher, TextLive, WidgetLive, finish_turn
         from fleet_kernel.view import TurnView
 
@@ -180,7 +181,7 @@ class FleetKernel(Kernel):
             session_id = await self.ctx.ensure_session()
             await load_off_loop("fleet_kernel.sandbox")  # the runner names the sandbox; that package loads dspy
             assert self.ctx.runner is not None
-            handle = await self.ctx.runner.start(session_id, task, skills=self.ctx.skills)
+            handle = await self.ctx.runner.start(session_id, task, skills=self.ctx.skills, cell_id=cell_id)
         except BaseException:
             live.close()
             if mode != "text":

@@ -205,7 +205,9 @@ def _drop_to(uid: int) -> None:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="_stage.py")
-    parser.add_argument("--workspace", required=True, help="the host workspace")
+    parser.add_argument("--workspace", help="the host workspace (or, with --adopt-fd, sent when adopted)")
+    parser.add_argument("--adopt-fd", type=int, help="a socket: start the sandbox now, read the workspace from it "
+                        "(one line), copy it in, answer 'ok' (a pre-started sandbox adopted by a session)")
     parser.add_argument("--mount", required=True, help="mount point for the tmpfs (an empty folder)")
     parser.add_argument("--size", type=int, required=True, help="bytes")
     parser.add_argument("--inodes", type=int, required=True, help="files and folders, the root included")
@@ -235,6 +237,10 @@ def main(argv: list[str]) -> int:
         source, _, target = spec.partition("=")
         _mount(source, target, None, MS_BIND | MS_REC)
         _mount("none", target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    if opts.adopt_fd is not None:
+        return _adopted(opts, command, sandbox_uid, child, stopping)
+    if opts.workspace is None:
+        parser.error("--workspace or --adopt-fd is required")
     snapshot = copy_in(opts.workspace, opts.mount, sandbox_uid)
     for fd in opts.join_fd:  # after the copy, so the cgroup's memory limit counts only what the code writes
         os.write(fd, b"0")
@@ -247,8 +253,59 @@ def main(argv: list[str]) -> int:
         if stopping:
             process.kill()
         code = process.wait()
+    return _save(opts.mount, opts.workspace, snapshot, code)
+
+
+def _read_line(fd: int) -> str | None:
+    """One line from the adopt socket; None when the host closed it first (the pooled sandbox is discarded)."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return None
+        data += chunk
+    return data.decode().rstrip("\n")
+
+
+def _adopted(opts: argparse.Namespace, command: list[str], sandbox_uid: int | None,
+             child: list[subprocess.Popen[bytes]], stopping: list[bool]) -> int:
+    """Start bubblewrap on the empty tmpfs, then copy in the workspace the host names when it adopts us.
+
+    The sandboxed process joins the cgroup itself (before dropping to its uid), so this process stays out
+    and, as without adoption, what is copied in does not count against the sandbox's memory limit.
+    """
+
+    def enter() -> None:
+        for fd in opts.join_fd:
+            os.write(fd, b"0")
+        if sandbox_uid is not None:
+            _drop_to(sandbox_uid)
+
+    process = subprocess.Popen(command, pass_fds=opts.keep_fd, close_fds=True, preexec_fn=enter)
+    child.append(process)
+    for fd in opts.join_fd:
+        os.close(fd)
+    workspace = None if stopping else _read_line(opts.adopt_fd)
+    if workspace is None or stopping:  # never adopted: nothing to save
+        process.kill()
+        code = process.wait()
+        return code if code >= 0 else 128 - code
     try:
-        copy_out(opts.mount, opts.workspace, snapshot)
+        snapshot = copy_in(workspace, opts.mount, sandbox_uid)
+    except OSError as exc:
+        os.write(opts.adopt_fd, f"error {exc}\n".encode())
+        process.kill()
+        process.wait()
+        return 1
+    os.write(opts.adopt_fd, b"ok\n")
+    os.close(opts.adopt_fd)
+    return _save(opts.mount, workspace, snapshot, process.wait())
+
+
+def _save(mount: str, workspace: str, snapshot: Snapshot, code: int) -> int:
+    """Copy the sandbox's changes back to the host workspace; the exit status to pass on."""
+    try:
+        copy_out(mount, workspace, snapshot)
     except OSError as exc:
         if exc.errno != errno.ENOENT:  # ENOENT: the session was deleted meanwhile; never recreate it
             print(f"fleet: the workspace was not fully saved: {exc}", file=sys.stderr)

@@ -10,6 +10,7 @@ interpreters' (``InterpreterFactory``). Stdlib only, so choosing a backend never
 from __future__ import annotations
 
 import importlib
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 
     from fleet_kernel.cancel import CancelToken
     from fleet_kernel.config import Settings
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_ORDER = ("local", "pyodide")  # without FLEET_SANDBOX: the first that can start here, else the last
 
@@ -119,6 +122,19 @@ def status(settings: Settings) -> Status:
 def open_backend(settings: Settings, workspace: Path, *, cancel: CancelToken | None = None
                  ) -> InterpreterFactory:
     return get(choose(settings)).open(settings, workspace, cancel=cancel)
+
+
+def prepare(settings: Settings) -> None:
+    """Let the backend turns use get ready before the first turn (local: fill its sandbox pool); never raises.
+
+    Optional for a backend (a ``prepare(settings)`` method); may probe the backend: call it off the event loop.
+    """
+    try:
+        hook = getattr(get(choose(settings)), "prepare", None)
+        if hook is not None:
+            hook(settings)
+    except Exception:  # a turn reports a backend that cannot start; this is only a head start
+        logger.exception("preparing the sandbox failed")
 
 
 def forget(settings: Settings, session_id: str) -> None:

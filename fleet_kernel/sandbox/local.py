@@ -20,6 +20,7 @@ import os
 import py_compile
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -35,8 +36,10 @@ from fleet_kernel.sandbox.contract import describe
 from fleet_kernel.workspace import LAYOUT
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from fleet_kernel.cancel import CancelToken
-    from fleet_kernel.sandbox.interpreter import SandboxFactory
+    from fleet_kernel.sandbox.interpreter import SandboxFactory, SandboxSession
 
 logger = logging.getLogger(__name__)
 
@@ -165,14 +168,18 @@ def bwrap_argv(limits: SandboxLimits, command: list[str], *, seccomp_fd: int | N
     return argv + ["--", *command]
 
 
-def sandbox_argv(workspace: Path, limits: SandboxLimits, command: list[str], *, seccomp_fd: int | None,
-                 join_fds: list[int]) -> list[str]:
-    """``_stage.py`` (quota'd workspace copy, neutral mounts, own uid as root) around bubblewrap around ``command``."""
+def sandbox_argv(workspace: Path | None, limits: SandboxLimits, command: list[str], *, seccomp_fd: int | None,
+                 join_fds: list[int], adopt_fd: int | None = None) -> list[str]:
+    """``_stage.py`` (quota'd workspace copy, neutral mounts, own uid as root) around bubblewrap around ``command``.
+
+    Without ``workspace``, ``adopt_fd`` is the stage's end of a socket that names the workspace later (pool.py).
+    """
     support = _support_dir()
     farm = _pyfarm.python_farm(_python_paths())
     if farm is not None and command[:1] == [sys.executable]:
         command = [farm.neutral(sys.executable), *command[1:]]
-    argv = [sys.executable, "-I", "-B", str(STAGE), "--workspace", str(workspace.absolute()),
+    where = ["--workspace", str(workspace.absolute())] if workspace is not None else ["--adopt-fd", str(adopt_fd)]
+    argv = [sys.executable, "-I", "-B", str(STAGE), *where,
             "--mount", str(support / "workspace"), "--size", str(limits.workspace_mb * 1024 * 1024),
             "--inodes", str(limits.workspace_files + 1)]  # + the root folder
     for n, prefix in enumerate(_python_paths()):
@@ -234,13 +241,41 @@ def _kernel_counts_nproc_per_userns() -> bool:
 
 
 class ProcessSession(PipeSession):
-    """One CPython worker (under bubblewrap unless ``isolated`` is false) running the runtime."""
+    """One CPython worker (under bubblewrap unless ``isolated`` is false) running the runtime.
+
+    Started without a workspace (isolated only), it waits, ready, until ``adopt`` names one (the pool).
+    """
 
     start_timeout_s = START_TIMEOUT_S
 
-    def __init__(self, workspace: Path, limits: SandboxLimits, *, isolated: bool) -> None:
+    def __init__(self, workspace: Path | None, limits: SandboxLimits, *, isolated: bool) -> None:
         super().__init__()
         self._workspace, self._limits, self._isolated = workspace, limits, isolated
+        self._adopt: socket.socket | None = None  # our end of the stage's adopt socket, until adopted
+
+    @property
+    def limits(self) -> SandboxLimits:
+        return self._limits
+
+    def alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def adopt(self, workspace: Path) -> None:
+        """Bind this pre-started sandbox to ``workspace``: its files are copied in before this returns."""
+        channel = self._adopt
+        if channel is None or self._workspace is not None:
+            raise SessionClosed("is not waiting for a workspace")
+        try:
+            channel.settimeout(STOP_TIMEOUT_S)  # a copy-in of a large workspace
+            channel.sendall(str(workspace.absolute()).encode() + b"\n")
+            answer = channel.makefile("rb").readline().decode(errors="replace").strip()
+        except OSError as exc:
+            answer = f"error {exc}"
+        if answer != "ok":
+            self.kill()
+            raise SessionClosed(f"could not take the workspace: {answer or 'the sandbox exited'}")
+        self._workspace, self._adopt = workspace, None
+        channel.close()
 
     def start(self) -> None:
         limits = self._limits
@@ -255,7 +290,13 @@ class ProcessSession(PipeSession):
             if _kernel_counts_nproc_per_userns():
                 options += ["--nproc", str(limits.max_processes)]
             command = [sys.executable, "-I", "-B", SANDBOX_RUNTIME, *options]
-            argv = sandbox_argv(self._workspace, limits, command, seccomp_fd=seccomp, join_fds=join_fds)
+            stage_end = None
+            if self._workspace is None:
+                self._adopt, stage_end = socket.socketpair()
+                join_fds.append(stage_end.detach())  # passed on and closed here like the cgroup fds
+            argv = sandbox_argv(self._workspace, limits, command, seccomp_fd=seccomp,
+                                join_fds=join_fds[:-1] if stage_end is not None else join_fds,
+                                adopt_fd=join_fds[-1] if stage_end is not None else None)
             env, cwd, preexec = {}, None, _confine.preexec([], rlimits)  # _stage.py joins after its copy
         else:
             argv = [sys.executable, "-I", "-B", str(_support_dir() / "runtime.pyc"), *options]
@@ -281,6 +322,9 @@ class ProcessSession(PipeSession):
 
     def kill(self) -> None:
         """Stop the sandbox; ``_stage.py`` then copies the workspace back before it exits (waited for)."""
+        if self._adopt is not None:  # never adopted: closing the socket ends the stage, nothing to save
+            self._adopt.close()
+            self._adopt = None
         process = self._process
         if process is not None and self._isolated:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -359,14 +403,29 @@ class LocalBackend:
         if not self.isolated:
             logger.warning("FLEET_SANDBOX=unsafe-local: model-written code runs WITHOUT isolation, with your user's "
                            "files, network and credentials, in %s", workspace)
+        if self.isolated and limits.pool > 0:
+            from fleet_kernel.sandbox import pool
+
+            pool.POOL.configure(limits, limits.pool, limits.idle_stop_s)
+            new_session: Callable[[], SandboxSession] = functools.partial(pool.sessions, workspace, limits)
+        else:
+            new_session = functools.partial(ProcessSession, workspace, limits, isolated=self.isolated)
         return SandboxFactory(
-            functools.partial(ProcessSession, workspace, limits, isolated=self.isolated),
+            new_session,
             backend="local" if self.isolated else "unsafe-local",
             execution_instructions=self.instructions(settings, workspace),
             exec_timeout_s=exec_timeout_s, cancel=cancel, max_output_bytes=limits.max_output_bytes)
 
     def forget(self, settings: Settings, session_id: str) -> None:
         """Nothing outlives a turn: the workspace is the session's, deleted with it."""
+
+    def prepare(self, settings: Settings) -> None:
+        """Fill the pool of pre-started sandboxes now, before the first turn needs one (a server starting)."""
+        limits = settings.policy.sandbox
+        if self.isolated and limits.pool > 0 and probe_bwrap() is None:
+            from fleet_kernel.sandbox import pool
+
+            pool.POOL.configure(limits, limits.pool, limits.idle_stop_s)
 
 
 LOCAL = LocalBackend(isolated=True)

@@ -96,6 +96,9 @@ class TurnRow(Base):
     cancel_requested_at: Mapped[datetime | None]
     cancel_reason: Mapped[str | None] = mapped_column(String(200))
     last_seq: Mapped[int] = mapped_column(Integer, default=0)
+    cell_id: Mapped[str | None] = mapped_column(String(200))  # the notebook cell it ran from (Jupyter's cellId)
+    supersedes_turn_id: Mapped[str | None] = mapped_column(String(64))  # the earlier run of its cell it replaces
+    forgotten_at: Mapped[datetime | None]  # taken out of the history later turns see (reversible)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -24,6 +24,7 @@ from sqlalchemy.exc import IntegrityError
 
 from fleet_kernel.errors import ConflictError, NotFoundError, ValidationError
 from fleet_kernel.events import TERMINAL_TYPES
+from fleet_kernel.store.cells import Lineage, TurnLine
 from fleet_kernel.store.models import EventRow, SessionRow, TurnRow, new_id, utcnow
 from fleet_kernel.store.sessions import SessionStore
 
@@ -124,16 +125,21 @@ class TurnStore(SessionStore):
         idempotency_key: str | None = None,
         model: str | None = None,
         sandbox: str | None = None,
+        cell_id: str | None = None,
+        supersedes_turn_id: str | None = None,
     ) -> Claim:
         """Record a new running turn, or return the turn that already owns ``idempotency_key``.
 
         A running turn of the session whose owner is gone is ended ``interrupted`` in the same
         transaction and returned in ``Claim.interrupted``: the caller emits its terminal event.
+        The turn supersedes ``supersedes_turn_id`` (and takes its cell id when it has none), else the
+        latest turn of the session from the same ``cell_id`` (see ``cells``).
 
         Raises:
             NotFoundError: unknown session.
             ConflictError: another turn is running in the session (``turn_id`` names it).
-            ValidationError: the key already belongs to a turn with another task.
+            ValidationError: the key already belongs to a turn with another task, or
+                ``supersedes_turn_id`` is not a turn of this session.
         """
         for _attempt in range(3):
             existing = await self._turn_by_key(session_id, idempotency_key)
@@ -174,6 +180,7 @@ class TurnStore(SessionStore):
                             turn_id=running.turn_id,
                             code="session_busy",
                         )
+                    supersedes, cell_id = await _cell_of(s, session_id, cell_id, supersedes_turn_id)
                     ses.turn_count += 1
                     ses.updated_at = now
                     if not ses.title:
@@ -192,6 +199,8 @@ class TurnStore(SessionStore):
                         started_at=now,
                         heartbeat_at=now,
                         last_seq=0,
+                        cell_id=cell_id,
+                        supersedes_turn_id=supersedes,
                     )
                     s.add(row)
                 return Claim(row, True, interrupted)
@@ -220,22 +229,58 @@ class TurnStore(SessionStore):
             rows = await s.scalars(select(TurnRow).where(TurnRow.session_id == session_id).order_by(TurnRow.position))
             return list(rows)
 
-    async def history(self, session_id: str, *, window: int, before_position: int) -> list[TurnRow]:
-        """The last ``window`` finished turns before ``before_position``, oldest first."""
+    async def lineage(self, session_id: str, *, before_position: int | None = None) -> Lineage:
+        """The cells of the session's turns (before ``before_position``, when given). Raises ``NotFoundError``."""
+        await self.get_session(session_id)
+        query = select(
+            TurnRow.turn_id, TurnRow.position, TurnRow.status, TurnRow.cell_id,
+            TurnRow.supersedes_turn_id, TurnRow.forgotten_at,
+        ).where(TurnRow.session_id == session_id)  # fmt: skip
+        if before_position is not None:
+            query = query.where(TurnRow.position < before_position)
+        async with self._read() as s:
+            return Lineage(TurnLine(*row) for row in await s.execute(query))
+
+    async def history(self, session_id: str, *, window: int, before_position: int | None = None) -> list[TurnRow]:
+        """The last ``window`` turns a turn at ``before_position`` sees (default: the next turn), in the
+        order their cells first ran (see ``cells``)."""
         if window <= 0:
             return []
+        seen = (await self.lineage(session_id, before_position=before_position)).history()[-window:]
+        return await self._rows_in_order([line.turn_id for line in seen])
+
+    async def standing_turns(self, session_id: str) -> list[TurnRow]:
+        """One turn per cell, as the notebook stands (see ``Lineage.standing``)."""
+        return await self._rows_in_order([line.turn_id for line in (await self.lineage(session_id)).standing()])
+
+    async def _rows_in_order(self, turn_ids: list[str]) -> list[TurnRow]:
+        if not turn_ids:
+            return []
         async with self._read() as s:
-            rows = await s.scalars(
-                select(TurnRow)
-                .where(
-                    TurnRow.session_id == session_id,
-                    TurnRow.position < before_position,
-                    TurnRow.status != "running",
-                )
-                .order_by(TurnRow.position.desc())
-                .limit(window)
-            )
-            return list(reversed(list(rows)))
+            rows = {row.turn_id: row for row in await s.scalars(select(TurnRow).where(TurnRow.turn_id.in_(turn_ids)))}
+        return [rows[turn_id] for turn_id in turn_ids]
+
+    async def set_in_history(self, session_id: str, turn_id: str, in_history: bool) -> TurnRow:
+        """Forget a turn (later turns do not see it) or restore it; the time it was forgotten is recorded.
+
+        Raises:
+            NotFoundError: no such turn in the session.
+            ConflictError: restoring a turn that still would not be seen (superseded, not completed,
+                running), with the reason.
+        """
+        await self.get_turn(turn_id, session_id)
+        if in_history:
+            why = (await self.lineage(session_id)).why_not_seen(turn_id)
+            if why is not None:
+                raise ConflictError(f"{why}; it cannot be put back into the history", code="not_restorable")
+        async with self._write() as s:
+            row = await s.get(TurnRow, turn_id)
+            assert row is not None  # turns are only deleted with their session
+            if in_history:
+                row.forgotten_at = None
+            elif row.forgotten_at is None:
+                row.forgotten_at = utcnow()
+            return row
 
     async def finish_turn(
         self,
@@ -354,6 +399,29 @@ class TurnStore(SessionStore):
             if row.owner != PROCESS_OWNER:  # its terminal seq is reserved, and another process emits it
                 return None
             return EndedTurn(row.turn_id, row.session_id, row.last_seq, row.error or error)
+
+
+async def _cell_of(
+    s: Any, session_id: str, cell_id: str | None, supersedes_turn_id: str | None
+) -> tuple[str | None, str | None]:
+    """``(supersedes_turn_id, cell_id)`` of a new turn: the turn it names, else its cell's latest turn."""
+    if supersedes_turn_id is not None:
+        earlier = await s.get(TurnRow, supersedes_turn_id)
+        if earlier is None or earlier.session_id != session_id:
+            raise ValidationError(
+                f"supersedes_turn_id {supersedes_turn_id!r} is not a turn of this session; "
+                f"list them with GET /api/sessions/{session_id}/turns"
+            )
+        return earlier.turn_id, cell_id or earlier.cell_id
+    if cell_id is None:
+        return None, None
+    latest = await s.scalar(
+        select(TurnRow.turn_id)
+        .where(TurnRow.session_id == session_id, TurnRow.cell_id == cell_id)
+        .order_by(TurnRow.position.desc())
+        .limit(1)
+    )
+    return latest, cell_id
 
 
 def _end(row: TurnRow, status: str, error: dict[str, Any]) -> EndedTurn:

@@ -189,3 +189,58 @@ def test_the_static_html_of_an_exported_turn_sets_code_in_monospace_and_wraps_lo
             browser.close()
             if os.environ.get("KERNEL_TEST_SCREENSHOTS"):
                 shutil.copy(tmp_path / "static.png", os.environ["KERNEL_TEST_SCREENSHOTS"])
+
+
+def test_lab_edits_and_reruns_a_cell_and_history_shows_the_new_version(lab: tuple[str, Path], scripted_lm) -> None:
+    """JupyterLab sends each cell's id: a cell edited and run again replaces its turn in what the next turn sees."""
+    from playwright.sync_api import expect, sync_playwright
+
+    url, folder = lab
+    for answer in ("apple-one", "blue-one", "carrot-two"):
+        scripted_lm.add("*", [step("done", f"SUBMIT(answer={answer!r})")])
+    tasks = ["%fleet output", "alpha: name a fruit", "beta: name a colour", "%fleet history"]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(t) for t in tasks])
+    nb.metadata["kernelspec"] = {"name": KERNEL, "display_name": "Fleet RLM (test)", "language": "markdown"}
+    nbformat.write(nb, folder / "t.ipynb")
+    shots = folder / "screenshots"
+    shots.mkdir()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        try:
+            page.goto(url)
+            expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_attached(timeout=60_000)
+            cells = page.locator(".jp-Cell")
+
+            def run(index: int, expect_text: str, *, replace: str | None = None) -> None:
+                dialog = page.locator(".jp-Dialog .jp-mod-accept")
+                if dialog.count():  # Lab sometimes asks to confirm the notebook's kernel: keep it
+                    dialog.first.click()
+                cells.nth(index).locator(".cm-content").click()
+                if replace is not None:
+                    page.keyboard.press("Control+a")
+                    page.keyboard.type(replace)
+                page.keyboard.press("Control+Enter")
+                expect(cells.nth(index).locator(".jp-OutputArea")).to_contain_text(expect_text, timeout=60_000)
+
+            deadline = time.monotonic() + 30
+            while not cells.nth(0).locator(".jp-OutputArea-output").count():  # the kernel takes requests
+                assert time.monotonic() < deadline, "the kernel never ran the first cell"
+                run(0, "")
+                page.wait_for_timeout(700)
+            run(1, "apple-one")
+            run(2, "blue-one")
+            run(1, "carrot-two", replace="alpha: name a vegetable")
+            run(3, "The next turn sees 2 earlier turns")
+            shown = cells.nth(3).locator(".jp-OutputArea").inner_text()
+            page.screenshot(path=str(shots / "history.png"))
+            assert "name a fruit" not in shown and "apple-one" not in shown
+            order = [shown.index(text) for text in ("alpha: name a vegetable", "carrot-two", "beta: name a colour")]
+            assert order == sorted(order)
+        except BaseException:
+            page.screenshot(path=str(shots / "failure.png"))
+            raise
+        finally:
+            browser.close()
+            if os.environ.get("KERNEL_TEST_SCREENSHOTS"):
+                shutil.copytree(shots, os.environ["KERNEL_TEST_SCREENSHOTS"], dirs_exist_ok=True)

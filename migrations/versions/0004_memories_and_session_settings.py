@@ -1,7 +1,7 @@
 """memories with full-text search; sessions can be archived and carry their own models
 
-Revision ID: 0003
-Revises: 0002
+Revision ID: 0004
+Revises: 0003_cells
 Create Date: 2026-12-01 22:30:00
 """
 from __future__ import annotations
@@ -10,8 +10,8 @@ import sqlalchemy as sa
 from alembic import op
 
 
-revision = '0003'
-down_revision = '0002'
+revision = '0004'
+down_revision = '0003_cells'
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,244 @@
+"""Pre-started ``local`` sandboxes, so a turn's first execution has no cold start; idle ones are stopped.
+
+A pooled worker is a ``ProcessSession`` started without a workspace: ``_stage.py`` has mounted the
+quota'd tmpfs and started bubblewrap and the runtime, and waits on a socket for the workspace to copy
+in. ``sessions(...)`` gives the interpreter a session that, when started, takes a ready worker with the
+same limits and has it adopt the turn's workspace (any session's, not only a new one's: the copy-in
+happens at adoption), else starts one cold. Either way the pool refills in the background.
+
+All workers are started by one long-lived daemon thread: a parent-death signal (``PR_SET_PDEATHSIG``,
+what bubblewrap's ``--die-with-parent`` sets) fires when the forking *thread* exits, so no sandbox may
+depend on a short-lived thread (a request's or an executor's) for its life.
+
+A sandbox bound to a session that runs no code for ``[sandbox] idle_stop_s`` is stopped (its workspace
+is copied back, as at the end of a turn); the next execution is told its variables are gone and the one
+after it runs in a fresh sandbox, from the pool, on the same files.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import logging
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+from fleet_kernel.config import SandboxLimits
+from fleet_kernel.sandbox._protocol import SessionClosed
+from fleet_kernel.sandbox.local import ProcessSession, _support_dir
+
+logger = logging.getLogger(__name__)
+
+CHECK_S = 1.0  # how often the pool thread looks for idle sandboxes
+RETRY_S = 30.0  # after a pooled start failed, wait this long before trying again
+
+
+class Pool:
+    """Up to ``size`` ready workers for the limits last asked for, kept full by one thread."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.idle_stop_s = 0.0
+        self._limits: SandboxLimits | None = None
+        self._ready: collections.deque[ProcessSession] = collections.deque()
+        self._bound: weakref.WeakSet[PooledSession] = weakref.WeakSet()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._failed_at = 0.0
+        self.handed_out = 0  # workers taken ready from the pool (pre-started), for tests and the bench
+        self.started = 0  # workers the pool thread started
+
+    # -- configuration -------------------------------------------------------------------------
+
+    def configure(self, limits: SandboxLimits, size: int, idle_stop_s: float) -> None:
+        """Keep ``size`` workers with ``limits`` ready (0: none); start the pool thread on first use."""
+        with self._wake:
+            if self._closed:
+                return
+            if limits != self._limits:
+                self._discard_ready()
+            self._limits, self.size, self.idle_stop_s = limits, size, idle_stop_s
+            if self._thread is None:
+                _support_dir()  # made (and its removal at exit registered) first, so the pool is closed before
+                atexit.register(self.close)
+                self._thread = threading.Thread(target=self._run, name="fleet-sandbox-pool", daemon=True)
+                self._thread.start()
+            self._wake.notify_all()
+
+    def ready(self) -> int:
+        with self._wake:
+            return len(self._ready)
+
+    # -- handing out ---------------------------------------------------------------------------
+
+    def take(self, limits: SandboxLimits) -> ProcessSession | None:
+        """A ready worker with ``limits``, or None (the caller starts one cold); the pool then refills."""
+        with self._wake:
+            worker = None
+            while self._ready and limits == self._limits:
+                candidate = self._ready.popleft()
+                if candidate.alive():
+                    worker = candidate
+                    break
+                candidate.kill()
+            self._wake.notify_all()
+        if worker is not None:
+            self.handed_out += 1
+        return worker
+
+    def bind(self, session: PooledSession) -> None:
+        with self._wake:
+            self._bound.add(session)
+
+    # -- the pool thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                if self._closed:
+                    return
+                missing = self.size - len(self._ready) if self._limits is not None else 0
+                if missing <= 0 or time.monotonic() - self._failed_at < RETRY_S:
+                    self._wake.wait(CHECK_S)
+                limits = self._limits
+                missing = self.size - len(self._ready) if limits is not None else 0
+            self._stop_idle()
+            if missing > 0 and limits is not None and time.monotonic() - self._failed_at >= RETRY_S:
+                self._start_one(limits)
+
+    def _start_one(self, limits: SandboxLimits) -> None:
+        worker = ProcessSession(None, limits, isolated=True)
+        try:
+            worker.start()
+        except SessionClosed as exc:
+            worker.kill()
+            if self._closed:
+                return
+            self._failed_at = time.monotonic()
+            logger.warning("could not pre-start a sandbox (retrying in %g s): %s", RETRY_S, exc)
+            return
+        with self._wake:
+            if self._closed or limits != self._limits or len(self._ready) >= self.size:
+                keep = False
+            else:
+                self._ready.append(worker)
+                self.started += 1
+                keep = True
+        if not keep:
+            worker.kill()
+
+    def _stop_idle(self) -> None:
+        if self.idle_stop_s <= 0:
+            return
+        now = time.monotonic()
+        with self._wake:
+            bound = list(self._bound)
+        for session in bound:
+            session.stop_if_idle(now, self.idle_stop_s)
+
+    # -- shutdown ------------------------------------------------------------------------------
+
+    def _discard_ready(self) -> None:
+        while self._ready:
+            self._ready.popleft().kill()
+
+    def close(self) -> None:
+        """Stop the pool thread and every ready worker (bound ones belong to their turns)."""
+        with self._wake:
+            self._closed = True
+            ready, self._ready = list(self._ready), collections.deque()
+            self._wake.notify_all()
+        for worker in ready:
+            worker.kill()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+
+
+POOL = Pool()
+
+
+class PooledSession:
+    """The ``SandboxSession`` an interpreter gets: a pooled worker adopting ``workspace``, or a cold one.
+
+    Stopped when idle (``stop_if_idle``); the next ``send`` then raises ``SessionClosed`` saying so,
+    and the interpreter starts a new session, which adopts the files the stopped one copied back.
+    """
+
+    def __init__(self, pool: Pool, workspace: Path, limits: SandboxLimits) -> None:
+        self._pool, self._workspace, self._limits = pool, workspace, limits
+        self._worker: ProcessSession | None = None
+        self._lock = threading.Lock()
+        self._running = False  # an execution was sent and its ``done`` not yet received
+        self._last_use = time.monotonic()
+        self._idle_stopped = False
+        self.pooled = False  # the worker came ready from the pool
+
+    def start(self) -> None:
+        worker = self._pool.take(self._limits)
+        if worker is not None:
+            try:
+                worker.adopt(self._workspace)
+                self.pooled = True
+            except SessionClosed as exc:
+                logger.warning("a pooled sandbox could not take the workspace; starting one: %s", exc)
+                worker = None
+        if worker is None:
+            worker = ProcessSession(self._workspace, self._limits, isolated=True)
+            worker.start()
+        self._worker, self._last_use = worker, time.monotonic()
+        self._pool.bind(self)
+
+    def send(self, message: dict[str, Any]) -> None:
+        with self._lock:
+            if self._idle_stopped:
+                raise SessionClosed(f"was stopped after {self._pool.idle_stop_s:g} s without running code")
+            if message.get("type") == "execute":
+                self._running = True
+            self._last_use = time.monotonic()
+            worker = self._worker
+        assert worker is not None
+        worker.send(message)
+
+    def receive(self, timeout: float) -> dict[str, Any] | None:
+        assert self._worker is not None
+        message = self._worker.receive(timeout)
+        if message is not None and message.get("type") == "done":
+            with self._lock:
+                self._running, self._last_use = False, time.monotonic()
+        return message
+
+    def interrupt(self) -> None:
+        if self._worker is not None:
+            self._worker.interrupt()
+
+    def kill(self) -> None:
+        if self._worker is not None:
+            self._worker.kill()
+
+    def alive(self) -> bool:
+        return self._worker is not None and self._worker.alive()
+
+    def __getattr__(self, name: str) -> Any:
+        """Anything else (the process, its cgroup) is the worker's."""
+        worker = self.__dict__.get("_worker")
+        if worker is None:
+            raise AttributeError(name)
+        return getattr(worker, name)
+
+    def stop_if_idle(self, now: float, idle_s: float) -> None:
+        """Stop the sandbox (copying its workspace back) when it has run no code for ``idle_s``."""
+        with self._lock:
+            if self._running or self._idle_stopped or self._worker is None or now - self._last_use < idle_s:
+                return
+            self._idle_stopped = True
+        logger.info("stopping a sandbox idle for %g s (%s)", idle_s, self._workspace)
+        self._worker.kill()
+
+
+def sessions(workspace: Path, limits: SandboxLimits) -> PooledSession:
+    """A new session for ``workspace`` on the process-wide pool (the interpreters' ``new_session``)."""
+    return PooledSession(POOL, workspace, limits)
