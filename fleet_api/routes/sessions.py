@@ -36,7 +36,7 @@ async def list_sessions(
     limit: int = Query(200, ge=1, le=MAX_PAGE),
     cursor: str | None = Query(None, description="the next_cursor of the previous page"),
     q: str | None = Query(None, max_length=200, description="words in the title or in a task of its turns"),
-    archived: Archived = Query("false", description="false: hide archived sessions; true: only those; all"),
+    archived: Annotated[Archived, Query(description="false: hide archived sessions; true: only those; all")] = "false",
 ) -> SessionList:
     """Sessions newest first, a page at a time."""
     page = await sessions.page(limit=limit, cursor=cursor, q=q, archived=archived)
