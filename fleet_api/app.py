@@ -24,6 +24,7 @@ from fleet_api.openapi import install_docs_redirect, install_openapi
 from fleet_api.origin import SameOriginWrites
 from fleet_api.routes import metrics
 from fleet_api.routes.attachments import UPLOAD_PATH
+from fleet_api.routes.workspace import RAW_PATHS
 from fleet_api.sse import HEARTBEAT_S
 from fleet_api.tail import StoreTail
 from fleet_kernel import __version__
@@ -41,7 +42,7 @@ DESCRIPTION = (
     "(the Authorize button sets it for Try it out). "
     "Requests must name this server in `Host` (421 otherwise); POST, PUT, PATCH and DELETE from another "
     "origin are refused (403) and their bodies must be application/json (multipart/form-data for "
-    "uploads; 415 otherwise)."
+    "uploads, application/octet-stream for a workspace file; 415 otherwise)."
 )
 
 
@@ -112,8 +113,8 @@ def create_app(
     upload_limit = int(settings.policy.storage.max_upload_mb * 1024 * 1024)
     upload_paths = frozenset({UPLOAD_PATH})
     names = own_names(settings.allowed_hosts, bind_host)
-    app.add_middleware(BodyLimit, upload_limit=upload_limit, upload_paths=upload_paths)
-    app.add_middleware(SameOriginWrites, names=names, upload_paths=upload_paths)
+    app.add_middleware(BodyLimit, upload_limit=upload_limit, upload_paths=upload_paths, raw_paths=RAW_PATHS)
+    app.add_middleware(SameOriginWrites, names=names, upload_paths=upload_paths, raw_paths=RAW_PATHS)
     if settings.api_token is not None:
         app.add_middleware(BearerAuth, token=settings.api_token.get_secret_value())
     app.add_middleware(AllowedHosts, names=names)  # added last, so it runs first

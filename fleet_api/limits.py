@@ -7,6 +7,8 @@ it while streaming is cut off with the same 413.
 
 from __future__ import annotations
 
+import re
+
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -18,12 +20,19 @@ MULTIPART_OVERHEAD = 64 * 1024
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, *, upload_limit: int, upload_paths: frozenset[str]) -> None:
+    def __init__(self, app: ASGIApp, *, upload_limit: int, upload_paths: frozenset[str],
+                 raw_paths: re.Pattern[str] | None = None) -> None:
         self.app = app
         self.upload_limit = upload_limit
         self.upload_paths = upload_paths
+        self.raw_paths = raw_paths  # raw bytes (a workspace file): the upload limit, no framing
+
+    def _raw(self, path: str) -> bool:
+        return self.raw_paths is not None and self.raw_paths.match(path) is not None
 
     def _limit(self, path: str) -> int:
+        if self._raw(path):
+            return self.upload_limit
         return self.upload_limit + MULTIPART_OVERHEAD if path in self.upload_paths else JSON_BODY_LIMIT
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -33,7 +42,7 @@ class BodyLimit:
         limit = self._limit(scope["path"])
         declared = Headers(scope=scope).get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
-            response = error_response(413, "payload_too_large", _message(limit, scope["path"] in self.upload_paths))
+            response = error_response(413, "payload_too_large", _message(limit, scope["path"] in self.upload_paths, self._raw(scope["path"])))
             await response(scope, receive, send)
             return
         seen = 0
@@ -44,13 +53,15 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise HTTPException(413, _message(limit, scope["path"] in self.upload_paths))
+                    raise HTTPException(413, _message(limit, scope["path"] in self.upload_paths, self._raw(scope["path"])))
             return message
 
         await self.app(scope, limited_receive, send)
 
 
-def _message(limit: int, upload: bool) -> str:
+def _message(limit: int, upload: bool, raw: bool = False) -> str:
+    if raw:
+        return f"the file is larger than {limit / (1024 * 1024):g} MB (storage.max_upload_mb in fleet.toml)"
     if upload:
         mb = (limit - MULTIPART_OVERHEAD) / (1024 * 1024)
         return f"the upload is larger than {mb:g} MB (storage.max_upload_mb in fleet.toml)"

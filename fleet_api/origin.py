@@ -9,12 +9,16 @@ type-less body) without asking first; only the answer is hidden from the page. S
   this server's: neither the request's own ``Host`` (same origin) nor a name in ``FLEET_ALLOWED_HOSTS``;
   ``Origin: null`` (sandboxed frames, ``file:`` pages) is foreign too;
 - a body must be ``application/json``; on the upload path, ``multipart/form-data`` (a form can send
-  that, so there the Origin rule above is what stops a page) (415 otherwise).
+  that, so there the Origin rule above is what stops a page); on a raw-bytes path (a workspace file's
+  ``PUT``), ``application/octet-stream``, which no form and no ``no-cors`` fetch can send, so a page
+  can only send it after a CORS preflight this API never answers (415 otherwise).
 
 Clients that are not browsers send neither header and are unaffected.
 """
 
 from __future__ import annotations
+
+import re
 
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -26,15 +30,18 @@ from fleet_api.hosts import host_of
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 JSON = "application/json"
 MULTIPART = "multipart/form-data"
+OCTETS = "application/octet-stream"
 
 
 class SameOriginWrites:
     """Refuse state changes from other origins (403) and bodies of the wrong media type (415)."""
 
-    def __init__(self, app: ASGIApp, *, names: frozenset[str], upload_paths: frozenset[str]) -> None:
+    def __init__(self, app: ASGIApp, *, names: frozenset[str], upload_paths: frozenset[str],
+                 raw_paths: re.Pattern[str] | None = None) -> None:
         self.app = app
         self.names = names
         self.upload_paths = upload_paths
+        self.raw_paths = raw_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in UNSAFE_METHODS:
@@ -74,10 +81,13 @@ class SameOriginWrites:
         has_body = headers.get("content-length", "0").strip() != "0" or "transfer-encoding" in headers
         if declared is None and not has_body:
             return None
-        wanted = MULTIPART if path in self.upload_paths else JSON
+        raw = self.raw_paths is not None and self.raw_paths.match(path) is not None
+        wanted = MULTIPART if path in self.upload_paths else OCTETS if raw else JSON
         if declared is not None and declared.partition(";")[0].strip().lower() == wanted:
             return None
-        if wanted == MULTIPART:
+        if wanted == OCTETS:
+            how = "send the file's bytes as the body with Content-Type: application/octet-stream"
+        elif wanted == MULTIPART:
             how = "upload with multipart/form-data (fields file and session_id)"
         else:
             how = "send the body as JSON with Content-Type: application/json"

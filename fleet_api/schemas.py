@@ -26,7 +26,10 @@ class SessionCreate(_Request):
 
 
 class SessionUpdate(_Request):
-    title: str = Field(..., max_length=200)
+    title: str | None = Field(None, max_length=200)
+    archived: bool | None = Field(None, description="archived sessions are left out of GET /api/sessions unless asked for")
+    model: str | None = Field(None, max_length=200, description="this session's root LM; null for FLEET_LM_MODEL")
+    sub_model: str | None = Field(None, max_length=200, description="its sub-LM; null for FLEET_SUB_LM_MODEL")
 
 
 class TurnLimitsRequest(_Request):
@@ -91,10 +94,53 @@ class Session(BaseModel):
     created_at: str
     updated_at: str
     turn_count: int
+    archived: bool
+    model: str | None = Field(None, description="the session's own root LM, when it chose one")
+    sub_model: str | None = Field(None, description="the session's own sub-LM, when it chose one")
 
 
 class SessionList(BaseModel):
     sessions: list[Session]
+    next_cursor: str | None = Field(None, description="pass as ?cursor= for the next page; null on the last")
+
+
+class SessionConfig(BaseModel):
+    """The effective settings of a turn of the session, without any secret."""
+
+    session_id: str
+    model: str | None
+    sub_model: str | None
+    model_source: Literal["session", "settings"]
+    sub_model_source: Literal["session", "settings", "model"]
+    sandbox: str
+    limits: dict[str, Any]
+    history: dict[str, int]
+    memory: dict[str, int]
+    skills: list[str]
+
+
+class Memory(BaseModel):
+    memory_id: str
+    content: str
+    kind: str
+    created_at: str
+    updated_at: str
+
+
+class MemoryList(BaseModel):
+    memories: list[Memory]
+
+
+class MemoryPut(_Request):
+    content: str = Field(..., min_length=1, description="the text; at most memory.max_chars")
+    kind: str = Field("note", max_length=32, description="a short lowercase word: note, fact, preference, ...")
+
+
+class WorkspaceStat(BaseModel):
+    path: str = Field(..., description="relative to /workspace")
+    size: int
+    sha256: str
+    modified_at: str
 
 
 class Turn(BaseModel):

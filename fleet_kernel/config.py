@@ -122,6 +122,13 @@ class Storage(_Section):
     max_artifact_mb: float = Field(25, gt=0, le=10_240)
 
 
+class Memory(_Section):
+    """The memories a session's model keeps with ``remember`` (see docs/configuration.md)."""
+
+    max_chars: int = Field(4_000, ge=16, le=1_000_000, description="characters in one memory")
+    max_count: int = Field(500, ge=1, le=1_000_000, description="memories in one session")
+
+
 OutputMode = Literal["rich", "text"]
 
 
@@ -140,6 +147,7 @@ class Policy(_Section):
     sandbox: SandboxLimits = SandboxLimits()
     history: History = History()
     storage: Storage = Storage()
+    memory: Memory = Memory()
     kernel: Kernel = Kernel()
 
 

@@ -150,7 +150,7 @@ class LMFinished(EventData):
 
 class ToolStarted(EventData):
     """A host tool called from sandbox code (`llm_query`, `llm_query_batched`, `load_skill`,
-    `read_skill_resource`) starts."""
+    `read_skill_resource`, `remember`, `search_memories`, `forget`) starts."""
 
     type: ClassVar[str] = "tool.started"
     call_id: str

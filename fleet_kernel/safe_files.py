@@ -10,6 +10,7 @@ whether and how to show them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import stat
@@ -185,3 +186,86 @@ def _chunks(dir_fd: int, name: str, max_bytes: int | None, should_stop: StopChec
             yield chunk
     finally:
         os.close(fd)
+
+
+def _folder_and_name(relative: str) -> tuple[list[str], str]:
+    *folder, name = [p for p in relative.split("/") if p] or [""]
+    if not name or any(p in (".", "..") for p in (*folder, name)):
+        raise Refused(f"{relative!r} is not a file path inside the folder")
+    return folder, name
+
+
+def write_path(root: Path, relative: str, data: bytes, *, make_dirs: bool = True) -> None:
+    """Write ``data`` to ``root/relative`` whole: a private temporary file in the target's folder, renamed
+    over the name. No component is followed through a link (folders are made with ``mkdir`` at a
+    descriptor), and a link at the name itself is replaced, never written through.
+
+    Raises:
+        Refused: a component is a link or not a folder, or the name is a folder.
+    """
+    folder, name = _folder_and_name(relative)
+    try:
+        fd = os.open(root, DIR_FLAGS)
+        try:
+            for part in folder:
+                if make_dirs:
+                    try:
+                        os.mkdir(part, 0o700, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                child = os.open(part, DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = child
+            try:
+                if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    raise Refused(f"{relative!r} is a folder")
+            except FileNotFoundError:
+                pass
+            temp = f".{name[:200]}.{os.urandom(6).hex()}.tmp"
+            out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd)
+            try:
+                with os.fdopen(out, "wb") as handle:
+                    handle.write(data)
+                os.replace(temp, name, src_dir_fd=fd, dst_dir_fd=fd)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp, dir_fd=fd)
+                raise
+        finally:
+            os.close(fd)
+    except Refused:
+        raise
+    except OSError as exc:
+        raise Refused(f"{relative!r} cannot be written: {exc.strerror}") from exc
+
+
+def remove_path(root: Path, relative: str) -> bool:
+    """Delete the file (or link, itself) at ``root/relative``; false when there is none. Folders are refused.
+
+    Raises:
+        Refused: a component is a link or not a folder, or the name is a folder.
+    """
+    folder, name = _folder_and_name(relative)
+    try:
+        with open_dir(root, folder) as fd:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                raise Refused(f"{relative!r} is a folder; only files are deleted")
+            os.unlink(name, dir_fd=fd)
+            return True
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise Refused(f"{relative!r} cannot be deleted: {exc.strerror}") from exc
+
+
+def stat_path(root: Path, relative: str, *, max_bytes: int | None = None) -> tuple[int, str, float]:
+    """``(size, sha256, mtime)`` of the regular file at ``root/relative``, read through one descriptor."""
+    folder, name = _folder_and_name(relative)
+    try:
+        with open_dir(root, folder) as fd:
+            mtime = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mtime
+            size, digest = hash_file(fd, name, max_bytes=max_bytes)
+            return size, digest, mtime
+    except OSError as exc:
+        raise Refused(f"{relative!r} cannot be opened as a plain file: {exc.strerror}") from exc

@@ -170,7 +170,19 @@ THIRD = [
         '       f"{\', \'.join(months)}.\\n\\nFirst entry (line {first_line}):\\n\\n> {first}")',
     ),
 ]
-SCRIPTS = {"Which port": FIRST, "calmest": SECOND, "speak the Essex": THIRD}
+FOURTH = [
+    step(
+        "A standing preference for later turns: keep it as a memory, which outlives this kernel and sandbox.",
+        'remember("The user wants dates written as day month year, e.g. 3 March 1851.", kind="preference")\n'
+        'print([m["content"] for m in search_memories("dates")])',
+    ),
+    step(
+        "Kept and found again; confirm.",
+        'SUBMIT(answer="Noted: from now on I write dates as day month year (3 March 1851). "\n'
+        '       "The note is a memory of this session (`%fleet memory` lists it).")',
+    ),
+]
+SCRIPTS = {"Which port": FIRST, "calmest": SECOND, "speak the Essex": THIRD, "day month year": FOURTH}
 
 
 def sub_answer(prompt: str) -> str:

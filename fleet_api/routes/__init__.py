@@ -1,6 +1,18 @@
 """Routes, one module per resource; ``ROUTERS`` is mounted under ``/api`` by ``create_app``."""
 
-from fleet_api.routes import artifacts, attachments, health, notebook, runs, sessions, skills, turns, volume
+from fleet_api.routes import (
+    artifacts,
+    attachments,
+    health,
+    memory,
+    notebook,
+    runs,
+    sessions,
+    skills,
+    turns,
+    volume,
+    workspace,
+)
 
 ROUTERS = [
     health.router,
@@ -12,4 +24,6 @@ ROUTERS = [
     artifacts.router,
     volume.router,
     skills.router,
+    memory.router,
+    workspace.router,
 ]

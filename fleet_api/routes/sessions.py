@@ -8,9 +8,10 @@ from fastapi import APIRouter, Depends, Query, Response
 
 from fleet_api.deps import State, check_id
 from fleet_api.routes._docs import errors
-from fleet_api.schemas import Session, SessionCreate, SessionList, SessionUpdate, TurnList
+from fleet_api.schemas import Session, SessionConfig, SessionCreate, SessionList, SessionUpdate, TurnList
 from fleet_api.views import turn_view
 from fleet_kernel.engine.sessions import Sessions
+from fleet_kernel.store.sessions import MAX_PAGE, Archived
 
 router = APIRouter(tags=["sessions"])
 
@@ -30,9 +31,17 @@ async def create_session(sessions: SessionsDep, body: SessionCreate | None = Non
 
 
 @router.get("/sessions", response_model=SessionList, responses=errors())
-async def list_sessions(sessions: SessionsDep, limit: int = Query(200, ge=1, le=1000)) -> SessionList:
-    rows = await sessions.list(limit=limit)
-    return SessionList(sessions=[Session.model_validate(r.to_dict()) for r in rows])
+async def list_sessions(
+    sessions: SessionsDep,
+    limit: int = Query(200, ge=1, le=MAX_PAGE),
+    cursor: str | None = Query(None, description="the next_cursor of the previous page"),
+    q: str | None = Query(None, max_length=200, description="words in the title or in a task of its turns"),
+    archived: Annotated[Archived, Query(description="false: hide archived sessions; true: only those; all")] = "false",
+) -> SessionList:
+    """Sessions newest first, a page at a time."""
+    page = await sessions.page(limit=limit, cursor=cursor, q=q, archived=archived)
+    return SessionList(sessions=[Session.model_validate(r.to_dict()) for r in page.sessions],
+                       next_cursor=page.next_cursor)
 
 
 @router.get("/sessions/{session_id}", response_model=Session, responses=errors(404))
@@ -43,8 +52,17 @@ async def get_session(session_id: str, sessions: SessionsDep) -> Session:
 
 @router.patch("/sessions/{session_id}", response_model=Session, responses=errors(404))
 async def update_session(session_id: str, body: SessionUpdate, sessions: SessionsDep) -> Session:
-    row = await sessions.rename(check_id(session_id, "session"), body.title)
+    """Rename, archive or unarchive, and choose the session's models (null: the configured ones)."""
+    row = await sessions.update(check_id(session_id, "session"), body.model_dump(exclude_unset=True))
     return Session.model_validate(row.to_dict())
+
+
+@router.get("/sessions/{session_id}/config", response_model=SessionConfig, responses=errors(404))
+async def get_session_config(session_id: str, state: State, sessions: SessionsDep) -> SessionConfig:
+    """The settings a turn of this session would run with now (its models, sandbox, limits, history
+    window, memory caps), with no secret."""
+    config = await sessions.config(check_id(session_id, "session"), state.runner.sandbox_name())
+    return SessionConfig.model_validate(config)
 
 
 @router.delete(

@@ -25,6 +25,8 @@ from fleet_kernel.config import Settings
 from fleet_kernel.engine import choices as turn_choices
 from fleet_kernel.engine.budget import BudgetExceeded
 from fleet_kernel.engine.choices import TurnChoices
+from fleet_kernel.engine.memory import Memories
+from fleet_kernel.engine.session_config import session_settings
 from fleet_kernel.engine.sink import EventHub, EventWriter, TurnEmitter, follow
 from fleet_kernel.errors import NotFoundError, TurnDeadlineExceeded, ValidationError
 from fleet_kernel.events import Artifact, Event, LMFinished, TurnCancelledData, TurnCompleted, TurnFailed, TurnStarted
@@ -55,6 +57,7 @@ class _Running:
     choices: TurnChoices
     cancel: CancelToken = field(default_factory=CancelToken)  # the turn's one cancel token, handed down to it
     task: asyncio.Task[None] | None = None
+    memories: Memories | None = None  # the session's memories, as the turn's host tools change them
     started: float = field(default_factory=time.monotonic)  # the deadline counts from here
     inputs: list[Any] = field(default_factory=list)  # engine.inputs.NotebookValue: the turn's input variables
     setup_error: dict[str, str] | None = None  # the turn could not be set up (its files); it fails
@@ -227,12 +230,13 @@ class TurnRunner:
         attachments = await self._attachments(session_id, attachment_ids)
         await self.open()
         assert self._writer is not None
+        settings = session_settings(settings, await self.store.get_session(session_id))  # its own models
         sandbox = self.sandbox_name()
         claim = await self.store.claim_turn(
             session_id,
             task,
             idempotency_key=idempotency_key,
-            model=self.settings.lm_model,
+            model=settings.lm_model,
             sandbox=sandbox,
             cell_id=cell_id,
             supersedes_turn_id=supersedes_turn_id,
@@ -256,7 +260,7 @@ class TurnRunner:
             TurnStarted(
                 task=task,
                 run_id=turn.run_id,
-                model=self.settings.lm_model,
+                model=settings.lm_model,
                 sandbox=sandbox,
                 limits={
                     "max_iters": effective.max_iters,
@@ -360,12 +364,14 @@ class TurnRunner:
 
                 # The contract: every turn reports its LM step, even one that could not start.
                 running.emitter.emit(
-                    LMFinished(role="root", model=self.settings.lm_model, duration_ms=0.0, usage={}, cost_usd=None)
+                    LMFinished(role="root", model=running.settings.lm_model, duration_ms=0.0, usage={}, cost_usd=None)
                 )
                 await self._finish(running, Outcome("failed", error=running.setup_error), 0.0)
                 return
             job = await self._prepare(running)
             outcome = await self._execute(running, job)
+            if running.memories is not None and running.memories.changed:
+                await running.memories.mirror()  # after the sandbox handed its copy of the workspace back
             await self._collect_artifacts(running, job, cancelled=outcome.status == "cancelled")
         except Exception as exc:  # noqa: BLE001 - report any engine failure as turn.failed
             log.exception("turn %s failed in the engine", turn.turn_id)
@@ -393,6 +399,7 @@ class TurnRunner:
         past = await self.store.history(turn.session_id, window=window.window_turns, before_position=turn.position)
         workspace = await asyncio.to_thread(Workspace.for_session, self.settings.workspaces_dir, turn.session_id)
         manifest = await asyncio.to_thread(workspace.manifest)
+        running.memories = Memories(self.store, running.settings, turn.session_id)
         return TurnJob(
             settings=running.settings,
             emitter=running.emitter,
@@ -405,6 +412,7 @@ class TurnRunner:
             inputs=running.inputs,
             catalogue=running.catalogue,
             choices=running.choices,
+            tools=running.memories.tools(asyncio.get_running_loop()),
         )
 
     async def _execute(self, running: _Running, job: TurnJob) -> Outcome:

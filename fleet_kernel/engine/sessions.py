@@ -15,12 +15,14 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fleet_kernel import sandbox
 from fleet_kernel.config import Settings
-from fleet_kernel.errors import NotFoundError, PayloadTooLargeError
+from fleet_kernel.engine.session_config import effective_config
+from fleet_kernel.errors import NotFoundError, PayloadTooLargeError, ValidationError
 from fleet_kernel.store import AttachmentRow, SessionRow, Store
+from fleet_kernel.store.sessions import Archived, SessionPage
 from fleet_kernel.transcript import notebook_filename, session_notebook
 from fleet_kernel.workspace import Workspace, guess_mime, safe_filename
 
@@ -90,6 +92,33 @@ class Sessions:
     async def rename(self, session_id: str, title: str) -> SessionRow:
         """Raises ``NotFoundError``."""
         return await self.store.rename_session(session_id, title)
+
+    async def page(
+        self, *, limit: int = 200, cursor: str | None = None, q: str | None = None, archived: Archived = "false"
+    ) -> SessionPage:
+        """Newest first, ``limit`` at a time; see ``Store.page_sessions``. Raises ``ValidationError``."""
+        return await self.store.page_sessions(limit=limit, cursor=cursor, q=q, archived=archived)
+
+    async def update(self, session_id: str, changes: dict[str, Any]) -> SessionRow:
+        """Apply ``title``, ``archived``, ``model`` and ``sub_model`` (``None`` model: the configured one).
+
+        Raises:
+            ValidationError: nothing to change, a null title or archived flag, or an unknown field.
+            NotFoundError: unknown session.
+        """
+        if not changes:
+            raise ValidationError("nothing to change: send title, archived, model or sub_model")
+        unknown = set(changes) - {"title", "archived", "model", "sub_model"}
+        if unknown:
+            raise ValidationError(f"unknown session fields: {', '.join(sorted(unknown))}")
+        for key in ("title", "archived"):
+            if key in changes and changes[key] is None:
+                raise ValidationError(f"{key} cannot be null")
+        return await self.store.update_session(session_id, **changes)
+
+    async def config(self, session_id: str, sandbox_name: str) -> dict[str, Any]:
+        """The settings a turn of the session would use now (``session_config.effective_config``)."""
+        return effective_config(self.settings, await self.store.get_session(session_id), sandbox_name)
 
     # ------------------------------------------------------------------ attachments
 

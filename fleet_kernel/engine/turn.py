@@ -37,8 +37,9 @@ class FleetTask(dspy.Signature):
     """Do the user's task for this turn of a notebook session, by writing and running Python.
 
     Earlier turns of the session are in `history`; the session's durable folder is described in
-    `workspace` (attachments under files/, your outputs under artifacts/, your notes in
-    memory/MEMORIES.md). Answer in Markdown; keep the answer self-contained.
+    `workspace` (attachments under files/, your outputs under artifacts/). Keep what later turns
+    should know with remember(), find it with search_memories() (memory/MEMORIES.md mirrors them).
+    Answer in Markdown; keep the answer self-contained.
     """
 
     task: str = dspy.InputField(desc="what the user asks in this turn")
@@ -80,6 +81,7 @@ class TurnJob:
     inputs: list[Any] = field(default_factory=list)  # engine.inputs.NotebookValue, sent to the sandbox once
     catalogue: Catalogue = field(default_factory=lambda: Catalogue({}))
     choices: TurnChoices = field(default_factory=TurnChoices)
+    tools: list[Callable[..., Any]] = field(default_factory=list)  # more host tools for sandbox code (memory)
     budget: TurnBudget = field(init=False)
 
     def __post_init__(self) -> None:
@@ -183,7 +185,7 @@ def run_turn(job: TurnJob) -> Outcome:
             max_llm_calls=limits.max_llm_calls,
             max_output_chars=limits.max_output_chars,
             sub_lm=sub_lm,
-            tools=job.catalogue.tools() if job.catalogue.skills else None,
+            tools=[*(job.catalogue.tools() if job.catalogue.skills else []), *job.tools] or None,
         )
         observer = TurnObserver(
             job.emitter,

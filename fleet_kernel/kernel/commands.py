@@ -2,7 +2,8 @@
 
     %fleet help                                      this list
     %fleet session [new [title] | use <id> | list]   show, start, continue or list sessions
-    %fleet model [[default] name]                    show or set the root model (default: only if none is set)
+    %fleet model [[default] name]                    show or set the session's root model (default: only if none is set)
+    %fleet memory [search Q | forget ID]             the session's memories (what remember() kept), search, forget
     %fleet sandbox [name]                            show or set the sandbox backend for the next turns
     %fleet output [text|rich]                        how turns are shown
     %fleet status | usage                            session, model, sandbox, store, what the turns used
@@ -120,12 +121,50 @@ async def cmd_model(ctx: KernelContext, args: list[str]) -> Reply:
         args = args[1:]
     if args:
         settings = ctx.update_settings(lm_model=args[0])
+        await ctx.open()
+        assert ctx.store is not None
+        await ctx.store.update_session(await ctx.ensure_session(), model=args[0])  # the API shows it too
         return Reply(f"The next turns use {settings.lm_model}.")
     settings = ctx.settings
+    if ctx.session_id is not None:
+        await ctx.open()
+        assert ctx.store is not None
+        from fleet_kernel.engine.session_config import session_settings
+
+        settings = session_settings(settings, await ctx.store.get_session(ctx.session_id))
     sub = settings.sub_lm_model or "the root model"
     where = f" at {settings.lm_base_url}" if settings.lm_base_url else ""
     model = settings.lm_model or "none (set FLEET_LM_MODEL, or %fleet model <name>)"
     return Reply(f"Model: {model}{where}; sub-LM: {sub}")
+
+
+async def cmd_memory(ctx: KernelContext, args: list[str]) -> Reply:
+    from fleet_kernel.engine.memory import Memories
+
+    action = args[0] if args else ""
+    if action not in ("", "search", "forget") or (action == "forget" and len(args) != 2):
+        raise _usage_error("usage: %fleet memory | %fleet memory search <words> | %fleet memory forget <memory_id>")
+    if action == "search" and len(args) < 2:
+        raise _usage_error("usage: %fleet memory search <words>")
+    if ctx.session_id is None:
+        return Reply("No session yet, so no memories: code in a turn keeps one with remember(content).")
+    await ctx.open()
+    assert ctx.store is not None
+    memories = Memories(ctx.store, ctx.settings, ctx.session_id)
+    if action == "forget":
+        if not await memories.forget(args[1]):
+            from fleet_kernel.errors import NotFoundError
+
+            raise NotFoundError(f"no memory {args[1]!r} in this session (see %fleet memory)")
+        await memories.mirror()
+        return Reply(f"Forgot {args[1]}.")
+    query = " ".join(args[1:])
+    rows = await memories.listing(query)
+    if not rows:
+        return Reply(f"No memory matches {query!r}." if query else "No memories yet: remember(content) in a turn keeps one.")
+    lines = [f"{r.memory_id}  [{r.kind}]  {r.content}" for r in rows]
+    table = "\n".join(f"| `{r.memory_id}` | {r.kind} | {_md(' '.join(r.content.split()))} |" for r in rows)
+    return Reply("\n".join(lines), "| memory | kind | content |\n|---|---|---|\n" + table)
 
 
 async def cmd_sandbox(ctx: KernelContext, args: list[str]) -> Reply:
@@ -357,6 +396,7 @@ COMMANDS: dict[str, Handler] = {
     "help": cmd_help,
     "session": cmd_session,
     "model": cmd_model,
+    "memory": cmd_memory,
     "sandbox": cmd_sandbox,
     "output": cmd_output,
     "status": cmd_status,
@@ -376,6 +416,7 @@ SUBCOMMANDS = {
     "model": ("default",),
     "history": HISTORY_ACTIONS,
     "skill": ("list", "show", "use", "clear"),
+    "memory": ("search", "forget"),
 }
 
 

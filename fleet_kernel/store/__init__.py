@@ -2,7 +2,7 @@
 
 Split by concern: ``connection`` (engines, SQLite tuning, health), ``sessions``, ``turns`` (claims,
 leases, cancellation, ending abandoned turns), ``events`` (the log) and ``files`` (attachments,
-artifacts, blobs). Every process that runs or watches turns opens its own ``Store`` on the same URL.
+artifacts, blobs) and ``memories``. Every process that runs or watches turns opens its own ``Store`` on the same URL.
 The store writes no event itself: the engine's one writer does (see ``turns``).
 """
 
@@ -13,7 +13,8 @@ import inspect
 from fleet_kernel.store.connection import describe_write_error, uninterrupted
 from fleet_kernel.store.events import EVENTS_CHANNEL, EventStore
 from fleet_kernel.store.files import FileStore
-from fleet_kernel.store.models import ArtifactRow, AttachmentRow, SessionRow, TurnRow, new_id, utcnow
+from fleet_kernel.store.memories import MemoryStore
+from fleet_kernel.store.models import ArtifactRow, AttachmentRow, MemoryRow, SessionRow, TurnRow, new_id, utcnow
 from fleet_kernel.store.turns import HUNG_AFTER, LEASE, PROCESS_OWNER, Claim, EndedTurn, TurnStore
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "AttachmentRow",
     "Claim",
     "EndedTurn",
+    "MemoryRow",
     "SessionRow",
     "Store",
     "TurnRow",
@@ -34,8 +36,8 @@ __all__ = [
 ]  # fmt: skip
 
 
-class Store(TurnStore, EventStore, FileStore):
-    """Sessions, turns, events, attachments, artifacts and blobs over one async engine."""
+class Store(TurnStore, EventStore, FileStore, MemoryStore):
+    """Sessions, turns, events, attachments, artifacts, blobs and memories over one async engine."""
 
 
 # Every public coroutine method of the store runs to completion once started (see ``uninterrupted``).

@@ -10,7 +10,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, LargeBinary, String, Text, text
+from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Index, Integer, LargeBinary, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -42,6 +42,9 @@ class SessionRow(Base):
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
     turn_count: Mapped[int] = mapped_column(Integer, default=0)
+    archived: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    model: Mapped[str | None] = mapped_column(String(200))  # this session's root LM, over FLEET_LM_MODEL
+    sub_model: Mapped[str | None] = mapped_column(String(200))  # and its sub-LM, over FLEET_SUB_LM_MODEL
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -50,6 +53,9 @@ class SessionRow(Base):
             "created_at": iso(self.created_at),
             "updated_at": iso(self.updated_at),
             "turn_count": self.turn_count,
+            "archived": bool(self.archived),
+            "model": self.model,
+            "sub_model": self.sub_model,
         }
 
 
@@ -178,4 +184,27 @@ class ArtifactRow(Base):
             "size": self.size,
             "sha256": self.sha256,
             "created_at": iso(self.created_at),
+        }
+
+
+class MemoryRow(Base):
+    """A note the model keeps for its session (``remember``); searched by full text (see ``store.memories``)."""
+
+    __tablename__ = "memories"
+    __table_args__ = (Index("ix_memories_session_created", "session_id", "created_at"),)
+
+    memory_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.session_id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(32))
+    content: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "memory_id": self.memory_id,
+            "content": self.content,
+            "kind": self.kind,
+            "created_at": iso(self.created_at),
+            "updated_at": iso(self.updated_at),
         }

@@ -181,3 +181,29 @@ def test_skill_commands_choose_the_cards_of_the_next_turns(kernel: Kernel, scrip
     with sqlite3.connect(fleet_home / "fleet.db") as db:
         started = [json.loads(d) for (d,) in db.execute("SELECT data FROM events WHERE type = 'turn.started' ORDER BY ts")]
     assert [s["skills"] for s in started] == [["harbour-notes", "tabular-analysis"], []]
+
+
+def test_memory_commands_show_search_and_forget_what_turns_remembered(kernel: Kernel, scripted_lm) -> None:
+    assert "No session yet" in kernel.run("%fleet memory").text()
+    keep = "print(remember('the deploy window is Friday 18:00', kind='fact'), remember('likes terse answers'))"
+    scripted_lm.add("keep two things", [step("keep", keep), step("done", "SUBMIT(answer='kept')")])
+    kernel.run("keep two things")
+    listed = kernel.run("%fleet memory").text()
+    assert "the deploy window is Friday 18:00" in listed and "[fact]" in listed and "likes terse answers" in listed
+    found = kernel.run("%fleet memory search deploy").text()
+    assert "deploy window" in found and "terse" not in found
+    memory_id = found.split()[0]
+    assert f"Forgot {memory_id}" in kernel.run(f"%fleet memory forget {memory_id}").text()
+    assert "No memory matches" in kernel.run("%fleet memory search deploy").text()
+    assert "no memory" in kernel.run(f"%fleet memory forget {memory_id}").reply["content"]["evalue"]
+    assert "usage" in kernel.run("%fleet memory forget").reply["content"]["evalue"]
+
+
+def test_model_command_sets_the_sessions_model(kernel: Kernel, scripted_lm) -> None:
+    assert "The next turns use openai/other" in kernel.run("%fleet model openai/other").text()
+    session_id = kernel.run("%fleet session").text().split()[1].rstrip(":")
+    assert "Model: openai/other" in kernel.run("%fleet model").text()
+    scripted_lm.add("which model", [step("done", "SUBMIT(answer='ok')")])
+    kernel.run("which model runs this?")
+    assert any(r.get("model") == "other" for r in scripted_lm.requests)
+    assert session_id.startswith("ses_")
