@@ -186,15 +186,24 @@ def turns_table(raw: Raw, inproc: InProcess, apis: dict[str, Api], repeat: int) 
     print("\nfirst event, ms: " + ", ".join(f"{c} {ms(firsts[ITERATIONS[0], c]):.1f}" for c in columns[1:]))
     span = ITERATIONS[-1] - ITERATIONS[0]
     # median of the slopes between every 1-iteration and every 20-iteration sample: one outlier moves it little
-    slope = {c: statistics.median((long - short) * 1000 / span for short in walls[ITERATIONS[0], c]
-                                  for long in walls[ITERATIONS[-1], c]) for c in columns}
+    slope = {
+        c: statistics.median(
+            (long - short) * 1000 / span for short in walls[ITERATIONS[0], c] for long in walls[ITERATIONS[-1], c]
+        )
+        for c in columns
+    }
     base = slope[columns[0]]
-    print("per iteration (median slope 1 -> 20), ms: " + ", ".join(
-        f"{c} {slope[c]:.2f}" + ("" if c == columns[0] else f" ({slope[c] / base:.2f}x)") for c in columns)
-        + "   target <= 1.3x, goal 1.2x")
+    print(
+        "per iteration (median slope 1 -> 20), ms: "
+        + ", ".join(f"{c} {slope[c]:.2f}" + ("" if c == columns[0] else f" ({slope[c] / base:.2f}x)") for c in columns)
+        + "   target <= 1.3x, goal 1.2x"
+    )
     one = ms(walls[ITERATIONS[0], columns[0]])
-    print("1-iteration turn vs raw: " + ", ".join(
-        f"{c} {ms(walls[ITERATIONS[0], c]) / one:.2f}x" for c in columns[1:]) + "   target <= 1.3x")
+    print(
+        "1-iteration turn vs raw: "
+        + ", ".join(f"{c} {ms(walls[ITERATIONS[0], c]) / one:.2f}x" for c in columns[1:])
+        + "   target <= 1.3x"
+    )
 
 
 def tree_rss_mb(pid: int) -> float:
@@ -229,8 +238,10 @@ def memory_table(settings) -> None:  # type: ignore[no-untyped-def]
         factory.close()
     print(f"\nMemory (RSS of stage + bubblewrap + sandboxed Python; pool size {settings.policy.sandbox.pool})")
     print(f"  one ready sandbox in the pool: {statistics.median(ready):.1f} MB; the whole pool: {sum(ready):.1f} MB")
-    print(f"  a session's sandbox idle between steps (5 steps run): {bound:.1f} MB; a session with no turn "
-          "running holds no sandbox (0 MB)")
+    print(
+        f"  a session's sandbox idle between steps (5 steps run): {bound:.1f} MB; a session with no turn "
+        "running holds no sandbox (0 MB)"
+    )
 
 
 def interpreter_table(settings, home: str, repeat: int, unpooled=None) -> None:  # type: ignore[no-untyped-def]
@@ -273,11 +284,16 @@ def interpreter_table(settings, home: str, repeat: int, unpooled=None) -> None: 
         if cold_factory is not None:
             cold_factory.close()
     print(f"\nSandbox (median; load average {load()})\n")
-    print(f"{'interpreter':>24} | {'cold start (ms)':>15} | {'per execute (ms)':>16} | "
-          f"{'1 MB input - small (ms/execute)':>31}")
+    print(
+        f"{'interpreter':>24} | {'cold start (ms)':>15} | {'per execute (ms)':>16} | "
+        f"{'1 MB input - small (ms/execute)':>31}"
+    )
     print("-" * 96)
-    rows = [(f"Fleet {settings.sandbox or 'local'} pooled", fleet), ("Fleet local, no pool", cold_fleet),
-            ("dspy.LocalInterpreter", raw)]
+    rows = [
+        (f"Fleet {settings.sandbox or 'local'} pooled", fleet),
+        ("Fleet local, no pool", cold_fleet),
+        ("dspy.LocalInterpreter", raw),
+    ]
     for name, (cold, warm, small, big) in [row for row in rows if row[1][0]]:
         print(f"{name:>24} | {ms(cold):>15.1f} | {ms(warm):>16.2f} | {ms(big) - ms(small):>31.2f}")
     print("target: a 1 MB input adds < 0.5 ms per iteration (the same value re-sent by RLM every step)")
@@ -288,8 +304,12 @@ def load_table(raw: Raw, api: Api, repeat: int) -> None:
     raw_rates, api_rates, firsts = [], [], []
     for r in range(repeat):
         walls: list[float] = []
-        threads = [threading.Thread(target=lambda i=i, r=r, walls=walls: walls.append(
-                       raw.turn(LOAD_ITERATIONS, f"load raw {r} {i}"))) for i in range(LOAD_SESSIONS)]
+        threads = [
+            threading.Thread(
+                target=lambda i=i, r=r, walls=walls: walls.append(raw.turn(LOAD_ITERATIONS, f"load raw {r} {i}"))
+            )
+            for i in range(LOAD_SESSIONS)
+        ]
         began = time.perf_counter()
         for t in threads:
             t.start()
@@ -299,19 +319,24 @@ def load_table(raw: Raw, api: Api, repeat: int) -> None:
 
         async def burst(client: httpx.AsyncClient, r: int = r) -> float:
             began = time.perf_counter()
-            done = await asyncio.gather(*(api.turn(client, LOAD_ITERATIONS, f"load api {r} {i}")
-                                          for i in range(LOAD_SESSIONS)))
+            done = await asyncio.gather(
+                *(api.turn(client, LOAD_ITERATIONS, f"load api {r} {i}") for i in range(LOAD_SESSIONS))
+            )
             firsts.extend(first for _, first in done)
             return LOAD_SESSIONS * LOAD_ITERATIONS / (time.perf_counter() - began)
 
         api_rates.append(api.run(burst))
-    print(f"\nUnder load: {LOAD_SESSIONS} concurrent {LOAD_ITERATIONS}-iteration turns (median of {repeat}; "
-          f"load average {load()})\n")
+    print(
+        f"\nUnder load: {LOAD_SESSIONS} concurrent {LOAD_ITERATIONS}-iteration turns (median of {repeat}; "
+        f"load average {load()})\n"
+    )
     print(f"{'':>34} | {'iterations/s':>12} | {'p95 POST -> first event (ms)':>28}")
     print("-" * 82)
     print(f"{'raw dspy.RLM, 8 threads':>34} | {statistics.median(raw_rates):>12.1f} | {'-':>28}")
-    print(f"{'Fleet, one fleet serve, 8 sessions':>34} | {statistics.median(api_rates):>12.1f} | "
-          f"{pct(firsts, 0.95) * 1000:>28.1f}")
+    print(
+        f"{'Fleet, one fleet serve, 8 sessions':>34} | {statistics.median(api_rates):>12.1f} | "
+        f"{pct(firsts, 0.95) * 1000:>28.1f}"
+    )
 
 
 def tracing_table(env: dict[str, str], server: ScriptedLM, untraced: InProcess, repeat: int) -> None:
@@ -331,8 +356,10 @@ def tracing_table(env: dict[str, str], server: ScriptedLM, untraced: InProcess, 
             traced.close()
             del os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
         spans = len(collector.spans)
-    print(f"\n20-iteration turn, traces off {ms(off):.1f} ms, on {ms(on):.1f} ms "
-          f"({(ms(on) - ms(off)) / ms(off) * 100:+.1f}%; {spans} spans received; target within 5%)")
+    print(
+        f"\n20-iteration turn, traces off {ms(off):.1f} ms, on {ms(on):.1f} ms "
+        f"({(ms(on) - ms(off)) / ms(off) * 100:+.1f}%; {spans} spans received; target within 5%)"
+    )
 
 
 def main() -> None:
@@ -360,11 +387,17 @@ def main() -> None:
             for each in apis.values():
                 each.run(lambda c, each=each: each.turn(c, 1, "warm-up"))
             time.sleep(2)  # the pools fill
-            print(f"Engine: Fleet ({settings.sandbox or 'local'} sandbox, store, events) vs raw dspy.RLM + "
-                  f"LocalInterpreter; scripted OpenAI-compatible LM on loopback; {os.cpu_count()} cores")
+            print(
+                f"Engine: Fleet ({settings.sandbox or 'local'} sandbox, store, events) vs raw dspy.RLM + "
+                f"LocalInterpreter; scripted OpenAI-compatible LM on loopback; {os.cpu_count()} cores"
+            )
             turns_table(raw, inproc, apis, args.repeat)
-            interpreter_table(settings, home, args.repeat,
-                              None if args.skip_unpooled else load_settings({**env, "FLEET_CONFIG": str(unpooled)}))
+            interpreter_table(
+                settings,
+                home,
+                args.repeat,
+                None if args.skip_unpooled else load_settings({**env, "FLEET_CONFIG": str(unpooled)}),
+            )
             memory_table(settings)
             if not args.skip_load:
                 load_table(raw, api, max(1, args.repeat // 2))

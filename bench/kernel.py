@@ -147,8 +147,10 @@ def main() -> None:
         os.environ["JUPYTER_PATH"] = f"{tmp}/share/jupyter"
         env = {**os.environ, "JUPYTER_PATH": f"{tmp}/share/jupyter", "FLEET_HOME": f"{tmp}/home", **lm.env()}
         small, big = magic_bench(env, args.repeat)
-        magic_line = (f"%%fleet 1-iteration turn (python3 kernel): --in 1 char {small * 1000:8.1f}ms, "
-                      f"--in 10 MB {big * 1000:8.1f}ms (+{(big - small) * 1000:.1f}ms)")
+        magic_line = (
+            f"%%fleet 1-iteration turn (python3 kernel): --in 1 char {small * 1000:8.1f}ms, "
+            f"--in 10 MB {big * 1000:8.1f}ms (+{(big - small) * 1000:.1f}ms)"
+        )
         if args.magic_only:
             print(magic_line)
             return

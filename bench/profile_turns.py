@@ -61,8 +61,11 @@ def main() -> None:
             print(f"fleet serve pid {api.process.pid}", flush=True)
             try:
                 for i in range(0, args.turns, args.concurrent):
-                    api.run(lambda c, i=i: asyncio.gather(*(api.turn(c, args.iterations, f"profile {i + k}")
-                                                            for k in range(args.concurrent))))
+                    api.run(
+                        lambda c, i=i: asyncio.gather(
+                            *(api.turn(c, args.iterations, f"profile {i + k}") for k in range(args.concurrent))
+                        )
+                    )
             finally:
                 api.close()
         else:

@@ -20,8 +20,9 @@ MULTIPART_OVERHEAD = 64 * 1024
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, *, upload_limit: int, upload_paths: frozenset[str],
-                 raw_paths: re.Pattern[str] | None = None) -> None:
+    def __init__(
+        self, app: ASGIApp, *, upload_limit: int, upload_paths: frozenset[str], raw_paths: re.Pattern[str] | None = None
+    ) -> None:
         self.app = app
         self.upload_limit = upload_limit
         self.upload_paths = upload_paths
@@ -42,7 +43,9 @@ class BodyLimit:
         limit = self._limit(scope["path"])
         declared = Headers(scope=scope).get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
-            response = error_response(413, "payload_too_large", _message(limit, scope["path"] in self.upload_paths, self._raw(scope["path"])))
+            response = error_response(
+                413, "payload_too_large", _message(limit, scope["path"] in self.upload_paths, self._raw(scope["path"]))
+            )
             await response(scope, receive, send)
             return
         seen = 0
@@ -53,7 +56,9 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise HTTPException(413, _message(limit, scope["path"] in self.upload_paths, self._raw(scope["path"])))
+                    raise HTTPException(
+                        413, _message(limit, scope["path"] in self.upload_paths, self._raw(scope["path"]))
+                    )
             return message
 
         await self.app(scope, limited_receive, send)

@@ -36,8 +36,14 @@ OCTETS = "application/octet-stream"
 class SameOriginWrites:
     """Refuse state changes from other origins (403) and bodies of the wrong media type (415)."""
 
-    def __init__(self, app: ASGIApp, *, names: frozenset[str], upload_paths: frozenset[str],
-                 raw_paths: re.Pattern[str] | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        names: frozenset[str],
+        upload_paths: frozenset[str],
+        raw_paths: re.Pattern[str] | None = None,
+    ) -> None:
         self.app = app
         self.names = names
         self.upload_paths = upload_paths

@@ -27,7 +27,9 @@ class SessionCreate(_Request):
 
 class SessionUpdate(_Request):
     title: str | None = Field(None, max_length=200)
-    archived: bool | None = Field(None, description="archived sessions are left out of GET /api/sessions unless asked for")
+    archived: bool | None = Field(
+        None, description="archived sessions are left out of GET /api/sessions unless asked for"
+    )
     model: str | None = Field(None, max_length=200, description="this session's root LM; null for FLEET_LM_MODEL")
     sub_model: str | None = Field(None, max_length=200, description="its sub-LM; null for FLEET_SUB_LM_MODEL")
 
@@ -55,14 +57,16 @@ class TurnCreate(_Request):
         [], max_length=MAX_PRESELECTED, description="skills whose cards go into this turn's prompt (GET /api/skills)"
     )
     attachment_ids: list[str] = Field(
-        [], max_length=MAX_ATTACHMENTS,
+        [],
+        max_length=MAX_ATTACHMENTS,
         description="attachments of this session, put in /workspace/files/ and named to the model as the turn's files",
     )
     output_schema: dict[str, Any] | None = Field(
         None,
         description="a JSON Schema object of plain types; the model must submit a `result` that satisfies it",
-        json_schema_extra={"example": {"type": "object", "properties": {"total": {"type": "number"}},
-                                       "required": ["total"]}},
+        json_schema_extra={
+            "example": {"type": "object", "properties": {"total": {"type": "number"}}, "required": ["total"]}
+        },
     )
     limits: TurnLimitsRequest | None = None
     supersedes_turn_id: str | None = Field(

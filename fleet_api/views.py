@@ -23,4 +23,3 @@ def turn_view(row: TurnRow, lineage: Lineage | None = None) -> Turn:
             "in_history": lineage is not None and lineage.in_history(row.turn_id),
         }
     )
-

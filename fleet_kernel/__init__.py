@@ -8,8 +8,11 @@ import os as _os
 _os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
-def load_ipython_extension(ipython):  # noqa: ANN001, ANN201 - IPython's hook
-    """``%load_ext fleet_kernel``: the ``%%fleet`` and ``%fleet`` magics (imported only now: this package stays light)."""
+def load_ipython_extension(ipython):
+    """``%load_ext fleet_kernel``: the ``%%fleet`` and ``%fleet`` magics.
+
+    Imported only now, so importing this package stays light.
+    """
     from fleet_kernel.magic import load
 
     load(ipython)

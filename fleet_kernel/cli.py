@@ -79,7 +79,9 @@ def db_upgrade() -> None:
 
 
 @main.command()
-@click.argument("target", required=False, type=click.Choice(["all", "lm", "sandbox", "store", "daytona"]), default="all")
+@click.argument(
+    "target", required=False, type=click.Choice(["all", "lm", "sandbox", "store", "daytona"]), default="all"
+)
 def doctor(target: str) -> None:
     """Check the LM, the sandbox and the store; say what is wrong and how to fix it."""
     from fleet_kernel.doctor import run_checks  # the store and the checks: only this command needs them

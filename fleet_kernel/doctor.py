@@ -29,7 +29,12 @@ async def check_store(settings: Settings, echo: Echo) -> bool:
         return _line(echo, False, "store", exc.message)
     try:
         revision = await store.schema_revision()
-        return _line(echo, True, "store", f"{store.safe_url} at schema {revision} ({(time.perf_counter() - started) * 1000:.0f} ms)")
+        return _line(
+            echo,
+            True,
+            "store",
+            f"{store.safe_url} at schema {revision} ({(time.perf_counter() - started) * 1000:.0f} ms)",
+        )
     finally:
         await store.close()
 

@@ -50,7 +50,7 @@ def _fail(ename: str, evalue: str) -> FleetMagicError:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # type: ignore[override] - never exit the kernel
+    def error(self, message: str) -> Any:  # never exit the kernel
         raise _fail("UsageError", f"{message}\nusage: {USAGE}")
 
 
@@ -98,7 +98,7 @@ class FleetMagics(Magics):
         self.engine = Engine()
         self.engine.ctx.warm_up(self.engine.loop)  # dspy loads in the background while Python cells run
 
-    @line_magic("fleet")
+    @line_magic("fleet")  # type: ignore[arg-type]  # IPython types the decorator for its own classes
     def fleet_line(self, line: str) -> None:
         """Run a Fleet command, as in the fleet kernel: ``%fleet help``."""
         from fleet_kernel.kernel.display import show_reply
@@ -111,13 +111,14 @@ class FleetMagics(Magics):
             raise _as_error(exc) from None
         show_reply(pub, reply, text_mode=ctx.live_mode() == "text")
 
-    @cell_magic("fleet")
+    @cell_magic("fleet")  # type: ignore[arg-type]
     def fleet_cell(self, line: str, cell: str) -> None:
         """Run the cell as a turn of this notebook's Fleet session: ``%%fleet --in df --out result``."""
         try:
             opts = _parser().parse_args(shlex.split(line))
         except ValueError as exc:
             raise _fail("UsageError", f"{exc}\nusage: {USAGE}") from None
+        assert self.shell is not None  # a magic runs in a shell
         ns = self.shell.user_ns
         names = [n.strip() for n in opts.inputs.split(",") if n.strip()]
         missing = [n for n in names if n not in ns]
@@ -147,7 +148,9 @@ class FleetMagics(Magics):
                 try:
                     value = model_class.model_validate(result)
                 except Exception as exc:  # the JSON Schema held, a validator of the class did not
-                    raise _fail("ValidationError", f"the turn's result is not a valid {model_class.__name__}: {exc}") from None
+                    raise _fail(
+                        "ValidationError", f"the turn's result is not a valid {model_class.__name__}: {exc}"
+                    ) from None
             ns[opts.out] = value
 
 
@@ -219,7 +222,8 @@ def _schema(ns: dict[str, Any], name: str | None) -> tuple[Any, dict[str, Any] |
         return None, value
     pydantic = sys.modules.get("pydantic")
     if pydantic is not None and isinstance(value, type) and issubclass(value, pydantic.BaseModel):
-        return value, value.model_json_schema()
+        schema: dict[str, Any] = value.model_json_schema()  # type: ignore[attr-defined]
+        return value, schema
     raise _fail("UsageError", f"--schema {name} must be a JSON Schema dict or a pydantic model class")
 
 
@@ -283,7 +287,7 @@ class PrintPublisher:
         pass
 
 
-def _as_error(exc: BaseException) -> FleetMagicError:  # noqa: D103
+def _as_error(exc: BaseException) -> FleetMagicError:
     from fleet_kernel.errors import FleetError
 
     if isinstance(exc, FleetError):

@@ -94,8 +94,9 @@ def list_dir(fd: int) -> list[tuple[str, os.stat_result]]:
     return sorted(found, key=lambda item: item[0])
 
 
-def walk(root: Path, parts: Sequence[str] = (), *, max_depth: int = MAX_DEPTH,
-         should_stop: StopCheck | None = None) -> Iterator[Entry]:
+def walk(
+    root: Path, parts: Sequence[str] = (), *, max_depth: int = MAX_DEPTH, should_stop: StopCheck | None = None
+) -> Iterator[Entry]:
     """Breadth-first, sorted, never through a link: every entry under ``root/parts``, links included
     (reported, not followed). Folders that cannot be opened (swapped for a link, gone) are skipped."""
     queue: list[tuple[tuple[str, ...], int]] = [(tuple(parts), 1)]
@@ -108,15 +109,16 @@ def walk(root: Path, parts: Sequence[str] = (), *, max_depth: int = MAX_DEPTH,
                 children = list_dir(fd)
         except OSError:
             continue
-        prefix = "/".join(folder[len(parts):])
+        prefix = "/".join(folder[len(parts) :])
         for name, st in children:
             yield Entry(f"{prefix}/{name}" if prefix else name, name, depth, st)
             if stat.S_ISDIR(st.st_mode) and depth < max_depth:
                 queue.append(((*folder, name), depth + 1))
 
 
-def read_file(dir_fd: int, name: str, *, max_bytes: int | None = None,
-              should_stop: StopCheck | None = None) -> tuple[bytes, str]:
+def read_file(
+    dir_fd: int, name: str, *, max_bytes: int | None = None, should_stop: StopCheck | None = None
+) -> tuple[bytes, str]:
     """``(data, sha256)`` of the regular file ``name`` in the folder ``dir_fd``, read through one descriptor.
 
     Raises:
@@ -130,8 +132,9 @@ def read_file(dir_fd: int, name: str, *, max_bytes: int | None = None,
     return bytes(data), digest.hexdigest()
 
 
-def hash_file(dir_fd: int, name: str, *, max_bytes: int | None = None,
-              should_stop: StopCheck | None = None) -> tuple[int, str]:
+def hash_file(
+    dir_fd: int, name: str, *, max_bytes: int | None = None, should_stop: StopCheck | None = None
+) -> tuple[int, str]:
     """``(size, sha256)`` as ``read_file`` would see it, without holding the content."""
     size, digest = 0, hashlib.sha256()
     for chunk in _chunks(dir_fd, name, max_bytes, should_stop):
@@ -140,20 +143,23 @@ def hash_file(dir_fd: int, name: str, *, max_bytes: int | None = None,
     return size, digest.hexdigest()
 
 
-def read_path(root: Path, relative: str, *, max_bytes: int | None = None,
-              should_stop: StopCheck | None = None) -> tuple[bytes, str]:
+def read_path(
+    root: Path, relative: str, *, max_bytes: int | None = None, should_stop: StopCheck | None = None
+) -> tuple[bytes, str]:
     """``read_file`` for a ``/``-separated path under ``root``, no component followed through a link."""
     return _at_path(read_file, root, relative, max_bytes, should_stop)
 
 
-def hash_path(root: Path, relative: str, *, max_bytes: int | None = None,
-              should_stop: StopCheck | None = None) -> tuple[int, str]:
+def hash_path(
+    root: Path, relative: str, *, max_bytes: int | None = None, should_stop: StopCheck | None = None
+) -> tuple[int, str]:
     """``hash_file`` for a ``/``-separated path under ``root``, no component followed through a link."""
     return _at_path(hash_file, root, relative, max_bytes, should_stop)
 
 
-def _at_path(how: Callable[..., _T], root: Path, relative: str, max_bytes: int | None,
-             should_stop: StopCheck | None) -> _T:
+def _at_path(
+    how: Callable[..., _T], root: Path, relative: str, max_bytes: int | None, should_stop: StopCheck | None
+) -> _T:
     *folder, name = [p for p in relative.split("/") if p] or [""]
     if not name or any(p in (".", "..") for p in (*folder, name)):
         raise Refused(f"{relative!r} is not a file path inside the folder")

@@ -49,10 +49,7 @@ INLINE_IMAGE_MIMES = ("image/png", "image/jpeg")
 MAX_INLINE_IMAGE_BYTES = 5 * 1024 * 1024
 SLUG_CHARS = 48
 ERROR_NAMES = {"cancelled": "TurnCancelled", "failed": "TurnFailed", "interrupted": "TurnFailed"}
-WRAP_PROMPTS = (
-    "<style>.jp-Cell:has(.fleet-transcript) .jp-InputArea-editor pre"
-    f"{{{WRAP}}}</style>"
-)
+WRAP_PROMPTS = f"<style>.jp-Cell:has(.fleet-transcript) .jp-InputArea-editor pre{{{WRAP}}}</style>"
 """Static HTML (nbconvert) wraps a long prompt instead of cutting it off; only cells holding a transcript."""
 
 

@@ -108,8 +108,14 @@ class Workspace:
                 return f"{FILES_DIR}/{candidate}"
         raise ValueError(f"too many files named like {name!r}")
 
-    def scan(self, sub: str = ARTIFACTS_DIR, *, limit: int = 10_000, max_bytes: int | None = None,
-             should_stop: safe_files.StopCheck | None = None) -> dict[str, FileInfo]:
+    def scan(
+        self,
+        sub: str = ARTIFACTS_DIR,
+        *,
+        limit: int = 10_000,
+        max_bytes: int | None = None,
+        should_stop: safe_files.StopCheck | None = None,
+    ) -> dict[str, FileInfo]:
         """Regular files under ``sub``, hashed, keyed by workspace-relative path.
 
         Links, pipes and other non-files are ignored, as are names that are not UTF-8 and files over
@@ -131,8 +137,15 @@ class Workspace:
             found[rel] = FileInfo(rel, size, digest, guess_mime(rel))
         return found
 
-    def read_if_changed(self, rel: str, st: os.stat_result, known: str | None, *, max_bytes: int,
-                        should_stop: safe_files.StopCheck | None = None) -> tuple[bytes, str] | None:
+    def read_if_changed(
+        self,
+        rel: str,
+        st: os.stat_result,
+        known: str | None,
+        *,
+        max_bytes: int,
+        should_stop: safe_files.StopCheck | None = None,
+    ) -> tuple[bytes, str] | None:
         """``(data, sha256)`` of a file ``files`` listed, or None when it still hashes to ``known``.
 
         A file whose identity (inode, size, mtime, ctime) is the one it had when it was last read with
@@ -160,8 +173,9 @@ class Workspace:
         try:
             for visited, entry in enumerate(safe_files.walk(self.root, [sub])):
                 if visited >= MAX_VISITED:
-                    logger.warning("%s/%s holds more than %d entries; the rest is not looked at", self.root, sub,
-                                   MAX_VISITED)
+                    logger.warning(
+                        "%s/%s holds more than %d entries; the rest is not looked at", self.root, sub, MAX_VISITED
+                    )
                     break
                 if entry.kind != "file":
                     continue
@@ -183,8 +197,11 @@ class Workspace:
         name cannot add lines of its own to the prompt.
         """
         lines = ["/workspace (your durable session folder; read and write it with normal Python file calls):"]
-        entries = [item for sub in (FILES_DIR, ARTIFACTS_DIR)
-                   for item in self.files(sub, limit=max_entries + 1, text_only=False)]
+        entries = [
+            item
+            for sub in (FILES_DIR, ARTIFACTS_DIR)
+            for item in self.files(sub, limit=max_entries + 1, text_only=False)
+        ]
         for rel, st in entries[:max_entries]:
             lines.append(f"  {safe_files.printable(rel)}  ({st.st_size} bytes, {guess_mime(rel)})")
         if len(entries) > max_entries:
@@ -198,7 +215,9 @@ class Workspace:
         lines.append(
             f"  {MEMORY_FILE}  ({size} bytes): your durable memory; read it first, append what a later turn needs"
         )
-        lines.append(f"  Save plots, tables and other outputs under /workspace/{ARTIFACTS_DIR}/ to show them to the user.")
+        lines.append(
+            f"  Save plots, tables and other outputs under /workspace/{ARTIFACTS_DIR}/ to show them to the user."
+        )
         return "\n".join(lines)
 
 

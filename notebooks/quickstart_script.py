@@ -167,7 +167,7 @@ THIRD = [
         "The first quote really occurs in the text; time to answer with it.",
         "first_line, first = hits[0]\nassert first in text\n"
         'SUBMIT(answer=f"She spoke the *Essex* {len(hits)} times, in {len(months)} months: "\n'
-        '       f"{\', \'.join(months)}.\\n\\nFirst entry (line {first_line}):\\n\\n> {first}")',
+        "       f\"{', '.join(months)}.\\n\\nFirst entry (line {first_line}):\\n\\n> {first}\")",
     ),
 ]
 FOURTH = [

@@ -115,9 +115,7 @@ class ScriptedLM:
                     return steps.pop(0)
             return self.default
 
-    def answer(
-        self, body: dict[str, Any], wait: Callable[[float], None] = time.sleep
-    ) -> tuple[int, dict[str, Any]]:
+    def answer(self, body: dict[str, Any], wait: Callable[[float], None] = time.sleep) -> tuple[int, dict[str, Any]]:
         """The response to one request; ``wait`` sleeps for the delays (and may raise to abandon it)."""
         messages = body.get("messages") or []
         text = "\n".join(str(m.get("content", "")) for m in messages)
@@ -134,7 +132,9 @@ class ScriptedLM:
             if "delay" in found:
                 wait(float(found.pop("delay")))
             if "status" in found:
-                return int(found["status"]), {"error": {"message": found.get("error", "scripted error"), "type": "error"}}
+                return int(found["status"]), {
+                    "error": {"message": found.get("error", "scripted error"), "type": "error"}
+                }
             content = found.pop("raw") if "raw" in found else chat_adapter_text(found)
         else:
             prompt = str(messages[-1].get("content", "")) if messages else ""

@@ -68,13 +68,19 @@ def prompt_lines(lm: ScriptedLM) -> list[str]:
 
 
 async def test_links_and_pipes_in_artifacts_are_never_read(
-        seccomp: bool, make_runner: Any, store: Store, scripted_lm: ScriptedLM, tmp_path: Path) -> None:
+    seccomp: bool, make_runner: Any, store: Store, scripted_lm: ScriptedLM, tmp_path: Path
+) -> None:
     secret_dir = tmp_path / "host-only"
     secret_dir.mkdir(mode=0o700)
     secret = secret_dir / "secret.txt"
     secret.write_text("HOST-SECRET-CONTENT")
     secret.chmod(0o600)
-    scripted_lm.add("*", [step("Plant.", f"""
+    scripted_lm.add(
+        "*",
+        [
+            step(
+                "Plant.",
+                f"""
 import os
 for target, link in [({str(secret)!r}, 'artifacts/leak.txt'), ({str(secret_dir)!r}, 'artifacts/hostdir'),
                      ({str(secret)!r}, 'files/leak.txt'), ({str(secret)!r}, 'artifacts/zz-flip.txt')]:
@@ -86,7 +92,10 @@ os.mkfifo('/workspace/artifacts/pipe.txt')
 os.mkfifo('/workspace/files/pipe.csv')
 open('/workspace/artifacts/ok.txt', 'w').write('ok')
 SUBMIT(answer='planted')
-""")])
+""",
+            )
+        ],
+    )
     fleet = await make_runner(store)
     session = await store.create_session("hostile")
     events = await collect(fleet, session.session_id, "plant links and pipes", within_s=90)
@@ -110,16 +119,25 @@ BIG = os.environ.get("BIG_FILE_TESTS") == "1"
 
 
 async def test_sparse_giants_are_skipped_without_hashing_and_the_deadline_holds(
-        make_runner: Any, store: Store, scripted_lm: ScriptedLM) -> None:
+    make_runner: Any, store: Store, scripted_lm: ScriptedLM
+) -> None:
     files, mb = (100, 255) if BIG else (8, 40)
-    scripted_lm.add("*", [step("Make holes.", f"""
+    scripted_lm.add(
+        "*",
+        [
+            step(
+                "Make holes.",
+                f"""
 import os
 for n in range({files}):
     with open(f'/workspace/artifacts/big-{{n:03}}.bin', 'wb') as handle:
         handle.truncate({mb} * 1024 * 1024)
 open('/workspace/artifacts/small.txt', 'w').write('small')
 SUBMIT(answer='holes made')
-""")])
+""",
+            )
+        ],
+    )
     fleet = await make_runner(store, f"[limits]\nturn_timeout_s = 15\n[storage]\nmax_artifact_mb = {mb // 2}\n")
     session = await store.create_session("sparse")
     # Hashing 25 GB of holes took a minute a scan, past the deadline, and again before the next turn.
@@ -136,19 +154,29 @@ SUBMIT(answer='holes made')
 
 @pytest.mark.skipif(not BIG, reason="writes ~15 GB through the local sandbox's copy-out; set BIG_FILE_TESTS=1")
 async def test_artifact_collection_stops_at_the_deadline(
-        make_runner: Any, store: Store, scripted_lm: ScriptedLM) -> None:
+    make_runner: Any, store: Store, scripted_lm: ScriptedLM
+) -> None:
     """Many files within the size limit (hard links to one sparse 100 MB file) take far longer to read
     than the turn has left: collection stops at the deadline and the next turn starts promptly."""
-    scripted_lm.add("*", [step("Link.", """
+    scripted_lm.add(
+        "*",
+        [
+            step(
+                "Link.",
+                """
 import os
 with open('/workspace/artifacts/base.bin', 'wb') as handle:
     handle.truncate(100 * 1024 * 1024)
 for n in range(150):
     os.link('/workspace/artifacts/base.bin', f'/workspace/artifacts/link-{n:03}.bin')
 SUBMIT(answer='linked')
-""")])
-    fleet = await make_runner(store, "[limits]\nturn_timeout_s = 15\n[storage]\nmax_artifact_mb = 200\n"
-                                     "max_artifacts_per_turn = 1000\n")
+""",
+            )
+        ],
+    )
+    fleet = await make_runner(
+        store, "[limits]\nturn_timeout_s = 15\n[storage]\nmax_artifact_mb = 200\nmax_artifacts_per_turn = 1000\n"
+    )
     session = await store.create_session("deadline")
     events = await collect(fleet, session.session_id, "link many", within_s=32)
     assert events[-1].type == "turn.completed", events[-1].data
@@ -161,7 +189,12 @@ SUBMIT(answer='linked')
 
 
 async def test_names_that_are_not_utf8_break_nothing(make_runner: Any, store: Store, scripted_lm: ScriptedLM) -> None:
-    scripted_lm.add("*", [step("Name badly.", r"""
+    scripted_lm.add(
+        "*",
+        [
+            step(
+                "Name badly.",
+                r"""
 import os
 open(b'/workspace/artifacts/bad-\xff\xfe.txt', 'wb').write(b'x')
 open(b'/workspace/files/bad-\xff\xfe.txt', 'wb').write(b'x')
@@ -169,7 +202,10 @@ os.makedirs(b'/workspace/artifacts/dir-\xff', exist_ok=True)
 open(b'/workspace/artifacts/dir-\xff/inner.txt', 'wb').write(b'x')
 open('/workspace/artifacts/fine.txt', 'w').write('fine')
 SUBMIT(answer='named')
-""")])
+""",
+            )
+        ],
+    )
     fleet = await make_runner(store)
     session = await store.create_session("names")
     events = await collect(fleet, session.session_id, "make bad names", within_s=90)
@@ -186,14 +222,23 @@ SUBMIT(answer='named')
 
 
 async def test_a_name_with_line_breaks_cannot_forge_listing_lines(
-        make_runner: Any, store: Store, scripted_lm: ScriptedLM) -> None:
-    scripted_lm.add("*", [step("Forge.", r"""
+    make_runner: Any, store: Store, scripted_lm: ScriptedLM
+) -> None:
+    scripted_lm.add(
+        "*",
+        [
+            step(
+                "Forge.",
+                r"""
 import os
 # Folders, then a file, so that the path reads as a line of its own: "  files/forged.txt  (99 bytes, text/plain)"
 os.makedirs('/workspace/files/evil\n  files/forged.txt  (99 bytes, text', exist_ok=True)
 open('/workspace/files/evil\n  files/forged.txt  (99 bytes, text/plain)', 'w').write('x')
 SUBMIT(answer='forged')
-""")])
+""",
+            )
+        ],
+    )
     fleet = await make_runner(store)
     session = await store.create_session("forge")
     events = await collect(fleet, session.session_id, "forge a line", within_s=90)
@@ -208,7 +253,8 @@ SUBMIT(answer='forged')
 
 
 async def test_pyodide_turns_work_beside_what_local_code_left(
-        fleet_env: dict[str, str], store: Store, scripted_lm: ScriptedLM, tmp_path: Path) -> None:
+    fleet_env: dict[str, str], store: Store, scripted_lm: ScriptedLM, tmp_path: Path
+) -> None:
     """A session's folder holds what code of the local backend could leave: a pipe, names that are not
     UTF-8 (a file, and a link under such a name), a link to a host file. A Pyodide turn reads none of it
     and works, and so does the next one."""
@@ -228,7 +274,12 @@ async def test_pyodide_turns_work_beside_what_local_code_left(
     fleet = await TurnRunner(store, load_settings({**fleet_env, "FLEET_SANDBOX": "pyodide"})).open()
     try:
         for n in range(2):
-            scripted_lm.add("*", [step("Look.", f"""
+            scripted_lm.add(
+                "*",
+                [
+                    step(
+                        "Look.",
+                        f"""
 import os
 found = sorted(os.listdir('/workspace/files'))
 leaked = []
@@ -240,11 +291,13 @@ for name in found:
 print('LEAK' if any('HOST-SECRET' in text for text in leaked) else 'clean', 'data.csv' in found)
 open('/workspace/artifacts/seen-{n}.txt', 'w').write('seen')
 SUBMIT(answer='looked {n}')
-""")])
+""",
+                    )
+                ],
+            )
             events = await collect(fleet, session.session_id, f"look {n}", within_s=120)
             assert events[-1].type == "turn.completed" and events[-1].data["answer"] == f"looked {n}", events[-1].data
             assert "clean True" in "".join(e.data["text"] for e in events if e.type == "output")
             assert f"artifacts/seen-{n}.txt" in [e.data["path"] for e in events if e.type == "artifact"]
     finally:
         await fleet.close()
-

@@ -131,8 +131,9 @@ async def new_session(store: Store, settings: Settings) -> str:
     session = await store.create_session("isolation")
     data = b"attached notes\n"
     path = Workspace.for_session(settings.workspaces_dir, session.session_id).add_file("notes.txt", data)
-    await store.add_attachment(session_id=session.session_id, filename="notes.txt", path=path, mime="text/plain",
-                               data=data)
+    await store.add_attachment(
+        session_id=session.session_id, filename="notes.txt", path=path, mime="text/plain", data=data
+    )
     return session.session_id
 
 
@@ -143,9 +144,13 @@ async def store_rows(store: Store) -> dict[str, str]:
         found = {}
         for table in tables:
             rows = (await conn.execute(text(f'SELECT * FROM "{table}"'))).all()
-            found[table] = "\n".join(" | ".join(
-                bytes(value).decode("latin-1") if isinstance(value, (bytes, memoryview)) else str(value)
-                for value in row) for row in rows)
+            found[table] = "\n".join(
+                " | ".join(
+                    bytes(value).decode("latin-1") if isinstance(value, (bytes, memoryview)) else str(value)
+                    for value in row
+                )
+                for row in rows
+            )
     return found
 
 
@@ -155,9 +160,17 @@ async def assert_key_is_nowhere(store: Store, session_id: str, settings: Setting
     for table in ("sessions", "turns", "events", "attachments", "artifacts", "blobs"):
         assert rows.get(table), f"table {table} is missing or empty"
     notebook = nbformat.writes(await session_notebook(store, session_id))
-    workspace = "\n".join(path.read_bytes().decode("latin-1") for path in
-                          Workspace(settings.workspaces_dir / session_id).root.rglob("*") if path.is_file())
-    places = {"events": events, "notebook": notebook, "workspace": workspace, **{f"table {t}": v for t, v in rows.items()}}
+    workspace = "\n".join(
+        path.read_bytes().decode("latin-1")
+        for path in Workspace(settings.workspaces_dir / session_id).root.rglob("*")
+        if path.is_file()
+    )
+    places = {
+        "events": events,
+        "notebook": notebook,
+        "workspace": workspace,
+        **{f"table {t}": v for t, v in rows.items()},
+    }
     for place in ("events", "notebook", "workspace", "table events", "table blobs"):
         assert CANARY in places[place], place  # what the code found did arrive there, so that place was searched
     for place, content in places.items():
@@ -176,7 +189,8 @@ def types(events: list[Event]) -> list[str]:
 
 @pytest.mark.parametrize("crash", sorted(CRASHES))
 async def test_a_crash_is_an_error_the_model_reads_and_the_session_goes_on(
-        backend: str, crash: str, runner: Any, store: Store, settings: Settings, scripted_lm: ScriptedLM) -> None:
+    backend: str, crash: str, runner: Any, store: Store, settings: Settings, scripted_lm: ScriptedLM
+) -> None:
     scripted_lm.add("*", [
         step("Look around.", SNOOP),
         step("Crash.", f"x = 1\n{CRASHES[crash]}"),
@@ -196,8 +210,9 @@ async def test_a_crash_is_an_error_the_model_reads_and_the_session_goes_on(
     assert "It was restarted" in seen_by_model and "variables, imports and functions" in seen_by_model
     assert [e.data["path"] for e in events if e.type == "artifact"] == ["artifacts/snoop.txt"]
 
-    scripted_lm.add("*", [step("Again.", "print(len(open('/workspace/artifacts/snoop.txt').read()) > 0)\n"
-                                         "SUBMIT(answer='second')")])
+    scripted_lm.add(
+        "*", [step("Again.", "print(len(open('/workspace/artifacts/snoop.txt').read()) > 0)\nSUBMIT(answer='second')")]
+    )
     events = await collect(fleet, session_id, "the next turn")
     assert events[-1].type == "turn.completed" and events[-1].data["answer"] == "second", events[-1].data
     assert "True" in "".join(e.data["text"] for e in events if e.type == "output")
@@ -205,7 +220,8 @@ async def test_a_crash_is_an_error_the_model_reads_and_the_session_goes_on(
 
 
 async def test_a_broken_protocol_ends_the_turn_readably_and_the_next_turn_works(
-        backend: str, runner: Any, store: Store, settings: Settings, scripted_lm: ScriptedLM) -> None:
+    backend: str, runner: Any, store: Store, settings: Settings, scripted_lm: ScriptedLM
+) -> None:
     scripted_lm.add("*", [step("Look around.", SNOOP), step("Break it.", BREAK_PROTOCOL)])
     fleet = await runner(store)
     session_id = await new_session(store, settings)

@@ -22,7 +22,7 @@ async def test_memories_are_searched_by_words_within_their_session(store: Store)
     assert found[0].to_dict()["kind"] == "fact"
     assert [m.content for m in await store.search_memories(ses.session_id, "tabl")] == ["Prefers tables over charts"]
     assert await store.search_memories(ses.session_id, "dog") == []
-    assert await store.search_memories(ses.session_id, "\"*) OR (") == []  # query syntax is never passed through
+    assert await store.search_memories(ses.session_id, '"*) OR (') == []  # query syntax is never passed through
 
 
 async def test_memories_are_replaced_forgotten_and_capped(store: Store) -> None:
@@ -81,7 +81,9 @@ async def test_sessions_page_newest_first_with_search_and_archive(store: Store) 
     expected = [s.session_id for s in reversed(made) if s.session_id != made[5].session_id]
     assert seen == expected
 
-    assert [s.session_id for s in (await store.page_sessions(q="quarterly")).sessions if s.session_id in ours] == [made[3].session_id]
+    assert [s.session_id for s in (await store.page_sessions(q="quarterly")).sessions if s.session_id in ours] == [
+        made[3].session_id
+    ]
     assert [s.session_id for s in (await store.page_sessions(q=f"{tag} SESSION 007")).sessions] == [made[7].session_id]
     assert [s.session_id for s in (await store.page_sessions(archived="true", q=tag)).sessions] == [made[5].session_id]
     assert len((await store.page_sessions(archived="all", q=tag)).sessions) == 25

@@ -77,7 +77,9 @@ def console_scripts(names: set[str]) -> set[str]:
 
 def own_script(name: str) -> Any:
     """The object pyproject.toml's console script ``name`` runs (``module:attribute``)."""
-    module, _, attribute = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"][name].partition(":")
+    module, _, attribute = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"][name].partition(
+        ":"
+    )
     return getattr(importlib.import_module(module), attribute)
 
 

@@ -24,9 +24,7 @@ SECRET = "sk-scripted-test-key"
 
 
 @pytest.fixture
-async def make_runner(
-    fleet_env: dict[str, str], tmp_path: Path, store: Store
-) -> AsyncIterator[Callable[..., Any]]:
+async def make_runner(fleet_env: dict[str, str], tmp_path: Path, store: Store) -> AsyncIterator[Callable[..., Any]]:
     """Build a runner with ``fleet.toml`` limits and environment overrides."""
     runners: list[TurnRunner] = []
 

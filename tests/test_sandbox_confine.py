@@ -29,8 +29,7 @@ OTHER_UID = 54321  # an account with no business in anyone's FLEET_HOME
 
 def make_settings(home: Path, **sandbox: Any) -> Settings:
     policy = Policy(limits=Limits(exec_timeout_s=30), sandbox=SandboxLimits(**sandbox))
-    return Settings(home=home, database_url=f"sqlite+aiosqlite:///{home / 'fleet.db'}", sandbox="local",
-                    policy=policy)
+    return Settings(home=home, database_url=f"sqlite+aiosqlite:///{home / 'fleet.db'}", sandbox="local", policy=policy)
 
 
 @pytest.fixture
@@ -185,8 +184,12 @@ def test_mountinfo_names_no_host_folder_of_the_session(home: Path) -> None:
 
 
 def test_mountinfo_names_no_host_python(home: Path) -> None:
-    mountinfo = str(run_turn(make_settings(home), "import sys\nprint(sys.prefix, sys.executable)\n"
-                                                  "print(open('/proc/self/mountinfo').read())"))
+    mountinfo = str(
+        run_turn(
+            make_settings(home),
+            "import sys\nprint(sys.prefix, sys.executable)\nprint(open('/proc/self/mountinfo').read())",
+        )
+    )
     interpreter = os.path.realpath(sys.executable)
     for secret in (sys.prefix, sys.base_prefix, interpreter, os.path.dirname(os.path.dirname(interpreter))):
         if not secret.startswith("/usr/"):  # /usr is bound as /usr
@@ -239,16 +242,20 @@ def test_default_quota_lets_ordinary_work_through(home: Path) -> None:
 
 def test_what_code_leaves_in_its_copy_cannot_trip_the_copy_back(home: Path) -> None:
     settings = make_settings(home)
-    code = ("import os\nos.mkfifo('artifacts/pipe')\nos.link('memory/MEMORIES.md', 'artifacts/hard')\n"
-            "os.chdir('artifacts')\nfor _ in range(100):\n    os.mkdir('d'); os.chdir('d')\n"
-            "open('deep.txt', 'w').write('x')\nprint('left')")
+    code = (
+        "import os\nos.mkfifo('artifacts/pipe')\nos.link('memory/MEMORIES.md', 'artifacts/hard')\n"
+        "os.chdir('artifacts')\nfor _ in range(100):\n    os.mkdir('d'); os.chdir('d')\n"
+        "open('deep.txt', 'w').write('x')\nprint('left')"
+    )
     assert run_turn(settings, code) == "left"
     root = settings.workspaces_dir / SESSION
     assert not (root / "artifacts/pipe").exists()
     hard = root / "artifacts/hard"
     assert hard.is_file() and hard.stat().st_nlink == 1 and hard.read_text() == (root / MEMORY_FILE).read_text()
-    assert run_turn(settings, "print(sorted(os.listdir('artifacts')) if (os := __import__('os')) else 0)") \
+    assert (
+        run_turn(settings, "print(sorted(os.listdir('artifacts')) if (os := __import__('os')) else 0)")
         == "['d', 'hard']"
+    )
     assert writable_by_others(home) == []
 
 

@@ -22,11 +22,15 @@ from fleet_kernel.store import Store
 NEW_BACKEND = "plain-python"
 SHARED = [  # what every backend's instructions say, word for word ({root} is where the workspace is mounted)
     "State persists between steps: variables, imports and functions defined earlier are still there.",
-    ("The working directory is {root}: the user's uploaded files are in {root}/files, save files for the user in "
-     "{root}/artifacts, and {root}/memory/MEMORIES.md holds notes kept across the turns of this session (read it "
-     "at the start, append what is worth remembering)."),
-    ("Use print() to see results: you only see what is printed (long output is truncated) and the value of a final "
-     "bare expression."),
+    (
+        "The working directory is {root}: the user's uploaded files are in {root}/files, save files for the user in "
+        "{root}/artifacts, and {root}/memory/MEMORIES.md holds notes kept across the turns of this session (read it "
+        "at the start, append what is worth remembering)."
+    ),
+    (
+        "Use print() to see results: you only see what is printed (long output is truncated) and the value of a final "
+        "bare expression."
+    ),
     "Each step may run at most 7 s",
     "a step that times out is interrupted but keeps its variables.",
     "When done, call SUBMIT(...) with the output fields, positionally or by name.",
@@ -38,10 +42,12 @@ def new_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """A backend from a module of its own, registered the way the built-ins are (by ``module:attribute``)."""
     module = tmp_path / "extra_backends" / "fleet_plain_python.py"
     module.parent.mkdir()
-    module.write_text(textwrap.dedent('''
+    module.write_text(
+        textwrap.dedent('''
         """A second name for the real unsafe-local backend, as a plug-in module would define one."""
         from fleet_kernel.sandbox.local import UNSAFE_LOCAL as BACKEND
-    '''))
+    ''')
+    )
     monkeypatch.syspath_prepend(str(module.parent))
     monkeypatch.setattr(contract, "_registry", dict(contract._registry))  # the registration ends with the test
     contract.register(NEW_BACKEND, "fleet_plain_python:BACKEND")

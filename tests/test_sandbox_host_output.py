@@ -26,8 +26,10 @@ from fleet_kernel.transcript import render_text, session_notebook, transcript_bu
 MiB = 1024 * 1024
 
 # The worker's own end of the protocol channel (a pipe fd it inherited), as in test_sandbox_hostile.
-CHANNEL_FD = ("import gc, io\n"
-              "fd = min(f.fileno() for f in gc.get_objects() if isinstance(f, io.BufferedWriter) and f.fileno() > 2)\n")
+CHANNEL_FD = (
+    "import gc, io\n"
+    "fd = min(f.fileno() for f in gc.get_objects() if isinstance(f, io.BufferedWriter) and f.fileno() > 2)\n"
+)
 
 
 def unavailable(backend: str) -> str | None:
@@ -84,13 +86,14 @@ def test_forged_lines_between_executions_do_not_grow_the_host(tmp_path: Path) ->
     try:
         interp = factory()
         flood = CHANNEL_FD + (
-            "line = b'{\"type\": \"out\", \"stream\": \"stdout\", \"text\": \"' + b'f' * 4000 + b'\"}\\n'\n"
+            'line = b\'{"type": "out", "stream": "stdout", "text": "\' + b\'f\' * 4000 + b\'"}\\n\'\n'
             "if os.fork() == 0:\n"
             "    end = time.monotonic() + 6\n"
             "    while time.monotonic() < end:\n"
             "        os.write(fd, line)\n"
             "    os._exit(0)\n"
-            "'flooding'")
+            "'flooding'"
+        )
         assert interp.execute(f"import os, time\n{flood}") == "'flooding'"
         host = psutil.Process()
         before = peak = host.memory_info().rss
@@ -182,10 +185,16 @@ async def test_terminal_escapes_never_reach_events_or_exports(runner: Any, store
     assert inert(json.loads(nbformat.writes(notebook))), notebook
 
 
-async def test_last_words_are_an_output_event_before_the_crash_is_reported(runner: Any, store: Any,
-                                                                           scripted_lm: Any) -> None:
-    scripted_lm.add("crash", [step("die", "print('last words', flush=True)\nimport ctypes\nctypes.string_at(0)"),
-                              step("done", "SUBMIT(answer='ok')")])
+async def test_last_words_are_an_output_event_before_the_crash_is_reported(
+    runner: Any, store: Any, scripted_lm: Any
+) -> None:
+    scripted_lm.add(
+        "crash",
+        [
+            step("die", "print('last words', flush=True)\nimport ctypes\nctypes.string_at(0)"),
+            step("done", "SUBMIT(answer='ok')"),
+        ],
+    )
     session = await store.create_session()
     handle = await runner.start(session.session_id, "crash the sandbox")
     events = [event async for event in handle.events()]
@@ -207,9 +216,10 @@ def test_forged_tool_calls_do_not_start_a_host_thread_each(tmp_path: Path) -> No
         forge = CHANNEL_FD + (
             "import os\n"
             "for i in range(10_000, 12_000):\n"
-            "    call = '{\"type\": \"tool_call\", \"id\": %d, \"name\": \"slow\", \"args\": [], \"kwargs\": {}}\\n'\n"
+            '    call = \'{"type": "tool_call", "id": %d, "name": "slow", "args": [], "kwargs": {}}\\n\'\n'
             "    os.write(fd, (call % i).encode())\n"
-            "slow()\n'done'")
+            "slow()\n'done'"
+        )
         before, peak = threading.active_count(), 0
         outcome: list[str] = []
 

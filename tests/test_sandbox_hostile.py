@@ -125,11 +125,17 @@ def box(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         (other / "files" / "secret.txt").write_text(f"{MARKER} of session b")
         # Links a turn on another backend could have left in this session's workspace, made before the worker starts.
         (workspace / "files" / "odd").mkdir()
-        for link, target in {"files/db-link": database, "files/other-session": other,
-                             "files/odd/a,b": database, "artifacts/evil-link": database}.items():
+        for link, target in {
+            "files/db-link": database,
+            "files/other-session": other,
+            "files/odd/a,b": database,
+            "artifacts/evil-link": database,
+        }.items():
             os.symlink(target, workspace / link)
-        policy = Policy(limits=Limits(exec_timeout_s=EXEC_TIMEOUT_S),
-                        sandbox=SandboxLimits(memory_mb=512, max_processes=32, max_output_bytes=MAX_OUTPUT))
+        policy = Policy(
+            limits=Limits(exec_timeout_s=EXEC_TIMEOUT_S),
+            sandbox=SandboxLimits(memory_mb=512, max_processes=32, max_output_bytes=MAX_OUTPUT),
+        )
         settings = Settings(home=home, database_url="sqlite://", sandbox=backend, policy=policy)
         made = Box(backend, home, workspace, other, database, open_sandbox(settings, workspace))
         try:
@@ -191,11 +197,17 @@ def restarted(out: str) -> bool:
 
 def test_host_files_are_invisible(box: Box, interp: SandboxInterpreter) -> None:
     targets = {  # what the code asks for (a /workspace path, or a host path) -> where Deno would find it
-        str(Path.home()): None, "/etc/shadow": None, "/etc/hostname": None, str(box.database): None, str(box.other): None,
-        str(box.other / "files" / "secret.txt"): None, "/root/.bash_history": None,
+        str(Path.home()): None,
+        "/etc/shadow": None,
+        "/etc/hostname": None,
+        str(box.database): None,
+        str(box.other): None,
+        str(box.other / "files" / "secret.txt"): None,
+        "/root/.bash_history": None,
         "/workspace/files/db-link": box.host_path("/workspace/files/db-link"),
-        "/workspace/files/other-session/files/secret.txt":
-            box.host_path("/workspace/files/other-session/files/secret.txt"),
+        "/workspace/files/other-session/files/secret.txt": box.host_path(
+            "/workspace/files/other-session/files/secret.txt"
+        ),
         "/workspace/files/odd/a,b": box.host_path("/workspace/files/odd/a,b"),
     }
     program = f"""
@@ -217,7 +229,10 @@ json.dumps(found)"""
         else:
             assert result["python"].startswith("FileNotFoundError"), (path, result)
         if box.backend == "pyodide":  # Python sees Pyodide's in-memory file system; Deno is the boundary
-            assert result["deno"].startswith("NotCapable") and result["deno dir"].startswith("NotCapable"), (path, result)
+            assert result["deno"].startswith("NotCapable") and result["deno dir"].startswith("NotCapable"), (
+                path,
+                result,
+            )
 
     sweep = f"""
 hits = []
@@ -234,15 +249,33 @@ for top in ('/etc', '/run', '/tmp', '/workspace', '/dev', '/home', '/root', '/mn
 hits"""
     assert run(interp, sweep) == "[]"
     if box.backend == "local":
-        allowed = {"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "proc", "dev", "tmp", "run",
-                   "workspace"}
+        allowed = {
+            "bin",
+            "sbin",
+            "lib",
+            "lib32",
+            "lib64",
+            "libx32",
+            "usr",
+            "etc",
+            "proc",
+            "dev",
+            "tmp",
+            "run",
+            "workspace",
+        }
         top = set(eval(run(interp, "os.listdir('/')")))
         assert top <= allowed | {Path(p).parts[1] for p in python}, top
-        stray = run(interp, f"[os.path.join(d, f) for top in {sorted(top - allowed)!r} for d, _, fs in os.walk('/' + top) "
-                            f"for f in fs if not d.startswith({python!r})]")
+        stray = run(
+            interp,
+            f"[os.path.join(d, f) for top in {sorted(top - allowed)!r} for d, _, fs in os.walk('/' + top) "
+            f"for f in fs if not d.startswith({python!r})]",
+        )
         assert stray == "[]", stray
-        grep = "subprocess.run(['grep', '-rlsD', 'skip', 'TOP' + 'SECRET', '/etc', '/run', '/tmp', '/workspace', '/dev'], " \
-               "capture_output=True, text=True).stdout"
+        grep = (
+            "subprocess.run(['grep', '-rlsD', 'skip', 'TOP' + 'SECRET', '/etc', '/run', '/tmp', '/workspace', '/dev'], "
+            "capture_output=True, text=True).stdout"
+        )
         assert run(interp, grep) == "''"
     still_works(interp)
 
@@ -288,8 +321,19 @@ json.dumps(blobs)"""
     blobs = json.loads(eval(out))
     names = set(eval(run(interp, "sorted(os.environ)")))
     if box.backend == "local":
-        assert names <= {"PATH", "HOME", "LANG", "PWD", "MALLOC_ARENA_MAX", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
-                         "MKL_NUM_THREADS", "XDG_CACHE_HOME", "MPLCONFIGDIR", "LD_LIBRARY_PATH"}, names
+        assert names <= {
+            "PATH",
+            "HOME",
+            "LANG",
+            "PWD",
+            "MALLOC_ARENA_MAX",
+            "OPENBLAS_NUM_THREADS",
+            "OMP_NUM_THREADS",
+            "MKL_NUM_THREADS",
+            "XDG_CACHE_HOME",
+            "MPLCONFIGDIR",
+            "LD_LIBRARY_PATH",
+        }, names
         assert {"1/environ", "self/environ"} <= set(blobs)  # it did read /proc: there was nothing to find
     else:  # Emscripten's made-up environment; Deno's real one is behind --allow-env
         assert names <= {"HOME", "LANG", "LD_LIBRARY_PATH", "LOGNAME", "PATH", "PWD", "PYTHONINSPECT", "USER", "_"}
@@ -357,8 +401,13 @@ def test_no_network_at_all(box: Box, interp: SandboxInterpreter) -> None:
         server.verify_request = lambda request, address: accepted.append(address) or True  # type: ignore[method-assign]
         threading.Thread(target=server.serve_forever, daemon=True).start()
     lm_port, api_port = lm.server_address[1], api.server_address[1]
-    targets = [("127.0.0.1", lm_port), ("127.0.0.1", api_port), ("localhost", api_port), ("1.1.1.1", 53),
-               ("1.1.1.1", 443)]
+    targets = [
+        ("127.0.0.1", lm_port),
+        ("127.0.0.1", api_port),
+        ("localhost", api_port),
+        ("1.1.1.1", 53),
+        ("1.1.1.1", 443),
+    ]
     if (address := _host_address()) is not None:
         targets.append((address, api_port))
     try:
@@ -381,7 +430,9 @@ json.dumps(found)"""
         for name, result in found.items():
             if box.backend == "local":
                 assert result.startswith(("OSError", "URLError")) and "Address family not supported" in result, (
-                    name, result)
+                    name,
+                    result,
+                )
             elif name in ("Deno.listen", "WebSocket"):
                 assert result.startswith("NotCapable"), (name, result)
             elif name in ("Deno.connect", "fetch"):  # the listeners below prove nothing came of it
@@ -404,10 +455,18 @@ json.dumps(found)"""
 
 def test_writes_outside_the_workspace_change_nothing_on_the_host(box: Box, interp: SandboxInterpreter) -> None:
     tag = uuid.uuid4().hex[:8]
-    outside = {path: (path.read_bytes() if path.exists() else None) for path in (
-        box.home / f"escape-{tag}.txt", box.database, box.other / "files" / "secret.txt",
-        box.other / "files" / f"new-{tag}.txt", box.workspace.parent / f"escape-{tag}.txt",
-        Path("/tmp") / f"fleet-escape-{tag}.txt", Path.home() / f"fleet-escape-{tag}.txt")}
+    outside = {
+        path: (path.read_bytes() if path.exists() else None)
+        for path in (
+            box.home / f"escape-{tag}.txt",
+            box.database,
+            box.other / "files" / "secret.txt",
+            box.other / "files" / f"new-{tag}.txt",
+            box.workspace.parent / f"escape-{tag}.txt",
+            Path("/tmp") / f"fleet-escape-{tag}.txt",
+            Path.home() / f"fleet-escape-{tag}.txt",
+        )
+    }
     paths = [str(path) for path in outside]
     program = f"""
 import base64
@@ -426,8 +485,11 @@ for relative in ('artifacts/../../escape-{tag}.txt', 'memory/../../session-b/fil
 json.dumps(found)"""
     found = json.loads(eval(run(interp, program)))
     time.sleep(0.1)
-    leaked = {str(path): before for path, before in outside.items()
-              if (path.read_bytes() if path.exists() else None) != before}
+    leaked = {
+        str(path): before
+        for path, before in outside.items()
+        if (path.read_bytes() if path.exists() else None) != before
+    }
     for path in outside:
         if path.parent in (Path("/tmp"), Path.home()) and path.exists():
             path.unlink()  # clean up before failing
@@ -496,8 +558,10 @@ def test_memory_bomb_is_a_memory_error_or_an_oom_restart(box: Box, interp: Sandb
 
 
 def test_memory_bomb_in_a_child_process_is_killed(box: Box, interp: SandboxInterpreter) -> None:
-    code = ("r = subprocess.run([sys.executable, '-c', 'import os\\nx = [os.urandom(1) * 2**26 for _ in range(64)]'])\n"
-            "r.returncode")
+    code = (
+        "r = subprocess.run([sys.executable, '-c', 'import os\\nx = [os.urandom(1) * 2**26 for _ in range(64)]'])\n"
+        "r.returncode"
+    )
     out = run(interp, code)
     if box.backend == "local":
         assert out.splitlines()[-1] in ("1", "-9")  # MemoryError (rlimit) or killed (cgroup)
@@ -541,8 +605,9 @@ def test_output_flood_is_capped_and_fast(box: Box, interp: SandboxInterpreter, s
 def test_flooding_the_protocol_channel_is_capped_by_the_host(box: Box, interp: SandboxInterpreter, seen: Seen) -> None:
     """Code can write to its own end of the channel, past the runtime's cap: the host caps what it passes on."""
     started = time.monotonic()
-    out = run(interp, "_channel()('{\"type\": \"out\", \"stream\": \"stdout\", \"text\": \"' + 'z' * 100_000_000 + '\"}')\n"
-                      "'sent'")
+    out = run(
+        interp, '_channel()(\'{"type": "out", "stream": "stdout", "text": "\' + \'z\' * 100_000_000 + \'"}\')\n\'sent\''
+    )
     assert seen.chars < FORWARDED_MAX, seen.chars
     if box.backend == "local" or out == "'sent'":
         assert out == "'sent'"
@@ -553,7 +618,9 @@ def test_flooding_the_protocol_channel_is_capped_by_the_host(box: Box, interp: S
     assert time.monotonic() - started < 20
 
 
-def test_a_line_without_end_on_the_protocol_channel_is_terminal_and_bounded(box: Box, interp: SandboxInterpreter) -> None:
+def test_a_line_without_end_on_the_protocol_channel_is_terminal_and_bounded(
+    box: Box, interp: SandboxInterpreter
+) -> None:
     """Before the host bounded its reads, this grew the host process by ~1 GB a second."""
     started, peak = time.monotonic(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
     with pytest.raises(SandboxCrashed, match="broke protocol") as failure:
@@ -664,7 +731,8 @@ json.dumps(found)"""
     assert (victims / "ssh").stat().st_mode & 0o777 == 0o700
     assert not upload_target.exists() and (box.workspace / saved).read_bytes() == b"uploaded"
     assert not any(MARKER in (box.workspace / path).read_text(errors="replace") for path in artifacts), artifacts
-    assert not any(os.path.islink(box.workspace / name) for name in ("files", "artifacts", "memory",
-                                                                      "memory/MEMORIES.md", saved))
+    assert not any(
+        os.path.islink(box.workspace / name) for name in ("files", "artifacts", "memory", "memory/MEMORIES.md", saved)
+    )
     interp.execute(PRELUDE)
     still_works(interp)

@@ -76,7 +76,8 @@ def test_submit_maps_positional_and_keyword_values(factory: SandboxFactory) -> N
     interp.output_fields = [{"name": "answer", "type": "str"}, {"name": "score", "type": "int"}]
     assert interp.execute("SUBMIT('yes', 3)") == FinalOutput({"answer": "yes", "score": 3})
     assert interp.execute("try:\n    SUBMIT(score=4, answer='no')\nexcept Exception:\n    pass") == FinalOutput(
-        {"answer": "no", "score": 4})
+        {"answer": "no", "score": 4}
+    )
     with pytest.raises(CodeExecutionError, match="missing"):
         interp.execute("SUBMIT(answer='only')")
 
@@ -150,8 +151,9 @@ def test_timeout_interrupts_and_keeps_state(tmp_path: Path) -> None:
         assert time.monotonic() - started < 3
         assert interp.execute("kept") == "'yes'"
         with pytest.raises(CodeExecutionError, match="sandbox was restarted"):
-            interp.execute("import time\nwhile True:\n    try:\n        time.sleep(5)\n    except KeyboardInterrupt:\n"
-                           "        pass")
+            interp.execute(
+                "import time\nwhile True:\n    try:\n        time.sleep(5)\n    except KeyboardInterrupt:\n        pass"
+            )
         with pytest.raises(CodeExecutionError, match="NameError"):
             interp.execute("kept")
     finally:
@@ -201,7 +203,6 @@ def test_output_is_capped(tmp_path: Path) -> None:
         factory.close()
 
 
-
 SPIN_TWO_PROCESSES = """
 import os, time
 until = time.time() + 2.0
@@ -233,6 +234,7 @@ def test_busy_processes_get_only_their_share_of_cores(tmp_path: Path) -> None:
         factory.close()
     # A quarter of a core for 2 s allows 0.5 s of CPU; uncapped, two spinning processes take up to 4 s.
     assert used < 1.0, f"two busy processes used {used} s of CPU in 2 s with cpu_cores = 0.25"
+
 
 def test_rlm_runs_end_to_end_on_the_sandbox(factory: SandboxFactory) -> None:
     prompts: list[str] = []

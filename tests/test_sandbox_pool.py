@@ -177,8 +177,15 @@ def sandboxes_of(support: str) -> list[str]:
 
 
 def test_nothing_is_left_running_at_shutdown(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-c", SHUTDOWN_SCRIPT, str(tmp_path)], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", SHUTDOWN_SCRIPT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=True,
+    )
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["ready"] == 2
     wait_for(lambda: not sandboxes_of(report["support"]), timeout_s=30)
@@ -186,8 +193,13 @@ def test_nothing_is_left_running_at_shutdown(tmp_path: Path) -> None:
 
 def test_ready_sandboxes_end_when_their_host_is_killed(tmp_path: Path) -> None:
     script = SHUTDOWN_SCRIPT + "time.sleep(600)\n"
-    host = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    host = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         assert host.stdout is not None
         report = json.loads(host.stdout.readline())

@@ -73,7 +73,6 @@ async def test_events_replay_from_any_seq(store: Store) -> None:
     assert (await store.get_turn(turn.turn_id)).last_seq == 10
 
 
-
 async def test_commits_of_events_wake_listeners_in_other_processes(store: Store) -> None:
     # PostgreSQL notifies listeners of each commit (readers in other processes need not poll); SQLite cannot.
     writer = await Store.open(store.url)
@@ -89,6 +88,7 @@ async def test_commits_of_events_wake_listeners_in_other_processes(store: Store)
                 await asyncio.wait_for(woke.wait(), 5)
     finally:
         await writer.close()
+
 
 async def test_cancellation_states(store: Store) -> None:
     ses = await store.create_session()
@@ -222,7 +222,9 @@ async def test_callers_cancelled_mid_query_do_not_hang_shutdown(store: Store, tm
     # (Without the store's ``uninterrupted`` guard this hangs in most runs: aiosqlite 0.22 under SQLAlchemy 2.1.)
     script = tmp_path / "canceller.py"
     script.write_text(CANCELLER)
-    proc = await asyncio.create_subprocess_exec(sys.executable, str(script), store.url, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(script), store.url, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), 60)
     except TimeoutError:

@@ -77,7 +77,12 @@ def test_safe_reads_take_one_descriptor_and_follow_nothing(tmp_path: Path) -> No
     with pytest.raises(safe_files.Refused, match="stopped"):
         safe_files.read_path(ws.root, "artifacts/sparse.bin", should_stop=lambda: True)
     assert {e.path: e.kind for e in safe_files.walk(ws.root, ["artifacts"])} == {
-        "dir": "symlink", "link.txt": "symlink", "ok.txt": "file", "pipe.txt": "other", "sparse.bin": "file"}
+        "dir": "symlink",
+        "link.txt": "symlink",
+        "ok.txt": "file",
+        "pipe.txt": "other",
+        "sparse.bin": "file",
+    }
     assert set(ws.scan("artifacts", max_bytes=1 << 20)) == {"artifacts/ok.txt"}
     assert ws.scan("artifacts", should_stop=lambda: True) == {}
     sizes = {rel: st.st_size for rel, st in ws.files("artifacts")}

@@ -33,8 +33,9 @@ async def put_memory(session_id: str, memory_id: str, body: MemoryPut, state: St
     return Memory.model_validate(row.to_dict())
 
 
-@router.delete("/sessions/{session_id}/memory/{memory_id}", status_code=204, response_class=Response,
-               responses=errors(404))
+@router.delete(
+    "/sessions/{session_id}/memory/{memory_id}", status_code=204, response_class=Response, responses=errors(404)
+)
 async def delete_memory(session_id: str, memory_id: str, state: State) -> Response:
     memories = await _memories(state, session_id)
     if not await memories.forget(memory_id):

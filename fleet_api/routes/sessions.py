@@ -40,8 +40,9 @@ async def list_sessions(
 ) -> SessionList:
     """Sessions newest first, a page at a time."""
     page = await sessions.page(limit=limit, cursor=cursor, q=q, archived=archived)
-    return SessionList(sessions=[Session.model_validate(r.to_dict()) for r in page.sessions],
-                       next_cursor=page.next_cursor)
+    return SessionList(
+        sessions=[Session.model_validate(r.to_dict()) for r in page.sessions], next_cursor=page.next_cursor
+    )
 
 
 @router.get("/sessions/{session_id}", response_model=Session, responses=errors(404))

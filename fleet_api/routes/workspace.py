@@ -31,8 +31,9 @@ def _files(state: State, session_id: str) -> WorkspaceFiles:
 )
 async def get_workspace_file(session_id: str, path: str, state: State) -> Response:
     rel, data = await _files(state, session_id).read(path)
-    response = content_response(data, mime=guess_mime(rel), filename=rel.rsplit("/", 1)[-1],
-                                sha256=hashlib.sha256(data).hexdigest())
+    response = content_response(
+        data, mime=guess_mime(rel), filename=rel.rsplit("/", 1)[-1], sha256=hashlib.sha256(data).hexdigest()
+    )
     response.headers["Cache-Control"] = "private, no-cache"  # a workspace file changes; its ETag says when
     return response
 
@@ -59,9 +60,7 @@ async def delete_workspace_file(session_id: str, path: str, state: State) -> Res
     return Response(status_code=204)
 
 
-@router.get(
-    "/sessions/{session_id}/workspace/stat/{path:path}", response_model=WorkspaceStat, responses=errors(404)
-)
+@router.get("/sessions/{session_id}/workspace/stat/{path:path}", response_model=WorkspaceStat, responses=errors(404))
 async def stat_workspace_file(session_id: str, path: str, state: State) -> WorkspaceStat:
     found = await _files(state, session_id).stat(path)
     return WorkspaceStat(path=found.path, size=found.size, sha256=found.sha256, modified_at=found.modified_at)

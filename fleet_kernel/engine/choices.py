@@ -56,8 +56,14 @@ class TurnFile:
         return self.moved_from is not None
 
     def event(self) -> dict[str, Any]:
-        return {"attachment_id": self.attachment_id, "name": self.name, "path": self.path, "size": self.size,
-                "sha256": self.sha256, "renamed": self.renamed}
+        return {
+            "attachment_id": self.attachment_id,
+            "name": self.name,
+            "path": self.path,
+            "size": self.size,
+            "sha256": self.sha256,
+            "renamed": self.renamed,
+        }
 
 
 @dataclass
@@ -86,8 +92,15 @@ def place_file(workspace: Workspace, row: AttachmentRow, data: bytes) -> TurnFil
 
 
 def _turn_file(row: AttachmentRow, path: str) -> TurnFile:
-    return TurnFile(attachment_id=row.attachment_id, name=PurePosixPath(path).name, path=path, size=row.size,
-                    sha256=row.sha256, filename=row.filename, moved_from=None if path == row.path else row.path)
+    return TurnFile(
+        attachment_id=row.attachment_id,
+        name=PurePosixPath(path).name,
+        path=path,
+        size=row.size,
+        sha256=row.sha256,
+        filename=row.filename,
+        moved_from=None if path == row.path else row.path,
+    )
 
 
 def check_output_schema(schema: Any) -> dict[str, Any]:
@@ -97,8 +110,10 @@ def check_output_schema(schema: Any) -> dict[str, Any]:
         ValidationError: what is wrong and where.
     """
     if not isinstance(schema, dict):
-        raise ValidationError("output_schema must be a JSON Schema object, such as "
-                              '{"type": "object", "properties": {"total": {"type": "number"}}}')
+        raise ValidationError(
+            "output_schema must be a JSON Schema object, such as "
+            '{"type": "object", "properties": {"total": {"type": "number"}}}'
+        )
     try:
         text = json.dumps(schema)
     except (TypeError, ValueError):
@@ -192,8 +207,10 @@ def files_prompt(files: list[TurnFile]) -> str:
     for f in files:
         line = f"- /workspace/{f.path} ({f.size} bytes)"
         if f.renamed:
-            line += f"; uploaded as {json.dumps(f.filename)}, placed here because /workspace/{f.moved_from} is " \
-                    "now a different file"
+            line += (
+                f"; uploaded as {json.dumps(f.filename)}, placed here because /workspace/{f.moved_from} is "
+                "now a different file"
+            )
         elif f.name != f.filename:
             line += f"; uploaded as {json.dumps(f.filename)}"
         lines.append(line)

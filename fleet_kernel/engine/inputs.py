@@ -37,14 +37,15 @@ class NotebookValue(SandboxSerializable):
     def sandbox_setup(self) -> str:
         return ""
 
-    def to_sandbox(self) -> str:  # type: ignore[override] - dspy sends a str as it is, without copying it
+    def to_sandbox(self) -> str:  # dspy sends a str as it is, without copying it
         return self.payload
 
     def sandbox_assignment(self, var_name: str, data_expr: str) -> str:
         return self.assignment.format(name=var_name, raw=data_expr)
 
     def rlm_preview(self, max_chars: int = 500) -> str:
-        return f"{self.type_name}, {self.size:,} {'characters' if self.type_name == 'str' else 'bytes as sent'}\n{self.preview}"[:max_chars]
+        unit = "characters" if self.type_name == "str" else "bytes as sent"
+        return f"{self.type_name}, {self.size:,} {unit}\n{self.preview}"[:max_chars]
 
     def __str__(self) -> str:
         return self.rlm_preview()
@@ -53,8 +54,10 @@ class NotebookValue(SandboxSerializable):
 def check_name(name: str) -> None:
     """Raises ``ValidationError`` for a name the sandbox cannot bind or one Fleet uses."""
     if not name.isidentifier() or keyword.iskeyword(name) or name.startswith("_") or name in RESERVED:
-        raise ValidationError(f"{name!r} cannot be an input variable: use a plain Python name not starting with _ "
-                              f"and not one of {', '.join(sorted(RESERVED))}")
+        raise ValidationError(
+            f"{name!r} cannot be an input variable: use a plain Python name not starting with _ "
+            f"and not one of {', '.join(sorted(RESERVED))}"
+        )
 
 
 def encode(name: str, value: Any) -> NotebookValue:
@@ -65,7 +68,9 @@ def encode(name: str, value: Any) -> NotebookValue:
         return _wrap(name, "str", value, "{name} = {raw}", value)
     if isinstance(value, (bytes, bytearray)):
         payload = base64.b64encode(bytes(value)).decode("ascii")
-        return _wrap(name, "bytes", payload, "import base64 as _b64\n{name} = _b64.b64decode({raw})", repr(bytes(value[:200])))
+        return _wrap(
+            name, "bytes", payload, "import base64 as _b64\n{name} = _b64.b64decode({raw})", repr(bytes(value[:200]))
+        )
     frame = _as_frame(value)
     if frame is not None:
         payload = frame.to_json(orient="split", date_format="iso")
@@ -90,7 +95,8 @@ def _wrap(name: str, type_name: str, payload: str, assignment: str, preview: str
         preview = preview[: PREVIEW_CHARS // 2] + " ... " + preview[-PREVIEW_CHARS // 2 :]
     # dspy names the variable's type after its class: show the notebook's type, not the wrapper's.
     cls = type(type_name, (NotebookValue,), {})
-    return cls(name, type_name, payload, assignment, preview, len(payload))
+    value: NotebookValue = cls(name, type_name, payload, assignment, preview, len(payload))
+    return value
 
 
 def _as_frame(value: Any) -> Any:

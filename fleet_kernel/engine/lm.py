@@ -152,12 +152,11 @@ def explain_lm_error(exc: BaseException, settings: Settings) -> LMError:
     if len(detail) > 500:
         detail = detail[:500] + "..."
     if code == "auth":
-        message = f"{where} rejected the API key for {model}: check FLEET_LM_API_KEY (or the provider's own key variable)"
-    elif code in ("transport", "timeout") or "connect" in detail.lower():
         message = (
-            f"cannot reach {where} for {model}: check FLEET_LM_BASE_URL and that the server is running"
-            f" ({detail})"
+            f"{where} rejected the API key for {model}: check FLEET_LM_API_KEY (or the provider's own key variable)"
         )
+    elif code in ("transport", "timeout") or "connect" in detail.lower():
+        message = f"cannot reach {where} for {model}: check FLEET_LM_BASE_URL and that the server is running ({detail})"
     elif code == "rate_limit":
         message = f"{where} is rate limiting {model}: wait and retry, or lower limits.max_llm_calls ({detail})"
     elif code in ("not_configured", "configuration", "unsupported_model"):

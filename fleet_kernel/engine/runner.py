@@ -220,7 +220,9 @@ class TurnRunner:
         if not task or not task.strip():
             raise ValidationError("the task is empty: write what the model should do")
         if len(task) > MAX_TASK_CHARS:
-            raise ValidationError(f"the task is {len(task)} characters; the limit is {MAX_TASK_CHARS}. Attach long text as a file")
+            raise ValidationError(
+                f"the task is {len(task)} characters; the limit is {MAX_TASK_CHARS}. Attach long text as a file"
+            )
         if cell_id is not None and not 0 < len(cell_id) <= MAX_CELL_ID_CHARS:
             raise ValidationError(f"a cell id has 1 to {MAX_CELL_ID_CHARS} characters; this one has {len(cell_id)}")
         settings = self.settings.for_turn(limits)
@@ -278,14 +280,20 @@ class TurnRunner:
                 attachments=[f.event() for f in choices.files],
             ),
         )
-        running = _Running(turn, emitter, settings, catalogue, choices, setup_error=setup_error,
-                           inputs=list(inputs or []))
+        running = _Running(
+            turn, emitter, settings, catalogue, choices, setup_error=setup_error, inputs=list(inputs or [])
+        )
         self._running[turn.turn_id] = running
         running.task = asyncio.get_running_loop().create_task(self._drive(running), name=f"fleet-{turn.turn_id}")
         return handle
 
     async def run(
-        self, session_id: str, task: str, *, idempotency_key: str | None = None, limits: dict[str, Any] | None = None,
+        self,
+        session_id: str,
+        task: str,
+        *,
+        idempotency_key: str | None = None,
+        limits: dict[str, Any] | None = None,
         **choices: Any,
     ) -> TurnRow:
         """Start a turn and wait for it: the one-call way to run a turn (``choices`` as in ``start``)."""
@@ -482,12 +490,17 @@ class TurnRunner:
                 log.warning("turn %s: artifact collection stopped (deadline or cancellation)", turn.turn_id)
                 break
             if st.st_size > max_bytes:
-                log.warning("turn %s: %s is %d bytes, over storage.max_artifact_mb; not collected",
-                            turn.turn_id, path, st.st_size)
+                log.warning(
+                    "turn %s: %s is %d bytes, over storage.max_artifact_mb; not collected",
+                    turn.turn_id,
+                    path,
+                    st.st_size,
+                )
                 continue
             try:
-                changed = await asyncio.to_thread(workspace.read_if_changed, path, st, known.get(path),
-                                                  max_bytes=max_bytes, should_stop=should_stop)
+                changed = await asyncio.to_thread(
+                    workspace.read_if_changed, path, st, known.get(path), max_bytes=max_bytes, should_stop=should_stop
+                )
             except safe_files.Refused as exc:
                 log.warning("turn %s: artifact not collected: %s", turn.turn_id, exc)
                 continue
@@ -517,8 +530,12 @@ class TurnRunner:
         else:
             try:
                 await self.store.finish_turn(  # the turn row shows what it used against its budgets
-                    turn.turn_id, outcome.status, answer=outcome.answer, error=outcome.error,
-                    usage={**usage, "budgets": budgets}, result=outcome.result,
+                    turn.turn_id,
+                    outcome.status,
+                    answer=outcome.answer,
+                    error=outcome.error,
+                    usage={**usage, "budgets": budgets},
+                    result=outcome.result,
                 )
             except Exception:  # noqa: BLE001 - still end the stream; the row is reaped later if it stays running
                 log.exception("recording the outcome of %s failed", turn.turn_id)
@@ -549,7 +566,9 @@ def format_history(turns: list[TurnRow], max_chars: int) -> str:
         return "(this is the first turn of the session)"
     blocks = []
     for number, turn in enumerate(turns, 1):
-        answer = turn.answer if turn.status == "completed" else f"({turn.status}: {(turn.error or {}).get('message', '')})"
+        answer = (
+            turn.answer if turn.status == "completed" else f"({turn.status}: {(turn.error or {}).get('message', '')})"
+        )
         blocks.append(f"--- turn {number} ---\nUser: {turn.task}\nAssistant: {answer}")
     text = "\n\n".join(blocks)
     if len(text) > max_chars:

@@ -23,7 +23,9 @@ def session_settings(settings: Settings, session: SessionRow) -> Settings:
     return settings.model_copy(update=update) if update else settings
 
 
-def effective_config(settings: Settings, session: SessionRow, sandbox: str, skills: list[str] | None = None) -> dict[str, Any]:
+def effective_config(
+    settings: Settings, session: SessionRow, sandbox: str, skills: list[str] | None = None
+) -> dict[str, Any]:
     """What a turn of ``session`` would use now, as the API shows it."""
     mine = session_settings(settings, session)
     policy = mine.policy

@@ -194,7 +194,9 @@ class EventWriter:
         ended = await self.store.fail_turn(terminal.turn_id, error)
         if ended is None:
             return None
-        event = make_event(TurnFailed(error=ended.error), seq=ended.seq, session_id=ended.session_id, turn_id=ended.turn_id)
+        event = make_event(
+            TurnFailed(error=ended.error), seq=ended.seq, session_id=ended.session_id, turn_id=ended.turn_id
+        )
         await self.store.append_events([event])
         return event
 

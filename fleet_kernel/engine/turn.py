@@ -149,8 +149,11 @@ def stopped(cause: TurnCancelled, usage: dict[str, Any] | None = None) -> Outcom
 def turn_signature(job: TurnJob) -> type[dspy.Signature]:
     """``FleetTask`` with this turn's skills catalogue, preselected cards, files and output schema."""
     choices = job.choices
-    parts = [FleetTask.instructions, job.catalogue.prompt(choices.skills) if job.catalogue.skills else "",
-             files_prompt(choices.files)]
+    parts = [
+        FleetTask.instructions,
+        job.catalogue.prompt(choices.skills) if job.catalogue.skills else "",
+        files_prompt(choices.files),
+    ]
     if choices.output_schema is not None:
         parts.append(schema_prompt(choices.output_schema))
     signature: type[Any] = FleetTask.with_instructions("\n\n".join(p for p in parts if p))
@@ -178,7 +181,9 @@ def run_turn(job: TurnJob) -> Outcome:
         sandbox = open_sandbox(settings, job.workspace, cancel=job.cancel)  # interrupted when the token is cancelled
         signature: Any = turn_signature(job)
         for value in job.inputs:
-            signature = signature.append(value.name, dspy.InputField(desc="a value from the user's notebook"), type_=type(value))
+            signature = signature.append(
+                value.name, dspy.InputField(desc="a value from the user's notebook"), type_=type(value)
+            )
         rlm = dspy.RLM(
             signature,
             max_iters=limits.max_iters,

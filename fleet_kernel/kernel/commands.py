@@ -161,7 +161,9 @@ async def cmd_memory(ctx: KernelContext, args: list[str]) -> Reply:
     query = " ".join(args[1:])
     rows = await memories.listing(query)
     if not rows:
-        return Reply(f"No memory matches {query!r}." if query else "No memories yet: remember(content) in a turn keeps one.")
+        return Reply(
+            f"No memory matches {query!r}." if query else "No memories yet: remember(content) in a turn keeps one."
+        )
     lines = [f"{r.memory_id}  [{r.kind}]  {r.content}" for r in rows]
     table = "\n".join(f"| `{r.memory_id}` | {r.kind} | {_md(' '.join(r.content.split()))} |" for r in rows)
     return Reply("\n".join(lines), "| memory | kind | content |\n|---|---|---|\n" + table)
@@ -359,6 +361,8 @@ def _line(text: str, width: int = 60) -> str:
     """The first line of ``text``, cut to ``width`` characters."""
     line = " ".join(text.strip().split("\n", 1)[0].split())
     return line if len(line) <= width else line[: width - 3] + "..."
+
+
 async def cmd_skill(ctx: KernelContext, args: list[str]) -> Reply:
     from fleet_kernel.skills import load_catalogue
 
@@ -369,8 +373,9 @@ async def cmd_skill(ctx: KernelContext, args: list[str]) -> Reply:
             raise _usage_error("usage: %fleet skill list")
         chosen = set(ctx.skills)
         lines = [f"{'*' if s.name in chosen else ' '} {s.name} ({s.source}): {s.description}" for s in catalogue]
-        rows = [f"| {'**' if s.name in chosen else ''}`{s.name}` | {s.source} | {_md(s.description)} |"
-                for s in catalogue]
+        rows = [
+            f"| {'**' if s.name in chosen else ''}`{s.name}` | {s.source} | {_md(s.description)} |" for s in catalogue
+        ]
         note = f"Selected for the next turns: {', '.join(ctx.skills)}" if ctx.skills else "None selected."
         markdown = "| skill | source | description |\n|---|---|---|\n" + "\n".join(rows) + f"\n\n{note}"
         return Reply("\n".join([*lines, note]), markdown)
@@ -379,8 +384,10 @@ async def cmd_skill(ctx: KernelContext, args: list[str]) -> Reply:
             raise _usage_error("usage: %fleet skill show <name> (see %fleet skill list)")
         skill = catalogue.get(names[0])
         resources = f"\n\nResources: {', '.join(skill.resources)}" if skill.resources else ""
-        return Reply(f"{skill.name} ({skill.source}): {skill.description}\n\n{skill.body}{resources}",
-                     f"**{skill.name}** ({skill.source}): {_md(skill.description)}\n\n{skill.body}{resources}")
+        return Reply(
+            f"{skill.name} ({skill.source}): {skill.description}\n\n{skill.body}{resources}",
+            f"**{skill.name}** ({skill.source}): {_md(skill.description)}\n\n{skill.body}{resources}",
+        )
     if action == "use":
         if not names:
             raise _usage_error("usage: %fleet skill use <name>... (up to 4; %fleet skill clear to stop)")

@@ -337,7 +337,8 @@ async def run_and_show(
 
     The one way a cell becomes a turn, for the ``fleet`` kernel and the ``%%fleet`` magic alike.
     ``cancel`` stops the turn (at once if it is cancelled while the turn starts); ``start`` goes to
-    ``TurnRunner.start``; ``stop_button`` false leaves the widget card without one. Returns the folded view and the error content of a failed or cancelled turn.
+    ``TurnRunner.start``; ``stop_button`` false leaves the widget card without one. Returns the folded
+    view and the error content of a failed or cancelled turn.
     """
     from fleet_kernel.kernel.context import load_off_loop
 

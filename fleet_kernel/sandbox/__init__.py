@@ -29,8 +29,13 @@ if TYPE_CHECKING:
 
 # Imported on first use (dspy, the backends), so importing the package or choosing a backend stays cheap.
 _LAZY = {
-    "InterpreterFactory": "base", "SandboxCrashed": "base", "SandboxObserver": "base", "observer": "base",
-    "SandboxFactory": "interpreter", "SandboxInterpreter": "interpreter", "probe_bwrap": "local",
+    "InterpreterFactory": "base",
+    "SandboxCrashed": "base",
+    "SandboxObserver": "base",
+    "observer": "base",
+    "SandboxFactory": "interpreter",
+    "SandboxInterpreter": "interpreter",
+    "probe_bwrap": "local",
 }
 
 
@@ -40,9 +45,20 @@ def __getattr__(name: str) -> Any:
         return getattr(module, name)
     raise AttributeError(f"module 'fleet_kernel.sandbox' has no attribute {name!r}")
 
+
 __all__ = [
-    "InterpreterFactory", "SandboxCrashed", "SandboxFactory", "SandboxInterpreter", "SandboxObserver", "Status",
-    "choose", "forget", "observer", "open_sandbox", "probe_bwrap", "status",
+    "InterpreterFactory",
+    "SandboxCrashed",
+    "SandboxFactory",
+    "SandboxInterpreter",
+    "SandboxObserver",
+    "Status",
+    "choose",
+    "forget",
+    "observer",
+    "open_sandbox",
+    "probe_bwrap",
+    "status",
 ]
 
 

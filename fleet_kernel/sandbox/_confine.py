@@ -30,18 +30,61 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 CPU_PERIOD_US = 100_000
 # Syscalls sandboxed code never needs; they are the usual ways out of a namespace sandbox.
 _DENIED = (
-    "ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root", "chroot",
-    "move_mount", "open_tree", "fsopen", "fsmount", "fsconfig", "fspick", "mount_setattr",
-    "bpf", "keyctl", "add_key", "request_key", "userfaultfd", "perf_event_open",
-    "io_uring_setup", "io_uring_enter", "io_uring_register", "kexec_load", "kexec_file_load",
-    "init_module", "finit_module", "delete_module", "unshare", "setns", "open_by_handle_at",
-    "name_to_handle_at", "swapon", "swapoff", "reboot", "acct", "quotactl", "syslog", "iopl", "ioperm",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "move_mount",
+    "open_tree",
+    "fsopen",
+    "fsmount",
+    "fsconfig",
+    "fspick",
+    "mount_setattr",
+    "bpf",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "userfaultfd",
+    "perf_event_open",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "unshare",
+    "setns",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "swapon",
+    "swapoff",
+    "reboot",
+    "acct",
+    "quotactl",
+    "syslog",
+    "iopl",
+    "ioperm",
     # Symbolic links: one left in the workspace points wherever the code likes on the host, and the host
     # follows it (preparing the next turn, scanning artifacts, saving an upload, Deno in Pyodide).
-    "symlink", "symlinkat",
+    "symlink",
+    "symlinkat",
 )
-_CLONE_NEW_FLAGS = (0x00000080, 0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000,
-                    0x40000000)  # CLONE_NEWTIME, NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
+_CLONE_NEW_FLAGS = (
+    0x00000080,
+    0x00020000,
+    0x02000000,
+    0x04000000,
+    0x08000000,
+    0x10000000,
+    0x20000000,
+    0x40000000,
+)  # CLONE_NEWTIME, NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
 
 
 @functools.cache
@@ -122,13 +165,19 @@ class Cgroup:
             parent = CGROUP_ROOT / "fleet"
             _sweep(parent)
             group = cls([parent / name], parent / name)
-            files = {CGROUP_ROOT / "cgroup.subtree_control": "+memory +pids",
-                     parent / "cgroup.subtree_control": "+memory +pids", parent / name / "memory.max": limit,
-                     parent / name / "pids.max": str(max_tasks)}
+            files = {
+                CGROUP_ROOT / "cgroup.subtree_control": "+memory +pids",
+                parent / "cgroup.subtree_control": "+memory +pids",
+                parent / name / "memory.max": limit,
+                parent / name / "pids.max": str(max_tasks),
+            }
             optional[parent / name / "memory.swap.max"] = "0"
             if cpu_cores:
-                optional |= {CGROUP_ROOT / "cgroup.subtree_control": "+cpu", parent / "cgroup.subtree_control": "+cpu",
-                             parent / name / "cpu.max": f"{quota} {CPU_PERIOD_US}"}
+                optional |= {
+                    CGROUP_ROOT / "cgroup.subtree_control": "+cpu",
+                    parent / "cgroup.subtree_control": "+cpu",
+                    parent / name / "cpu.max": f"{quota} {CPU_PERIOD_US}",
+                }
         else:
             return None
         try:

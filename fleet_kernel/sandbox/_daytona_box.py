@@ -39,12 +39,22 @@ T = TypeVar("T")
 ATTEMPTS = 4
 BACKOFF_S = 0.25
 MAX_BACKOFF_S = 8.0
-_RETRYABLE = (DaytonaConnectionError, DaytonaRateLimitError, DaytonaInternalServerError, DaytonaBadGatewayError,
-              DaytonaServiceUnavailableError)
+_RETRYABLE = (
+    DaytonaConnectionError,
+    DaytonaRateLimitError,
+    DaytonaInternalServerError,
+    DaytonaBadGatewayError,
+    DaytonaServiceUnavailableError,
+)
 _NETWORK = (urllib3.exceptions.HTTPError, httpx.TransportError, ConnectionError, TimeoutError)
 _RESTARTABLE = {SandboxState.STOPPED, SandboxState.ARCHIVED, SandboxState.PAUSED}
-_USABLE = {SandboxState.STARTED, SandboxState.STARTING, SandboxState.RESTORING, SandboxState.RESUMING,
-           SandboxState.CREATING}
+_USABLE = {
+    SandboxState.STARTED,
+    SandboxState.STARTING,
+    SandboxState.RESTORING,
+    SandboxState.RESUMING,
+    SandboxState.CREATING,
+}
 
 
 def is_network(exc: BaseException) -> bool:
@@ -91,11 +101,15 @@ def explain(exc: BaseException, api_url: str) -> str:
     """One sentence a user can act on."""
     detail = str(exc).strip() or type(exc).__name__
     if isinstance(exc, DaytonaAuthenticationError) or getattr(exc, "status_code", None) == 401:
-        return (f"Daytona at {api_url} rejected FLEET_DAYTONA_API_KEY (401 Unauthorized): check the key "
-                f"(Daytona dashboard, API keys) and FLEET_DAYTONA_API_URL")
+        return (
+            f"Daytona at {api_url} rejected FLEET_DAYTONA_API_KEY (401 Unauthorized): check the key "
+            f"(Daytona dashboard, API keys) and FLEET_DAYTONA_API_URL"
+        )
     if isinstance(exc, DaytonaForbiddenError):
-        return (f"Daytona refused the request (403 Forbidden): {detail}. The key may lack sandbox permissions, or "
-                f"the organization is over its CPU, memory or disk quota: stop or delete sandboxes, or raise it")
+        return (
+            f"Daytona refused the request (403 Forbidden): {detail}. The key may lack sandbox permissions, or "
+            f"the organization is over its CPU, memory or disk quota: stop or delete sandboxes, or raise it"
+        )
     if isinstance(exc, DaytonaRateLimitError):
         return f"Daytona's rate limit or quota was reached (429): {detail}. Wait a little and try again"
     if is_network(exc):
@@ -144,6 +158,7 @@ class DaytonaBox:
 
     def background(self, what: str, call: Callable[[], Any]) -> None:
         """Run an idempotent call off the caller's thread (cleanup must never stall an execute)."""
+
         def work() -> None:
             try:
                 retry(what, call)

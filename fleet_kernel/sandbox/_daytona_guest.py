@@ -43,8 +43,9 @@ class Guest:
         self._wake = threading.Event()  # cuts the poller's sleep short when a tool call goes out
         self._main = threading.main_thread().ident or 0
         saved = sys.stdout, sys.stderr
-        self.runtime = runtime_module.Runtime(self._send, None, max_output_bytes=max_output_bytes, threaded=True,
-                                              capture_fds=False, reap=False)
+        self.runtime = runtime_module.Runtime(
+            self._send, None, max_output_bytes=max_output_bytes, threaded=True, capture_fds=False, reap=False
+        )
         self._out, self._err = sys.stdout, sys.stderr  # the runtime's coalescing streams
         sys.stdout, sys.stderr = saved
         signal.signal(signal.SIGINT, self._on_sigint)
@@ -73,7 +74,7 @@ class Guest:
                 return  # between executions nobody listens (the daemon drops such output too)
             for start in range(0, len(text), PIECE):
                 kind = "M" if start + PIECE >= len(text) else "P"
-                stream.write(f"{MARK}{kind}{text[start:start + PIECE]}\n")
+                stream.write(f"{MARK}{kind}{text[start : start + PIECE]}\n")
             stream.flush()
             if message.get("type") == "done":
                 self._done.set()

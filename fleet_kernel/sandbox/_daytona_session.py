@@ -114,8 +114,10 @@ class DaytonaSession:
 
     def start(self) -> None:
         try:
-            self._context = self._box.retry("create a code-interpreter context",
-                                            lambda: self._box.sandbox.code_interpreter.create_context(cwd="/workspace"))
+            self._context = self._box.retry(
+                "create a code-interpreter context",
+                lambda: self._box.sandbox.code_interpreter.create_context(cwd="/workspace"),
+            )
         except DaytonaError as exc:
             raise SessionClosed(f"could not create a Daytona interpreter context: {self._box.explain(exc)}") from exc
         self._run(preamble(self._inbox, self._max_output_bytes), START_TIMEOUT_S, expect_done=False)
@@ -134,8 +136,9 @@ class DaytonaSession:
         if message.get("type") == "execute":
             self._current = message.get("id")
             code = f"__fleet_guest.run({json.dumps(message)!r})"
-            threading.Thread(target=self._run, args=(code, self._run_timeout_s), daemon=True,
-                             name="fleet-daytona-run").start()
+            threading.Thread(
+                target=self._run, args=(code, self._run_timeout_s), daemon=True, name="fleet-daytona-run"
+            ).start()
         else:
             self._post(message)
 
@@ -158,8 +161,9 @@ class DaytonaSession:
         self._closed = True
         context, self._context = self._context, None
         if context is not None:
-            self._box.background("delete an interpreter context",
-                                 lambda: self._box.sandbox.code_interpreter.delete_context(context))
+            self._box.background(
+                "delete an interpreter context", lambda: self._box.sandbox.code_interpreter.delete_context(context)
+            )
 
     # -- transport ---------------------------------------------------------------------------------
 
@@ -169,14 +173,19 @@ class DaytonaSession:
         problem: Exception | None = None
         try:
             result = self._box.sandbox.code_interpreter.run_code(
-                code, context=self._context, on_stdout=lambda m: parser.feed(m.output),
-                on_stderr=lambda m: parser.feed_stderr(m.output), timeout=timeout_s)
+                code,
+                context=self._context,
+                on_stdout=lambda m: parser.feed(m.output),
+                on_stderr=lambda m: parser.feed_stderr(m.output),
+                timeout=timeout_s,
+            )
             parser.flush()
             if parser.error is not None:
                 problem = parser.error
             elif result.error is not None:
-                problem = ProtocolError(f"Fleet's runtime failed in the Daytona sandbox: {result.error.name}: "
-                                        f"{result.error.value}")
+                problem = ProtocolError(
+                    f"Fleet's runtime failed in the Daytona sandbox: {result.error.name}: {result.error.value}"
+                )
             elif expect_done and not parser.seen_done:
                 problem = SessionClosed("ended the execution without an answer from Fleet's runtime")
         except DaytonaConnectionError as exc:  # before DaytonaTimeoutError: a connection timeout is both

@@ -58,8 +58,12 @@ def listing_command(root: str = REMOTE_ROOT) -> str:
 
 def _valid(rel: str) -> bool:
     parts = rel.split("/")
-    return (len(parts) > 1 and parts[0] in SYNCED and not any(p in ("", ".", "..") for p in parts)
-            and safe_files.is_text(rel))  # a name that is not UTF-8 cannot travel over the API
+    return (
+        len(parts) > 1
+        and parts[0] in SYNCED
+        and not any(p in ("", ".", "..") for p in parts)
+        and safe_files.is_text(rel)
+    )  # a name that is not UTF-8 cannot travel over the API
 
 
 def remote_files(box: DaytonaBox) -> dict[str, tuple[int, str]]:
@@ -75,8 +79,11 @@ def local_files(root: Path, max_bytes: int | None = None) -> dict[str, tuple[int
     """Regular files of the local folder, hashed through descriptors that follow no link; files over
     ``max_bytes`` are left out (logged)."""
     workspace = Workspace(root)
-    return {rel: (info.size, info.sha256) for sub in SYNCED
-            for rel, info in workspace.scan(sub, limit=MAX_FILES, max_bytes=max_bytes).items()}
+    return {
+        rel: (info.size, info.sha256)
+        for sub in SYNCED
+        for rel, info in workspace.scan(sub, limit=MAX_FILES, max_bytes=max_bytes).items()
+    }
 
 
 def ensure_remote_dirs(box: DaytonaBox) -> None:
@@ -84,8 +91,12 @@ def ensure_remote_dirs(box: DaytonaBox) -> None:
     dirs = " ".join(f"{REMOTE_ROOT}/{sub}" for sub in SYNCED)
     response = box.retry("create /workspace", lambda: box.sandbox.process.exec(f"mkdir -p {dirs}", timeout=60))
     if response.exit_code != 0:  # no volume and no write access to /: try sudo, as Daytona images allow it
-        response = box.retry("create /workspace", lambda: box.sandbox.process.exec(
-            f"sudo -n sh -c \"mkdir -p {dirs} && chmod -R 777 {REMOTE_ROOT}\"", timeout=60))
+        response = box.retry(
+            "create /workspace",
+            lambda: box.sandbox.process.exec(
+                f'sudo -n sh -c "mkdir -p {dirs} && chmod -R 777 {REMOTE_ROOT}"', timeout=60
+            ),
+        )
     if response.exit_code != 0:
         raise SandboxUnavailableError(f"cannot create {REMOTE_ROOT} in the Daytona sandbox: {response.result}")
 
@@ -139,8 +150,9 @@ def pull(box: DaytonaBox, root: Path, *, max_file_bytes: int, quota: Quota | Non
     fetches = [rel for rel, (size, digest) in remote.items() if local.get(rel, (0, ""))[1] != digest]
     too_big = [rel for rel in fetches if remote[rel][0] > max_file_bytes]
     for rel in too_big:
-        logger.warning("Daytona: %s is %d bytes, over the %d-byte limit; left in the sandbox", rel,
-                       remote[rel][0], max_file_bytes)
+        logger.warning(
+            "Daytona: %s is %d bytes, over the %d-byte limit; left in the sandbox", rel, remote[rel][0], max_file_bytes
+        )
     fetches = [rel for rel in fetches if rel not in too_big]
     deletes = [rel for rel in local if rel not in remote and box.baseline.get(rel) == local[rel][1]]
     for rel in deletes:
@@ -169,16 +181,21 @@ def _within_quota(root: Path, paths: list[str], sizes: dict[str, tuple[int, str]
         old = target.stat().st_size if target.is_file() and not target.is_symlink() else None
         entries = sum(1 for parent in target.parents if not parent.exists()) + (old is None)
         if used_bytes + sizes[rel][0] - (old or 0) > quota[0] or used_entries + entries > quota[1]:
-            logger.warning("Daytona: %s left in the sandbox: the workspace would go over its quota "
-                           "(%d MB, %d files)", rel, quota[0] // (1024 * 1024), quota[1])
+            logger.warning(
+                "Daytona: %s left in the sandbox: the workspace would go over its quota (%d MB, %d files)",
+                rel,
+                quota[0] // (1024 * 1024),
+                quota[1],
+            )
             continue
         used_bytes, used_entries = used_bytes + sizes[rel][0] - (old or 0), used_entries + entries
         fitting.append(rel)
     return fitting
 
 
-def _download(box: DaytonaBox, root: Path, paths: list[str], sizes: dict[str, tuple[int, str]],
-              quota: Quota | None) -> list[str]:
+def _download(
+    box: DaytonaBox, root: Path, paths: list[str], sizes: dict[str, tuple[int, str]], quota: Quota | None
+) -> list[str]:
     """Fetch ``paths`` into the folder, as far as the quota allows; returns the ones written."""
     paths = _within_quota(root, paths, sizes, quota)
     if not paths:

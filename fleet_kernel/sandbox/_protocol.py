@@ -100,8 +100,9 @@ class PipeSession:
                     if not isinstance(message, dict):
                         self._put(ProtocolError(f"not a message: {line[:200]!r}"), 0)
                         return
-                    if message.get("type") == "ready" or (message.get("type") == "done"
-                                                          and message.get("id") == self._awaited):
+                    if message.get("type") == "ready" or (
+                        message.get("type") == "done" and message.get("id") == self._awaited
+                    ):
                         self._listening.clear()  # before the host can see it and send the next execute
                     self._put(message, len(line))
                     self._listening.wait()

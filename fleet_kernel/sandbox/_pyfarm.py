@@ -47,7 +47,7 @@ class Farm:
         """Where a host path of the install is in the sandbox."""
         for prefix, target in zip(self.prefixes, self.targets, strict=True):
             if path == prefix or path.startswith(prefix.rstrip("/") + "/"):
-                return target + path[len(prefix):]
+                return target + path[len(prefix) :]
         return path
 
     def usable(self) -> bool:
@@ -157,11 +157,17 @@ def _farm(prefixes: tuple[str, ...], key: str) -> Farm | None:
         _sweep(base, keep=key)
     except (OSError, subprocess.SubprocessError) as exc:
         detail = getattr(exc, "stderr", b"") or b""
-        logger.info("the sandbox binds the Python install where it is (no hard-link mirror: %s %s)", exc,
-                    detail.decode(errors="replace").strip()[-200:])
+        logger.info(
+            "the sandbox binds the Python install where it is (no hard-link mirror: %s %s)",
+            exc,
+            detail.decode(errors="replace").strip()[-200:],
+        )
         return None
-    return Farm(prefixes, tuple(str(root / str(n)) for n in range(len(prefixes))),
-                tuple(f"{NEUTRAL_ROOT}/{n}" for n in range(len(prefixes))))
+    return Farm(
+        prefixes,
+        tuple(str(root / str(n)) for n in range(len(prefixes))),
+        tuple(f"{NEUTRAL_ROOT}/{n}" for n in range(len(prefixes))),
+    )
 
 
 def python_farm(prefixes: list[str]) -> Farm | None:

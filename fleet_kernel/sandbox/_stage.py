@@ -43,8 +43,16 @@ def _unshare(flags: int) -> None:
 
 
 def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    if _LIBC.mount(source.encode(), target.encode(), fstype.encode() if fstype else None, flags,
-                  data.encode() if data else None) != 0:
+    if (
+        _LIBC.mount(
+            source.encode(),
+            target.encode(),
+            fstype.encode() if fstype else None,
+            flags,
+            data.encode() if data else None,
+        )
+        != 0
+    ):
         err = ctypes.get_errno()
         raise OSError(err, f"mount {target}: {os.strerror(err)}")
 
@@ -206,13 +214,22 @@ def _drop_to(uid: int) -> None:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="_stage.py")
     parser.add_argument("--workspace", help="the host workspace (or, with --adopt-fd, sent when adopted)")
-    parser.add_argument("--adopt-fd", type=int, help="a socket: start the sandbox now, read the workspace from it "
-                        "(one line), copy it in, answer 'ok' (a pre-started sandbox adopted by a session)")
+    parser.add_argument(
+        "--adopt-fd",
+        type=int,
+        help="a socket: start the sandbox now, read the workspace from it "
+        "(one line), copy it in, answer 'ok' (a pre-started sandbox adopted by a session)",
+    )
     parser.add_argument("--mount", required=True, help="mount point for the tmpfs (an empty folder)")
     parser.add_argument("--size", type=int, required=True, help="bytes")
     parser.add_argument("--inodes", type=int, required=True, help="files and folders, the root included")
-    parser.add_argument("--expose", action="append", default=[], metavar="SOURCE=MOUNTPOINT",
-                        help="bind SOURCE read-only at MOUNTPOINT (for bubblewrap to bind on)")
+    parser.add_argument(
+        "--expose",
+        action="append",
+        default=[],
+        metavar="SOURCE=MOUNTPOINT",
+        help="bind SOURCE read-only at MOUNTPOINT (for bubblewrap to bind on)",
+    )
     parser.add_argument("--join-fd", type=int, action="append", default=[], help="cgroup.procs to join after copy-in")
     parser.add_argument("--keep-fd", type=int, action="append", default=[], help="fds bubblewrap needs")
     parser.add_argument("command", nargs=argparse.REMAINDER)
@@ -230,9 +247,14 @@ def main(argv: list[str]) -> int:
         signal.signal(signum, stop)
     sandbox_uid = UID_BASE + os.getpid() if os.getuid() == 0 else None
     _enter_namespace()
-    _mount("fleet-workspace", opts.mount, "tmpfs", MS_NOSUID | MS_NODEV,
-           f"size={opts.size},nr_inodes={opts.inodes},mode=0700"
-           + (f",uid={sandbox_uid},gid={sandbox_uid}" if sandbox_uid is not None else ""))
+    _mount(
+        "fleet-workspace",
+        opts.mount,
+        "tmpfs",
+        MS_NOSUID | MS_NODEV,
+        f"size={opts.size},nr_inodes={opts.inodes},mode=0700"
+        + (f",uid={sandbox_uid},gid={sandbox_uid}" if sandbox_uid is not None else ""),
+    )
     for spec in opts.expose:
         source, _, target = spec.partition("=")
         _mount(source, target, None, MS_BIND | MS_REC)
@@ -247,8 +269,12 @@ def main(argv: list[str]) -> int:
         os.close(fd)
     code = 128 + signal.SIGTERM
     if not stopping:
-        process = subprocess.Popen(command, pass_fds=opts.keep_fd, close_fds=True,
-                                   preexec_fn=None if sandbox_uid is None else lambda: _drop_to(sandbox_uid))
+        process = subprocess.Popen(
+            command,
+            pass_fds=opts.keep_fd,
+            close_fds=True,
+            preexec_fn=None if sandbox_uid is None else lambda: _drop_to(sandbox_uid),
+        )
         child.append(process)
         if stopping:
             process.kill()
@@ -267,8 +293,13 @@ def _read_line(fd: int) -> str | None:
     return data.decode().rstrip("\n")
 
 
-def _adopted(opts: argparse.Namespace, command: list[str], sandbox_uid: int | None,
-             child: list[subprocess.Popen[bytes]], stopping: list[bool]) -> int:
+def _adopted(
+    opts: argparse.Namespace,
+    command: list[str],
+    sandbox_uid: int | None,
+    child: list[subprocess.Popen[bytes]],
+    stopping: list[bool],
+) -> int:
     """Start bubblewrap on the empty tmpfs, then copy in the workspace the host names when it adopts us.
 
     The sandboxed process joins the cgroup itself (before dropping to its uid), so this process stays out

@@ -20,7 +20,14 @@ from dspy.primitives.code_interpreter import CodeInterpreterError
 
 from fleet_kernel.sandbox.contract import InterpreterFactory
 
-__all__ = ["InterpreterFactory", "SandboxCrashed", "SandboxObserver", "current_observer", "observer", "run_with_context"]
+__all__ = [
+    "InterpreterFactory",
+    "SandboxCrashed",
+    "SandboxObserver",
+    "current_observer",
+    "observer",
+    "run_with_context",
+]
 
 
 class SandboxObserver(Protocol):

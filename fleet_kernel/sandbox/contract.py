@@ -52,8 +52,7 @@ class Backend(Protocol):
     def instructions(self, settings: Settings, workspace: Path) -> str:
         """The prompt's description of the environment: ``describe(...)`` with this backend's own lines."""
 
-    def open(self, settings: Settings, workspace: Path, *, cancel: CancelToken | None = None
-             ) -> InterpreterFactory:
+    def open(self, settings: Settings, workspace: Path, *, cancel: CancelToken | None = None) -> InterpreterFactory:
         """An interpreter factory working in ``workspace``; raises ``SandboxUnavailableError`` with the fix."""
 
     def forget(self, settings: Settings, session_id: str) -> None:
@@ -119,8 +118,7 @@ def status(settings: Settings) -> Status:
     return Status(name, get(name).status(settings))
 
 
-def open_backend(settings: Settings, workspace: Path, *, cancel: CancelToken | None = None
-                 ) -> InterpreterFactory:
+def open_backend(settings: Settings, workspace: Path, *, cancel: CancelToken | None = None) -> InterpreterFactory:
     return get(choose(settings)).open(settings, workspace, cancel=cancel)
 
 
@@ -142,20 +140,31 @@ def forget(settings: Settings, session_id: str) -> None:
     get(choose(settings)).forget(settings, session_id)
 
 
-def describe(runtime: str, *, exec_timeout_s: float, root: str = "/workspace", memory_mb: int | None = None,
-             notes: str = "") -> str:
+def describe(
+    runtime: str, *, exec_timeout_s: float, root: str = "/workspace", memory_mb: int | None = None, notes: str = ""
+) -> str:
     """The instructions every backend gives the model; ``runtime`` says what runs where, ``notes`` what differs."""
     memory = f" and use {memory_mb} MB of memory" if memory_mb else ""
-    return " ".join(part for part in (
-        f"{runtime}.",
-        "State persists between steps: variables, imports and functions defined earlier are still there.",
-        (f"The working directory is {root}: the user's uploaded files are in {root}/{FILES_DIR}, "
-         f"save files for the user in {root}/{ARTIFACTS_DIR}, and {root}/{MEMORY_FILE} holds notes kept "
-         "across the turns of this session (read it at the start, append what is worth remembering)."),
-        notes,
-        ("Use print() to see results: you only see what is printed (long output is truncated) "
-         "and the value of a final bare expression."),
-        (f"Each step may run at most {exec_timeout_s:g} s{memory}; a step that times out is interrupted "
-         "but keeps its variables."),
-        "When done, call SUBMIT(...) with the output fields, positionally or by name.",
-    ) if part)
+    return " ".join(
+        part
+        for part in (
+            f"{runtime}.",
+            "State persists between steps: variables, imports and functions defined earlier are still there.",
+            (
+                f"The working directory is {root}: the user's uploaded files are in {root}/{FILES_DIR}, "
+                f"save files for the user in {root}/{ARTIFACTS_DIR}, and {root}/{MEMORY_FILE} holds notes kept "
+                "across the turns of this session (read it at the start, append what is worth remembering)."
+            ),
+            notes,
+            (
+                "Use print() to see results: you only see what is printed (long output is truncated) "
+                "and the value of a final bare expression."
+            ),
+            (
+                f"Each step may run at most {exec_timeout_s:g} s{memory}; a step that times out is interrupted "
+                "but keeps its variables."
+            ),
+            "When done, call SUBMIT(...) with the output fields, positionally or by name.",
+        )
+        if part
+    )

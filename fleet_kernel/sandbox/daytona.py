@@ -62,7 +62,8 @@ _cleaned: set[tuple[str, str]] = set()
 def _require_sdk() -> None:
     if sdk is None:
         raise SandboxUnavailableError(
-            "The Daytona backend needs the Daytona SDK: pip install 'fleet-kernel[daytona]'", code="daytona_missing")
+            "The Daytona backend needs the Daytona SDK: pip install 'fleet-kernel[daytona]'", code="daytona_missing"
+        )
 
 
 def api_url(settings: Settings) -> str:
@@ -80,7 +81,9 @@ def client_for(settings: Settings) -> Any:
     if settings.daytona_api_key is None:
         raise SandboxUnavailableError(
             "FLEET_DAYTONA_API_KEY is not set: create a key in the Daytona dashboard and export it "
-            "(FLEET_DAYTONA_API_URL too, for a self-hosted Daytona)", code="daytona_auth")
+            "(FLEET_DAYTONA_API_URL too, for a self-hosted Daytona)",
+            code="daytona_auth",
+        )
     key, url = settings.daytona_api_key.get_secret_value(), api_url(settings)
     cache_key = (url, hashlib.sha256(key.encode()).hexdigest())
     with _lock:
@@ -91,9 +94,11 @@ def client_for(settings: Settings) -> Any:
 
 
 def _instructions(settings: Settings) -> str:
-    return describe("Python 3 runs in a Daytona cloud sandbox (a Linux container)",
-                    exec_timeout_s=settings.limits.exec_timeout_s,
-                    notes="Output of subprocesses shows only when you capture and print it.")
+    return describe(
+        "Python 3 runs in a Daytona cloud sandbox (a Linux container)",
+        exec_timeout_s=settings.limits.exec_timeout_s,
+        notes="Output of subprocesses shows only when you capture and print it.",
+    )
 
 
 # -- finding and creating a session's sandbox -----------------------------------------------------
@@ -137,9 +142,13 @@ def _create(client: Any, settings: Settings, store: str, session_id: str) -> Any
         except (sdk.DaytonaForbiddenError, sdk.DaytonaNotFoundError, sdk.DaytonaBadRequestError) as exc:
             logger.warning("Daytona volumes unavailable (%s); /workspace will live in the sandbox only", exc)
     params = sdk.CreateSandboxFromSnapshotParams(
-        language="python", env_vars={}, volumes=volumes,  # no credential ever goes into the sandbox
+        language="python",
+        env_vars={},
+        volumes=volumes,  # no credential ever goes into the sandbox
         labels={"fleet": "1", "fleet_store": store, "fleet_session": session_id},
-        auto_stop_interval=AUTO_STOP_MIN, auto_delete_interval=AUTO_DELETE_MIN)
+        auto_stop_interval=AUTO_STOP_MIN,
+        auto_delete_interval=AUTO_DELETE_MIN,
+    )
     try:
         return client.create(params, timeout=CREATE_TIMEOUT_S)  # not retried: a retry could leak a second one
     except sdk.DaytonaTimeoutError as exc:
@@ -249,13 +258,22 @@ def open_daytona(settings: Settings, workspace: Path, *, cancel: CancelToken | N
     except (RuntimeError, ValueError) as exc:
         raise SandboxUnavailableError(f"could not sync the workspace into the Daytona sandbox: {exc}") from exc
     limits = settings.limits
-    new_session = functools.partial(DaytonaSession, box, max_output_bytes=settings.policy.sandbox.max_output_bytes,
-                                    run_timeout_s=int(limits.turn_timeout_s + 60))
+    new_session = functools.partial(
+        DaytonaSession,
+        box,
+        max_output_bytes=settings.policy.sandbox.max_output_bytes,
+        run_timeout_s=int(limits.turn_timeout_s + 60),
+    )
     max_file_bytes = int(settings.policy.storage.max_artifact_mb * 1024 * 1024)
-    return SandboxFactory(new_session, backend="daytona", execution_instructions=_instructions(settings),
-                          exec_timeout_s=limits.exec_timeout_s, cancel=cancel,
-                          on_close=functools.partial(_after_turn, box, workspace, max_file_bytes, _quota(settings)),
-                          max_output_bytes=settings.policy.sandbox.max_output_bytes)
+    return SandboxFactory(
+        new_session,
+        backend="daytona",
+        execution_instructions=_instructions(settings),
+        exec_timeout_s=limits.exec_timeout_s,
+        cancel=cancel,
+        on_close=functools.partial(_after_turn, box, workspace, max_file_bytes, _quota(settings)),
+        max_output_bytes=settings.policy.sandbox.max_output_bytes,
+    )
 
 
 def _quota(settings: Settings) -> tuple[int, int]:
@@ -319,11 +337,21 @@ def _check(settings: Settings, echo: Callable[[str], None]) -> bool:
 
     try:
         client = step(f"client for {url}", lambda: client_for(settings))
-        sandbox = step("create a disposable sandbox", lambda: client.create(sdk.CreateSandboxFromSnapshotParams(
-            language="python", ephemeral=True, auto_stop_interval=5, labels={"fleet": "1", "fleet_doctor": "1"}),
-            timeout=CREATE_TIMEOUT_S), lambda s: s.id)
-        step("run code", lambda: sandbox.code_interpreter.run_code("import sys; print(sys.version.split()[0])",
-                                                                   timeout=60), lambda r: f"Python {r.stdout.strip()}")
+        sandbox = step(
+            "create a disposable sandbox",
+            lambda: client.create(
+                sdk.CreateSandboxFromSnapshotParams(
+                    language="python", ephemeral=True, auto_stop_interval=5, labels={"fleet": "1", "fleet_doctor": "1"}
+                ),
+                timeout=CREATE_TIMEOUT_S,
+            ),
+            lambda s: s.id,
+        )
+        step(
+            "run code",
+            lambda: sandbox.code_interpreter.run_code("import sys; print(sys.version.split()[0])", timeout=60),
+            lambda r: f"Python {r.stdout.strip()}",
+        )
         step("write a file", lambda: sandbox.fs.upload_file(b"fleet doctor\n", "/tmp/fleet-doctor.txt"))
         data = step("read it back", lambda: sandbox.fs.download_file("/tmp/fleet-doctor.txt"))
         if data != b"fleet doctor\n":

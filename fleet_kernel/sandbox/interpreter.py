@@ -106,12 +106,18 @@ class _InFlight:
 class SandboxInterpreter:
     """``dspy``'s ``CodeInterpreter`` on a sandbox session that is started lazily and restarted after a crash."""
 
-    def __init__(self, new_session: Callable[[], SandboxSession], *, exec_timeout_s: float,
-                 cancel: CancelToken,
-                 tools: dict[str, Callable[..., Any]] | None = None,
-                 output_fields: list[dict[str, Any]] | None = None,
-                 on_shutdown: Callable[[SandboxInterpreter], None] | None = None,
-                 max_output_bytes: int | None = None, backend: str = "unknown") -> None:
+    def __init__(
+        self,
+        new_session: Callable[[], SandboxSession],
+        *,
+        exec_timeout_s: float,
+        cancel: CancelToken,
+        tools: dict[str, Callable[..., Any]] | None = None,
+        output_fields: list[dict[str, Any]] | None = None,
+        on_shutdown: Callable[[SandboxInterpreter], None] | None = None,
+        max_output_bytes: int | None = None,
+        backend: str = "unknown",
+    ) -> None:
         self._new_session = new_session
         self._backend = backend
         self._exec_timeout_s = exec_timeout_s
@@ -197,8 +203,14 @@ class SandboxInterpreter:
             session = self._session
             assert session is not None
             exec_id = next(self._ids)
-            request = {"type": "execute", "id": exec_id, "code": code, "tools": sorted(self._tools),
-                       "output_fields": self.output_fields, "variables": self._changed(variables or {})}
+            request = {
+                "type": "execute",
+                "id": exec_id,
+                "code": code,
+                "tools": sorted(self._tools),
+                "output_fields": self.output_fields,
+                "variables": self._changed(variables or {}),
+            }
             try:
                 session.send(request)
             except SessionClosed as exc:
@@ -259,8 +271,15 @@ class SandboxInterpreter:
                 used += now - last
             last = now
             if stop is None:
-                stop = ("cancel" if self._cancel.cancelled else "fatal" if self._fatal
-                        else "timeout" if used >= self._exec_timeout_s else None)
+                stop = (
+                    "cancel"
+                    if self._cancel.cancelled
+                    else "fatal"
+                    if self._fatal
+                    else "timeout"
+                    if used >= self._exec_timeout_s
+                    else None
+                )
                 if stop:
                     session.interrupt()
                     stopped_at = last_interrupt = now
@@ -280,7 +299,8 @@ class SandboxInterpreter:
                     raise self._stop_error(stop, "", None) from exc
                 output = "".join(chunks)
                 raise CodeExecutionError(
-                    f"{output}\nThe sandbox process {exc}. It was restarted: {_STATE_LOST}.".lstrip()) from exc
+                    f"{output}\nThe sandbox process {exc}. It was restarted: {_STATE_LOST}.".lstrip()
+                ) from exc
             except ProtocolError as exc:
                 self._crashed = f"The sandbox broke protocol: {exc}"
                 self._drop_session()
@@ -294,7 +314,7 @@ class SandboxInterpreter:
                     if shown > cap + OUTPUT_SLACK:
                         continue
                     if shown + len(text) > cap + OUTPUT_SLACK:
-                        text = f"{text[:cap + OUTPUT_SLACK - shown]}\n[output truncated: more than {cap} characters]\n"
+                        text = f"{text[: cap + OUTPUT_SLACK - shown]}\n[output truncated: more than {cap} characters]\n"
                     shown += len(text)
                 chunks.append(text)
                 if observer is not None:
@@ -305,13 +325,23 @@ class SandboxInterpreter:
             elif kind == "tool_call":
                 if in_flight.count >= MAX_TOOL_CALLS:
                     with contextlib.suppress(SessionClosed):
-                        session.send({"type": "tool_error", "id": message.get("id"), "error": {
-                            "type": "RuntimeError",
-                            "message": f"more than {MAX_TOOL_CALLS} tool calls at once; wait for some to finish"}})
+                        session.send(
+                            {
+                                "type": "tool_error",
+                                "id": message.get("id"),
+                                "error": {
+                                    "type": "RuntimeError",
+                                    "message": f"more than {MAX_TOOL_CALLS} tool calls at once; wait for some",
+                                },
+                            }
+                        )
                     continue
                 in_flight.add(1)
-                threading.Thread(target=run_with_context(self._run_tool, session, message, in_flight), daemon=True,
-                                 name=f"fleet-tool-{message.get('name')}").start()
+                threading.Thread(
+                    target=run_with_context(self._run_tool, session, message, in_flight),
+                    daemon=True,
+                    name=f"fleet-tool-{message.get('name')}",
+                ).start()
             elif kind == "done" and message.get("id") == exec_id:
                 if stop is None:  # factory.interrupt() or a cancelled tool got there before this loop looked
                     stop = "cancel" if self._cancel.cancelled else "fatal" if self._fatal else None
@@ -327,11 +357,15 @@ class SandboxInterpreter:
             return fatal or self._cancelled()
         limit = f"{self._exec_timeout_s:g} s"
         if error is None:
-            return CodeExecutionError(f"{output}\nExecution timed out after {limit} and did not stop when "
-                                      f"interrupted, so the sandbox was restarted: {_STATE_LOST}.".lstrip())
-        return CodeExecutionError(f"{output}\n{error.get('traceback', '')}Execution timed out after {limit} and "
-                                  "was interrupted; the REPL state is kept. Do less per step, or work in "
-                                  "smaller pieces.".lstrip())
+            return CodeExecutionError(
+                f"{output}\nExecution timed out after {limit} and did not stop when "
+                f"interrupted, so the sandbox was restarted: {_STATE_LOST}.".lstrip()
+            )
+        return CodeExecutionError(
+            f"{output}\n{error.get('traceback', '')}Execution timed out after {limit} and "
+            "was interrupted; the REPL state is kept. Do less per step, or work in "
+            "smaller pieces.".lstrip()
+        )
 
     def _cancelled(self) -> TurnCancelled:
         return self._cancel.error() or TurnCancelled()
@@ -362,6 +396,7 @@ class SandboxInterpreter:
             args, kwargs = _by_name(tool, args, kwargs)
         result = tool(*args, **kwargs)
         if inspect.isawaitable(result):
+
             async def wait() -> Any:
                 return await result
 
@@ -400,9 +435,17 @@ class SandboxFactory:
     ``execute`` raises its ``TurnCancelled``.
     """
 
-    def __init__(self, new_session: Callable[[], SandboxSession], *, backend: str, execution_instructions: str,
-                 exec_timeout_s: float, cancel: CancelToken | None = None,
-                 on_close: Callable[[], None] | None = None, max_output_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        new_session: Callable[[], SandboxSession],
+        *,
+        backend: str,
+        execution_instructions: str,
+        exec_timeout_s: float,
+        cancel: CancelToken | None = None,
+        on_close: Callable[[], None] | None = None,
+        max_output_bytes: int | None = None,
+    ) -> None:
         self.backend = backend
         self.execution_instructions = execution_instructions
         self.cancel = cancel if cancel is not None else CancelToken()
@@ -416,9 +459,14 @@ class SandboxFactory:
         self.cancel.on_cancel(self._interrupt_all)
 
     def __call__(self) -> SandboxInterpreter:
-        interpreter = SandboxInterpreter(self._new_session, exec_timeout_s=self._exec_timeout_s, cancel=self.cancel,
-                                         on_shutdown=self._forget, max_output_bytes=self._max_output_bytes,
-                                         backend=self.backend)
+        interpreter = SandboxInterpreter(
+            self._new_session,
+            exec_timeout_s=self._exec_timeout_s,
+            cancel=self.cancel,
+            on_shutdown=self._forget,
+            max_output_bytes=self._max_output_bytes,
+            backend=self.backend,
+        )
         with self._lock:
             if self._closed:
                 raise CodeInterpreterError(f"The {self.backend} sandbox has been closed.")

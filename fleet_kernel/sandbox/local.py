@@ -70,8 +70,12 @@ def _supports_disable_userns() -> bool:
 def _tuning_env() -> dict[str, str]:
     """Fewer reserved arenas and BLAS threads: both cost address space, which RLIMIT_AS counts."""
     threads = str(min(4, os.cpu_count() or 1))
-    return {"MALLOC_ARENA_MAX": "2", "OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads,
-            "MKL_NUM_THREADS": threads}
+    return {
+        "MALLOC_ARENA_MAX": "2",
+        "OPENBLAS_NUM_THREADS": threads,
+        "OMP_NUM_THREADS": threads,
+        "MKL_NUM_THREADS": threads,
+    }
 
 
 def _env_args() -> list[str]:
@@ -81,8 +85,13 @@ def _env_args() -> list[str]:
 
 def _python_paths() -> list[str]:
     """Directories the worker's Python needs (interpreter prefix, venv), outside /usr, outermost first."""
-    candidates = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-                  str(Path(os.path.realpath(sys.executable)).parent.parent)}
+    candidates = {
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        sys.base_exec_prefix,
+        str(Path(os.path.realpath(sys.executable)).parent.parent),
+    }
     paths: set[str] = set()
     for path in candidates:
         paths |= {os.path.abspath(path), os.path.realpath(path)}
@@ -119,8 +128,11 @@ def _support_dir() -> Path:
 def _write_etc(path: Path) -> None:
     """A tiny /etc: who uid 65534 is, localhost, and the loader cache; nothing of the host's."""
     path.mkdir()
-    files = {"passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:65534:65534:sandbox:/workspace:/bin/sh\n",
-             "group": "root:x:0:\nsandbox:x:65534:\n", "hosts": "127.0.0.1 localhost sandbox\n::1 localhost\n"}
+    files = {
+        "passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:65534:65534:sandbox:/workspace:/bin/sh\n",
+        "group": "root:x:0:\nsandbox:x:65534:\n",
+        "hosts": "127.0.0.1 localhost sandbox\n::1 localhost\n",
+    }
     for name, text in files.items():
         (path / name).write_text(text)
     with contextlib.suppress(OSError):
@@ -129,17 +141,43 @@ def _write_etc(path: Path) -> None:
         (path / name).mkdir()  # mount points for the host's own (harmless) config, bound read-only
 
 
-def bwrap_argv(limits: SandboxLimits, command: list[str], *, seccomp_fd: int | None,
-               farm: _pyfarm.Farm | None = None) -> list[str]:
+def bwrap_argv(
+    limits: SandboxLimits, command: list[str], *, seccomp_fd: int | None, farm: _pyfarm.Farm | None = None
+) -> list[str]:
     """The bubblewrap command line around ``command`` (which runs as uid 65534 in /workspace).
 
     Run by ``_stage.py``, which has mounted the workspace copy and the Python install in the support folder.
     """
     mib = 1024 * 1024
-    argv = [_bwrap_path() or "bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
-            "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/workspace",
-            "--setenv", "LANG", "C.UTF-8", *_env_args(), "--hostname", "sandbox", "--uid", "65534", "--gid", "65534",
-            "--cap-drop", "ALL", "--ro-bind", "/usr", "/usr"]
+    argv = [
+        _bwrap_path() or "bwrap",
+        "--unshare-all",
+        "--unshare-user",
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+        "--setenv",
+        "PATH",
+        "/usr/local/bin:/usr/bin:/bin",
+        "--setenv",
+        "HOME",
+        "/workspace",
+        "--setenv",
+        "LANG",
+        "C.UTF-8",
+        *_env_args(),
+        "--hostname",
+        "sandbox",
+        "--uid",
+        "65534",
+        "--gid",
+        "65534",
+        "--cap-drop",
+        "ALL",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+    ]
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
         path = Path("/", name)
         if path.is_symlink():
@@ -150,14 +188,33 @@ def bwrap_argv(limits: SandboxLimits, command: list[str], *, seccomp_fd: int | N
     argv += ["--ro-bind", str(support / "etc"), "/etc", "--ro-bind", str(support / "runtime.pyc"), SANDBOX_RUNTIME]
     for name in _ETC_BINDS:
         argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(64 * mib), "--tmpfs", "/dev/shm",
-             "--size", str(max(64, limits.memory_mb // 4) * mib), "--tmpfs", "/tmp",
-             "--bind", str(support / "workspace"), "/workspace", "--chdir", "/workspace"]
+    argv += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        str(64 * mib),
+        "--tmpfs",
+        "/dev/shm",
+        "--size",
+        str(max(64, limits.memory_mb // 4) * mib),
+        "--tmpfs",
+        "/tmp",
+        "--bind",
+        str(support / "workspace"),
+        "/workspace",
+        "--chdir",
+        "/workspace",
+    ]
     for n, prefix in enumerate(_python_paths()):  # after /tmp's tmpfs, which would hide a venv under /tmp
         argv += ["--ro-bind", str(support / "ro" / str(n)), farm.targets[n] if farm else prefix]
     if farm is not None:  # an interpreter built with an absolute RUNPATH still finds its libpython
-        libs = [f"{target}/lib" for prefix, target in zip(farm.prefixes, farm.targets, strict=True)
-                if any(Path(prefix, "lib").glob("libpython*"))]
+        libs = [
+            f"{target}/lib"
+            for prefix, target in zip(farm.prefixes, farm.targets, strict=True)
+            if any(Path(prefix, "lib").glob("libpython*"))
+        ]
         if libs:
             argv += ["--setenv", "LD_LIBRARY_PATH", ":".join(libs)]
     argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
@@ -168,8 +225,15 @@ def bwrap_argv(limits: SandboxLimits, command: list[str], *, seccomp_fd: int | N
     return [*argv, "--", *command]
 
 
-def sandbox_argv(workspace: Path | None, limits: SandboxLimits, command: list[str], *, seccomp_fd: int | None,
-                 join_fds: list[int], adopt_fd: int | None = None) -> list[str]:
+def sandbox_argv(
+    workspace: Path | None,
+    limits: SandboxLimits,
+    command: list[str],
+    *,
+    seccomp_fd: int | None,
+    join_fds: list[int],
+    adopt_fd: int | None = None,
+) -> list[str]:
     """``_stage.py`` (quota'd workspace copy, neutral mounts, own uid as root) around bubblewrap around ``command``.
 
     Without ``workspace``, ``adopt_fd`` is the stage's end of a socket that names the workspace later (pool.py).
@@ -179,9 +243,19 @@ def sandbox_argv(workspace: Path | None, limits: SandboxLimits, command: list[st
     if farm is not None and command[:1] == [sys.executable]:
         command = [farm.neutral(sys.executable), *command[1:]]
     where = ["--workspace", str(workspace.absolute())] if workspace is not None else ["--adopt-fd", str(adopt_fd)]
-    argv = [sys.executable, "-I", "-B", str(STAGE), *where,
-            "--mount", str(support / "workspace"), "--size", str(limits.workspace_mb * 1024 * 1024),
-            "--inodes", str(limits.workspace_files + 1)]  # + the root folder
+    argv = [
+        sys.executable,
+        "-I",
+        "-B",
+        str(STAGE),
+        *where,
+        "--mount",
+        str(support / "workspace"),
+        "--size",
+        str(limits.workspace_mb * 1024 * 1024),
+        "--inodes",
+        str(limits.workspace_files + 1),
+    ]  # + the root folder
     for n, prefix in enumerate(_python_paths()):
         argv += ["--expose", f"{farm.sources[n] if farm else prefix}={support / 'ro' / str(n)}"]
     for fd in join_fds:
@@ -193,16 +267,22 @@ def sandbox_argv(workspace: Path | None, limits: SandboxLimits, command: list[st
 
 def _userns_hint() -> str:
     apparmor = "kernel.apparmor_restrict_unprivileged_userns"
-    checks = {"/proc/sys/kernel/unprivileged_userns_clone": ("0", "sysctl -w kernel.unprivileged_userns_clone=1"),
-              "/proc/sys/user/max_user_namespaces": ("0", "sysctl -w user.max_user_namespaces=15000"),
-              "/proc/sys/" + apparmor.replace(".", "/"):
-                  ("1", f"install the bwrap AppArmor profile, or sysctl -w {apparmor}=0")}
+    checks = {
+        "/proc/sys/kernel/unprivileged_userns_clone": ("0", "sysctl -w kernel.unprivileged_userns_clone=1"),
+        "/proc/sys/user/max_user_namespaces": ("0", "sysctl -w user.max_user_namespaces=15000"),
+        "/proc/sys/" + apparmor.replace(".", "/"): (
+            "1",
+            f"install the bwrap AppArmor profile, or sysctl -w {apparmor}=0",
+        ),
+    }
     for path, (blocked, fix) in checks.items():
         with contextlib.suppress(OSError):
             if Path(path).read_text().strip() == blocked:
                 return f"unprivileged user namespaces are disabled: {fix}"
-    return ("bubblewrap cannot create namespaces here (inside a container, run it with --privileged or a seccomp "
-            "profile that allows unshare/clone of user namespaces)")
+    return (
+        "bubblewrap cannot create namespaces here (inside a container, run it with --privileged or a seccomp "
+        "profile that allows unshare/clone of user namespaces)"
+    )
 
 
 @functools.cache
@@ -217,8 +297,14 @@ def probe_bwrap() -> str | None:
         command = [sys.executable, "-I", "-S", "-c", "pass"]
         argv = sandbox_argv(Path(workspace), SandboxLimits(), command, seccomp_fd=seccomp, join_fds=[])
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False,
-                                  pass_fds=() if seccomp is None else (seccomp,))
+            done = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=False,
+                pass_fds=() if seccomp is None else (seccomp,),
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"bubblewrap failed to run: {exc}"
         finally:
@@ -294,20 +380,38 @@ class ProcessSession(PipeSession):
             if self._workspace is None:
                 self._adopt, stage_end = socket.socketpair()
                 join_fds.append(stage_end.detach())  # passed on and closed here like the cgroup fds
-            argv = sandbox_argv(self._workspace, limits, command, seccomp_fd=seccomp,
-                                join_fds=join_fds[:-1] if stage_end is not None else join_fds,
-                                adopt_fd=join_fds[-1] if stage_end is not None else None)
+            argv = sandbox_argv(
+                self._workspace,
+                limits,
+                command,
+                seccomp_fd=seccomp,
+                join_fds=join_fds[:-1] if stage_end is not None else join_fds,
+                adopt_fd=join_fds[-1] if stage_end is not None else None,
+            )
             env, cwd, preexec = {}, None, _confine.preexec([], rlimits)  # _stage.py joins after its copy
         else:
             argv = [sys.executable, "-I", "-B", str(_support_dir() / "runtime.pyc"), *options]
-            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self._workspace), "LANG": "C.UTF-8",
-                   **_tuning_env()}
+            env = {
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "HOME": str(self._workspace),
+                "LANG": "C.UTF-8",
+                **_tuning_env(),
+            }
             cwd = str(self._workspace)
         passed = [*([] if seccomp is None else [seccomp]), *(join_fds if self._isolated else [])]
         try:
             process = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
-                bufsize=1 << 16, pass_fds=passed, start_new_session=True, preexec_fn=preexec)
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                cwd=cwd,
+                bufsize=1 << 16,
+                pass_fds=passed,
+                start_new_session=True,
+                preexec_fn=preexec,
+            )
         except OSError as exc:
             self.kill()
             raise SessionClosed(f"could not be started: {exc}") from exc
@@ -351,7 +455,7 @@ class ProcessSession(PipeSession):
             reason = f"exited unexpectedly (status {code})"
         stderr = self._stderr_tail.decode("utf-8", "replace").strip()  # bwrap errors, Python's fatal errors
         if "Fatal Python error" in stderr:
-            reason += ":\n" + "\n".join(stderr[stderr.index("Fatal Python error"):].splitlines()[:12])
+            reason += ":\n" + "\n".join(stderr[stderr.index("Fatal Python error") :].splitlines()[:12])
         elif stderr:
             reason += ":\n" + "\n".join(stderr.splitlines()[-5:])
         return reason
@@ -383,12 +487,18 @@ class LocalBackend:
 
     def instructions(self, settings: Settings, workspace: Path) -> str:
         version = ".".join(map(str, sys.version_info[:2]))
-        where = ("in an isolated sandbox with no network access" if self.isolated
-                 else "directly on the host machine (no sandbox)")
-        return describe(f"Python {version} (CPython) runs {where}", exec_timeout_s=settings.limits.exec_timeout_s,
-                        root="/workspace" if self.isolated else str(workspace.absolute()),
-                        memory_mb=settings.policy.sandbox.memory_mb,
-                        notes=f"Nothing can be installed.{_installed_packages()}")
+        where = (
+            "in an isolated sandbox with no network access"
+            if self.isolated
+            else "directly on the host machine (no sandbox)"
+        )
+        return describe(
+            f"Python {version} (CPython) runs {where}",
+            exec_timeout_s=settings.limits.exec_timeout_s,
+            root="/workspace" if self.isolated else str(workspace.absolute()),
+            memory_mb=settings.policy.sandbox.memory_mb,
+            notes=f"Nothing can be installed.{_installed_packages()}",
+        )
 
     def open(self, settings: Settings, workspace: Path, *, cancel: CancelToken | None = None) -> SandboxFactory:
         from fleet_kernel.sandbox.interpreter import SandboxFactory
@@ -396,13 +506,17 @@ class LocalBackend:
         limits, exec_timeout_s = settings.policy.sandbox, settings.limits.exec_timeout_s
         if self.isolated and (reason := probe_bwrap()) is not None:
             raise SandboxUnavailableError(
-                f"The local sandbox cannot run: {reason}; or set FLEET_SANDBOX=unsafe-local to run without isolation.")
+                f"The local sandbox cannot run: {reason}; or set FLEET_SANDBOX=unsafe-local to run without isolation."
+            )
         workspace = workspace.absolute()
         for name in LAYOUT:
             (workspace / name).mkdir(parents=True, exist_ok=True)
         if not self.isolated:
-            logger.warning("FLEET_SANDBOX=unsafe-local: model-written code runs WITHOUT isolation, with your user's "
-                           "files, network and credentials, in %s", workspace)
+            logger.warning(
+                "FLEET_SANDBOX=unsafe-local: model-written code runs WITHOUT isolation, with your user's "
+                "files, network and credentials, in %s",
+                workspace,
+            )
         if self.isolated and limits.pool > 0:
             from fleet_kernel.sandbox import pool
 
@@ -414,7 +528,10 @@ class LocalBackend:
             new_session,
             backend="local" if self.isolated else "unsafe-local",
             execution_instructions=self.instructions(settings, workspace),
-            exec_timeout_s=exec_timeout_s, cancel=cancel, max_output_bytes=limits.max_output_bytes)
+            exec_timeout_s=exec_timeout_s,
+            cancel=cancel,
+            max_output_bytes=limits.max_output_bytes,
+        )
 
     def forget(self, settings: Settings, session_id: str) -> None:
         """Nothing outlives a turn: the workspace is the session's, deleted with it."""

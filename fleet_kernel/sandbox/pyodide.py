@@ -114,14 +114,22 @@ def ensure_pyodide(deno_dir: Path | None = None, *, timeout: float = 600) -> Pat
         return target
     target.mkdir(parents=True, exist_ok=True)
     try:
-        done = subprocess.run([deno, "cache", *_DENO_FLAGS, PYODIDE_SPEC], env=_deno_env(target, fetch=True),
-                              capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(
+            [deno, "cache", *_DENO_FLAGS, PYODIDE_SPEC],
+            env=_deno_env(target, fetch=True),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SandboxUnavailableError(f"Could not fetch Pyodide {PYODIDE_VERSION}: {exc}") from exc
     if done.returncode != 0 or not _cached(target):
         detail = (done.stderr.strip() or done.stdout.strip()).splitlines()[-3:]
-        raise SandboxUnavailableError(f"Could not fetch Pyodide {PYODIDE_VERSION} from the npm registry into "
-                                      f"{target}: {' '.join(detail) or f'deno exited with {done.returncode}'}")
+        raise SandboxUnavailableError(
+            f"Could not fetch Pyodide {PYODIDE_VERSION} from the npm registry into "
+            f"{target}: {' '.join(detail) or f'deno exited with {done.returncode}'}"
+        )
     _make_snapshot(deno, target, timeout)
     return target
 
@@ -139,13 +147,21 @@ def _make_snapshot(deno: str, deno_dir: Path, timeout: float) -> None:
     """Start Pyodide once and save its memory (the one Deno run allowed to write, into the cache only)."""
     path = snapshot_path(deno_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    argv = [deno, "run", "--cached-only", "--no-prompt", *_DENO_FLAGS,
-            f"--allow-read={os.path.realpath(RUNNER)},{os.path.realpath(deno_dir)}",
-            f"--allow-write={os.path.realpath(path.parent)}", os.path.realpath(RUNNER),
-            json.dumps({"make_snapshot": os.path.realpath(path)})]
+    argv = [
+        deno,
+        "run",
+        "--cached-only",
+        "--no-prompt",
+        *_DENO_FLAGS,
+        f"--allow-read={os.path.realpath(RUNNER)},{os.path.realpath(deno_dir)}",
+        f"--allow-write={os.path.realpath(path.parent)}",
+        os.path.realpath(RUNNER),
+        json.dumps({"make_snapshot": os.path.realpath(path)}),
+    ]
     try:
-        done = subprocess.run(argv, env=_deno_env(deno_dir), capture_output=True, text=True, timeout=timeout,
-                              check=False)
+        done = subprocess.run(
+            argv, env=_deno_env(deno_dir), capture_output=True, text=True, timeout=timeout, check=False
+        )
         failure = None if done.returncode == 0 and path.is_file() else done.stderr.strip()[-500:]
     except (OSError, subprocess.TimeoutExpired) as exc:
         failure = str(exc)
@@ -158,8 +174,10 @@ def probe_pyodide(home: Path | None = None) -> str | None:
     if find_deno() is None:
         return "Deno is not installed: pip install 'fleet-kernel[pyodide]' (or pip install 'deno>=2,<3')"
     if find_cache(home) is None:
-        return (f"Pyodide {PYODIDE_VERSION} is not cached for offline use: run `{PREFETCH_COMMAND}` once (it "
-                f"fetches {PYODIDE_SPEC} from the npm registry into {default_cache_dir()})")
+        return (
+            f"Pyodide {PYODIDE_VERSION} is not cached for offline use: run `{PREFETCH_COMMAND}` once (it "
+            f"fetches {PYODIDE_SPEC} from the npm registry into {default_cache_dir()})"
+        )
     return None
 
 
@@ -182,26 +200,44 @@ class PyodideSession(PipeSession):
     def argv(self) -> list[str]:
         """The Deno command line: read-only access to exactly what the runner needs, nothing else."""
         readable = [RUNNER, RUNTIME, self._deno_dir, self._workspace.root]
-        config = {"runtime": os.path.realpath(RUNTIME), "workspace": os.path.realpath(self._workspace.root),
-                  "max_output_bytes": self._limits.max_output_bytes,
-                  "max_file_bytes": self._limits.max_file_mb * 1024 * 1024,
-                  "workspace_bytes": self._limits.workspace_mb * 1024 * 1024,
-                  "workspace_files": self._limits.workspace_files}
+        config = {
+            "runtime": os.path.realpath(RUNTIME),
+            "workspace": os.path.realpath(self._workspace.root),
+            "max_output_bytes": self._limits.max_output_bytes,
+            "max_file_bytes": self._limits.max_file_mb * 1024 * 1024,
+            "workspace_bytes": self._limits.workspace_mb * 1024 * 1024,
+            "workspace_files": self._limits.workspace_files,
+        }
         if _usable_snapshot(self._deno_dir):
             config["snapshot"] = os.path.realpath(snapshot_path(self._deno_dir))
         # Deno matches permissions against real paths (denoland/deno#9607).
         allow = ",".join(os.path.realpath(path) for path in readable)
         deny = [f"--deny-read={path}" for path in _symlinks_to_deny(self._workspace.root)]
-        return [self._deno, "run", "--cached-only", "--no-prompt", *_DENO_FLAGS, f"--allow-read={allow}", *deny,
-                os.path.realpath(RUNNER), json.dumps(config)]
+        return [
+            self._deno,
+            "run",
+            "--cached-only",
+            "--no-prompt",
+            *_DENO_FLAGS,
+            f"--allow-read={allow}",
+            *deny,
+            os.path.realpath(RUNNER),
+            json.dumps(config),
+        ]
 
     def start(self) -> None:
         join_fds, preexec = self._confinement()
         try:
             process = subprocess.Popen(
-                self.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=_deno_env(self._deno_dir), cwd=self._workspace.root, start_new_session=True,
-                preexec_fn=preexec)  # noqa: PLW1509 - only writes to fds and sets rlimits, no locks
+                self.argv(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=_deno_env(self._deno_dir),
+                cwd=self._workspace.root,
+                start_new_session=True,
+                preexec_fn=preexec,
+            )  # noqa: PLW1509 - only writes to fds and sets rlimits, no locks
         except OSError as exc:
             self.kill()
             raise SessionClosed(f"could not be started: {exc}") from exc
@@ -221,9 +257,11 @@ class PyodideSession(PipeSession):
 
         limits = self._limits
         self._cgroup = _confine.Cgroup.create(limits.memory_mb + DENO_BASELINE_MB, 256)
-        rlimits = [(which, value) for which, value in _confine.rlimits(limits.memory_mb, limits.cpu_seconds,
-                                                                        limits.max_file_mb)
-                   if which != resource.RLIMIT_AS]
+        rlimits = [
+            (which, value)
+            for which, value in _confine.rlimits(limits.memory_mb, limits.cpu_seconds, limits.max_file_mb)
+            if which != resource.RLIMIT_AS
+        ]
         join_fds = self._cgroup.join_fds() if self._cgroup else []
         return join_fds, _confine.preexec(join_fds, rlimits)
 
@@ -271,8 +309,10 @@ class PyodideSession(PipeSession):
         used_bytes, used_entries = used_bytes + size - (old or 0), used_entries + new_entries
         limits = self._limits
         if used_bytes > limits.workspace_mb * 1024 * 1024 or used_entries > limits.workspace_files:
-            raise ValueError(f"saving {target.name} would take the workspace over its quota "
-                             f"({limits.workspace_mb} MB, {limits.workspace_files} files)")
+            raise ValueError(
+                f"saving {target.name} would take the workspace over its quota "
+                f"({limits.workspace_mb} MB, {limits.workspace_files} files)"
+            )
         self._usage = (used_bytes, used_entries)
 
     def _explain_death(self) -> str:
@@ -318,8 +358,9 @@ def _symlinks_to_deny(workspace: Path) -> list[str]:
                 raise SessionClosed(f"remove the symbolic link {path!r} from the workspace (Deno cannot deny it)")
             denied.add(os.path.join(root, *parts))
             if len(denied) > MAX_DENIED_LINKS:
-                raise SessionClosed(f"the workspace {root} holds more than {MAX_DENIED_LINKS} symbolic links; "
-                                    "remove them")
+                raise SessionClosed(
+                    f"the workspace {root} holds more than {MAX_DENIED_LINKS} symbolic links; remove them"
+                )
     return sorted(denied)
 
 
@@ -328,14 +369,18 @@ def _symlinks_to_deny(workspace: Path) -> list[str]:
 
 def execution_instructions(exec_timeout_s: float) -> str:
     """The prompt's description of this environment (what works in Pyodide, what does not)."""
-    return describe(f"Python {PYODIDE_PYTHON} (Pyodide {PYODIDE_VERSION}, CPython compiled to WebAssembly) runs in a "
-                    "sandbox with no network access", exec_timeout_s=exec_timeout_s,
-                    notes="Only the standard library is available and nothing can be installed; threads and "
-                          "subprocesses do not work.")
+    return describe(
+        f"Python {PYODIDE_PYTHON} (Pyodide {PYODIDE_VERSION}, CPython compiled to WebAssembly) runs in a "
+        "sandbox with no network access",
+        exec_timeout_s=exec_timeout_s,
+        notes="Only the standard library is available and nothing can be installed; threads and "
+        "subprocesses do not work.",
+    )
 
 
-def open_pyodide(settings: Settings, workspace: Path, *, cancel: CancelToken | None = None,
-                 deno_dir: Path | None = None) -> SandboxFactory:
+def open_pyodide(
+    settings: Settings, workspace: Path, *, cancel: CancelToken | None = None, deno_dir: Path | None = None
+) -> SandboxFactory:
     """An interpreter factory whose interpreters each run in their own Pyodide worker process.
 
     Raises:
@@ -351,8 +396,14 @@ def open_pyodide(settings: Settings, workspace: Path, *, cancel: CancelToken | N
     def new_session() -> PyodideSession:
         return PyodideSession(deno, cache, workspace, limits)
 
-    return SandboxFactory(new_session, backend="pyodide", execution_instructions=execution_instructions(
-        exec_timeout_s), exec_timeout_s=exec_timeout_s, cancel=cancel, max_output_bytes=limits.max_output_bytes)
+    return SandboxFactory(
+        new_session,
+        backend="pyodide",
+        execution_instructions=execution_instructions(exec_timeout_s),
+        exec_timeout_s=exec_timeout_s,
+        cancel=cancel,
+        max_output_bytes=limits.max_output_bytes,
+    )
 
 
 class PyodideBackend:

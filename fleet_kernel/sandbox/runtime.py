@@ -75,8 +75,9 @@ def jsonable(value: Any) -> Any:
 class Output:
     """Coalesces stdout/stderr text into ``out`` messages and keeps this execution's capped copy."""
 
-    def __init__(self, send: Callable[[Message], None], limit: int, flusher: bool,
-                 sent: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, send: Callable[[Message], None], limit: int, flusher: bool, sent: Callable[[], None] | None = None
+    ) -> None:
         self._send, self._limit = send, limit
         self._sent = sent  # waits until what was sent is written (the sender is a thread)
         self._lock = threading.Lock()
@@ -285,8 +286,16 @@ class _QueuedSender:
 class Runtime:
     """The persistent namespace and one execution at a time; driven by ``serve``."""
 
-    def __init__(self, send: Callable[[Message], None], receive: Callable[[], Message] | None,
-                 *, max_output_bytes: int, threaded: bool, capture_fds: bool, reap: bool) -> None:
+    def __init__(
+        self,
+        send: Callable[[Message], None],
+        receive: Callable[[], Message] | None,
+        *,
+        max_output_bytes: int,
+        threaded: bool,
+        capture_fds: bool,
+        reap: bool,
+    ) -> None:
         sender = _QueuedSender(send) if threaded else None
         self._send = sender or send
         self._receive = receive  # only for waiting on tool replies when there are no threads
@@ -334,8 +343,13 @@ class Runtime:
 
     def call_tool(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         call_id = next(self._ids)
-        request = {"type": "tool_call", "id": call_id, "name": name, "args": jsonable(list(args)),
-                   "kwargs": jsonable(kwargs)}
+        request = {
+            "type": "tool_call",
+            "id": call_id,
+            "name": name,
+            "args": jsonable(list(args)),
+            "kwargs": jsonable(kwargs),
+        }
         if self._receive is not None:
             reply: Message | None = self._wait_inline(request)
         else:
@@ -512,9 +526,16 @@ def _reap_strays() -> None:
         time.sleep(0.005)
 
 
-def serve(send: Callable[[Message], None], receive: Callable[[], Message], *, max_output_bytes: int = 1_000_000,
-          threaded: bool = True, capture_fds: bool = False, reap: bool = False,
-          flush_signal: int | None = None) -> None:
+def serve(
+    send: Callable[[Message], None],
+    receive: Callable[[], Message],
+    *,
+    max_output_bytes: int = 1_000_000,
+    threaded: bool = True,
+    capture_fds: bool = False,
+    reap: bool = False,
+    flush_signal: int | None = None,
+) -> None:
     """Answer the host until it sends ``shutdown`` or ``receive`` raises ``EOFError``.
 
     Host to sandbox: ``execute{id, code, variables, tools?, output_fields?}``, ``tool_result{id, value}``,
@@ -527,8 +548,14 @@ def serve(send: Callable[[Message], None], receive: Callable[[], Message], *, ma
     ``flush_signal`` (no threads, so no flusher): the host raises this signal while code runs, and each
     one sends the output buffered so far (Pyodide raises it through its interrupt buffer).
     """
-    runtime = Runtime(send, None if threaded else receive, max_output_bytes=max_output_bytes,
-                      threaded=threaded, capture_fds=capture_fds, reap=reap)
+    runtime = Runtime(
+        send,
+        None if threaded else receive,
+        max_output_bytes=max_output_bytes,
+        threaded=threaded,
+        capture_fds=capture_fds,
+        reap=reap,
+    )
     requests: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
 
     def on_sigint(signum: int, frame: Any) -> None:
@@ -605,8 +632,13 @@ def main_stdio(argv: list[str] | None = None) -> None:
         message: Message = json.loads(line)
         return message
 
-    serve(send, receive, max_output_bytes=int(options.get("--max-output-bytes", 1_000_000)),
-          capture_fds=True, reap=options.get("--reap") == "1")
+    serve(
+        send,
+        receive,
+        max_output_bytes=int(options.get("--max-output-bytes", 1_000_000)),
+        capture_fds=True,
+        reap=options.get("--reap") == "1",
+    )
     os._exit(0)  # do not wait for threads the model's code left running
 
 

@@ -142,8 +142,9 @@ def _read_folder(root: Path, source: str) -> list[Skill]:
         try:
             data, _ = safe_files.read_path(root, f"{name}/{SKILL_FILE}", max_bytes=MAX_CARD_BYTES)
         except safe_files.Refused as exc:
-            raise SkillFormatError(f"{card}: cannot be read as a plain file of at most {MAX_CARD_BYTES} bytes "
-                                   f"({exc})") from None
+            raise SkillFormatError(
+                f"{card}: cannot be read as a plain file of at most {MAX_CARD_BYTES} bytes ({exc})"
+            ) from None
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:

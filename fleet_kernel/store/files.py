@@ -51,9 +51,7 @@ class FileStore(Database):
             raise NotFoundError(f"no attachment {attachment_id!r}")
         return row
 
-    async def add_artifact(
-        self, *, session_id: str, turn_id: str, path: str, mime: str, data: bytes
-    ) -> ArtifactRow:
+    async def add_artifact(self, *, session_id: str, turn_id: str, path: str, mime: str, data: bytes) -> ArtifactRow:
         row = ArtifactRow(
             artifact_id=new_id("art"), session_id=session_id, turn_id=turn_id, path=path, mime=mime,
             **_file_fields(data),

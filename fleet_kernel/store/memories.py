@@ -30,8 +30,14 @@ def check_kind(kind: str) -> str:
 
 class MemoryStore(Database):
     async def put_memory(
-        self, session_id: str, content: str, *, kind: str = "note", memory_id: str | None = None,
-        max_chars: int, max_count: int,
+        self,
+        session_id: str,
+        content: str,
+        *,
+        kind: str = "note",
+        memory_id: str | None = None,
+        max_chars: int,
+        max_count: int,
     ) -> MemoryRow:
         """Create a memory (or replace the one with ``memory_id``) in the session.
 
@@ -61,8 +67,14 @@ class MemoryStore(Database):
                     raise ValidationError(
                         f"this session keeps {count} memories, the limit (memory.max_count): forget some first"
                     )
-                row = MemoryRow(memory_id=memory_id or new_id("mem"), session_id=session_id, kind=kind,
-                                content=content, created_at=now, updated_at=now)
+                row = MemoryRow(
+                    memory_id=memory_id or new_id("mem"),
+                    session_id=session_id,
+                    kind=kind,
+                    content=content,
+                    created_at=now,
+                    updated_at=now,
+                )
                 s.add(row)
             else:
                 row.content, row.kind, row.updated_at = content, kind, now
@@ -89,7 +101,8 @@ class MemoryStore(Database):
         """Every memory of the session, oldest first."""
         async with self._read() as s:
             rows = await s.scalars(
-                select(MemoryRow).where(MemoryRow.session_id == session_id)
+                select(MemoryRow)
+                .where(MemoryRow.session_id == session_id)
                 .order_by(MemoryRow.created_at, MemoryRow.memory_id)
             )
             return list(rows)

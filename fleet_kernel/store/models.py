@@ -139,9 +139,7 @@ class AttachmentRow(Base):
     __tablename__ = "attachments"
 
     attachment_id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    session_id: Mapped[str | None] = mapped_column(
-        ForeignKey("sessions.session_id", ondelete="CASCADE"), index=True
-    )
+    session_id: Mapped[str | None] = mapped_column(ForeignKey("sessions.session_id", ondelete="CASCADE"), index=True)
     filename: Mapped[str] = mapped_column(String(255))
     path: Mapped[str] = mapped_column(String(512))
     mime: Mapped[str] = mapped_column(String(200))

@@ -101,8 +101,13 @@ class SessionStore(Database):
         return SessionPage(rows, _cursor(rows[-1]) if more else None)
 
     async def update_session(
-        self, session_id: str, *, title: str | None = None, archived: bool | None = None,
-        model: str | None = _UNSET, sub_model: str | None = _UNSET,
+        self,
+        session_id: str,
+        *,
+        title: str | None = None,
+        archived: bool | None = None,
+        model: str | None = _UNSET,
+        sub_model: str | None = _UNSET,
     ) -> SessionRow:
         """Change what is given: the title, whether it is archived, and its models (``None`` for the
         configured one). Raises ``NotFoundError``."""  # fmt: skip

@@ -46,7 +46,7 @@ COMMIT_LATENCY = Histogram("fleet_store_commit_seconds", "Time to commit one bat
 SPANS_LOST = Counter("fleet_trace_spans_lost", "Spans dropped: the collector was unreachable, slow or refused them")
 
 _TYPED = frozenset({"turn.started", "lm.finished", "turn.completed", "turn.failed", "turn.cancelled"})
-_STATUS = {TurnCompleted: "completed", TurnFailed: "failed", TurnCancelledData: "cancelled"}
+_STATUS: dict[type, str] = {TurnCompleted: "completed", TurnFailed: "failed", TurnCancelledData: "cancelled"}
 _lock = threading.Lock()
 _open: dict[str, tuple[datetime, bool]] = {}  # turn_id -> (turn.started time, a later event seen)
 
@@ -74,9 +74,10 @@ def observe_commit(events: list[Event], seconds: float | None = None) -> None:
                 _open[event.turn_id] = (started[0], True)
             if type(data) in _STATUS:
                 TURNS_FINISHED.labels(_STATUS[type(data)]).inc()
-                if _open.pop(event.turn_id, None) is not None:
+                opened = _open.pop(event.turn_id, None)
+                if opened is not None:
                     TURNS_RUNNING.dec()
-                    TURN_DURATION.observe(max(0.0, (_when(event) - started[0]).total_seconds()))
+                    TURN_DURATION.observe(max(0.0, (_when(event) - opened[0]).total_seconds()))
         if isinstance(data, LMFinished):
             LM_CALLS.labels(data.role).inc()
             LM_TOKENS.labels(data.role, "prompt").inc(data.usage.prompt_tokens)
@@ -110,11 +111,12 @@ def summary_lines() -> list[str]:
 
     tokens = {kind: sum(n for k, n in v.items() if k.startswith("fleet_lm_tokens_total{") and f"kind={kind}" in k)
               for kind in ("prompt", "completion")}  # fmt: skip
+    cost = sum(n for k, n in v.items() if k.startswith("fleet_lm_cost_usd_total"))
     return [
         f"this process: turns started {v.get('fleet_turns_started_total', 0):g}, running "
         f"{v.get('fleet_turns_running', 0):g}, finished ({by('fleet_turns_finished_total', 'status')})",
         f"this process: LM calls ({by('fleet_lm_calls_total', 'role')}), tokens {tokens['prompt']:,.0f} in, "
-        f"{tokens['completion']:,.0f} out, ${sum(n for k, n in v.items() if k.startswith('fleet_lm_cost_usd_total')):.4f}",
+        f"{tokens['completion']:,.0f} out, ${cost:.4f}",
         f"this process: sandbox starts ({by('fleet_sandbox_starts_total', 'backend')}), events committed "
         f"{sum(n for k, n in v.items() if k.startswith('fleet_events_committed_total')):g}, trace spans lost "
         f"{v.get('fleet_trace_spans_lost_total', 0):g}",

@@ -116,9 +116,9 @@ class TraceBuilder:
         for span in reversed(list(agent.tools.values())):
             span.end(end_time=end)
         agent.tools.clear()
-        for span in (agent.execution, agent.iteration):
-            if span is not None:
-                span.end(end_time=end)
+        for open_span in (agent.execution, agent.iteration):
+            if open_span is not None:
+                open_span.end(end_time=end)
         agent.execution = agent.iteration = None
 
     # ------------------------------------------------------------------ events
@@ -139,7 +139,8 @@ class TraceBuilder:
             self._end_agent_work(agent, end)
             agent.iteration = self._start(
                 "fleet.iteration", agent.span, event.ts,
-                {"fleet.iteration": data.iteration, "fleet.max_iters": data.max_iters, "fleet.agent_id": event.agent_id},
+                {"fleet.iteration": data.iteration, "fleet.max_iters": data.max_iters,
+                 "fleet.agent_id": event.agent_id},
             )  # fmt: skip
         elif isinstance(data, Reasoning) and self._content and agent.iteration is not None:
             agent.iteration.set_attribute("fleet.reasoning", self._text(data.text))
@@ -160,7 +161,9 @@ class TraceBuilder:
                           "gen_ai.tool.call.id": data.call_id}  # fmt: skip
             if self._content:
                 attributes["gen_ai.tool.call.arguments"] = self._text(data.args_preview)
-            agent.tools[data.call_id] = self._start(f"execute_tool {data.name}", agent.innermost(), event.ts, attributes)
+            agent.tools[data.call_id] = self._start(
+                f"execute_tool {data.name}", agent.innermost(), event.ts, attributes
+            )
         elif isinstance(data, ToolFinished):
             span = agent.tools.pop(data.call_id, None)
             if span is not None:
@@ -308,7 +311,8 @@ def lost(count: int) -> None:
         _warned.set()
         log.warning(
             "traces: %d span(s) could not be exported (collector unreachable, slow or refusing); turns are "
-            "unaffected, and further losses are only counted (fleet_trace_spans_lost_total)", count
+            "unaffected, and further losses are only counted (fleet_trace_spans_lost_total)",
+            count,
         )
 
 
@@ -340,7 +344,6 @@ class Tracing:
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         return bool(self.provider.force_flush(int(timeout_s * 1000)))
-
 
 
 class _LossCountingProcessor(BatchSpanProcessor):

@@ -85,8 +85,8 @@ def test_size_limit_is_413(fleet_env: dict[str, str], tmp_path: Path) -> None:
 
 
 def test_uploads_never_write_through_links_code_keeps_planting(
-        client: httpx.Client, session_id: str, scripted_lm: ScriptedLM, monkeypatch: pytest.MonkeyPatch,
-        tmp_path: Path) -> None:
+    client: httpx.Client, session_id: str, scripted_lm: ScriptedLM, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """Sandbox code (on a host without the seccomp filter, so it can make links) keeps planting links to a
     host file under the names an upload would take, while the same name is uploaded over and over."""
     if probe_bwrap() is not None:
@@ -95,7 +95,12 @@ def test_uploads_never_write_through_links_code_keeps_planting(
     victim = tmp_path / "victim.txt"
     victim.write_text("host file, untouched")
     victim.chmod(0o600)
-    scripted_lm.add("*", [step("Plant.", f"""
+    scripted_lm.add(
+        "*",
+        [
+            step(
+                "Plant.",
+                f"""
 import os, time
 names = ['/workspace/files/report.txt'] + [f'/workspace/files/report-{{n}}.txt' for n in range(2, 40)]
 end = time.time() + 6
@@ -108,7 +113,10 @@ while time.time() < end:
         except OSError:
             pass
 SUBMIT(answer='planted')
-""")])
+""",
+            )
+        ],
+    )
     frames: list = []
     turn = threading.Thread(target=lambda: frames.extend(run_turn(client, session_id, "plant links")))
     turn.start()

@@ -281,4 +281,3 @@ def test_connections_are_capped(settings: Settings, slow_sockets: list[socket.so
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-

@@ -20,7 +20,9 @@ OCTETS = {"content-type": "application/octet-stream"}
 
 def test_paging_search_and_archive(client: httpx.Client, scripted_lm: ScriptedLM) -> None:
     tag = uuid.uuid4().hex[:8]  # a PostgreSQL test database keeps other tests' sessions: page through ours
-    made = [client.post("/api/sessions", json={"title": f"{tag} bulk {i:03d}"}).json()["session_id"] for i in range(120)]
+    made = [
+        client.post("/api/sessions", json={"title": f"{tag} bulk {i:03d}"}).json()["session_id"] for i in range(120)
+    ]
     scripted_lm.add("forecast the quarterly revenue", DONE)
     run_turn(client, made[10], "forecast the quarterly revenue")
 
@@ -119,8 +121,11 @@ def test_workspace_files_over_http(client: httpx.Client, session_id: str, settin
     assert (outside / "target.txt").read_text() == "private"  # the link was replaced, not written through
 
     # The body must be raw bytes with its own type; a page on another site cannot send one.
-    assert_error(client.put(f"{files}/files/b.txt", content=b"x", headers={"content-type": "text/plain"}),
-                 415, "unsupported_media_type")
+    assert_error(
+        client.put(f"{files}/files/b.txt", content=b"x", headers={"content-type": "text/plain"}),
+        415,
+        "unsupported_media_type",
+    )
     cross = client.put(f"{files}/files/b.txt", content=b"x", headers={**OCTETS, "origin": "https://evil.example"})
     assert_error(cross, 403, "cross_origin_refused")
 

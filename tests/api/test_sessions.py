@@ -8,7 +8,16 @@ from live_api import assert_error
 
 def test_create_read_list_rename(client: httpx.Client) -> None:
     created = client.post("/api/sessions", json={"title": "sales"}).json()
-    assert set(created) == {"session_id", "title", "created_at", "updated_at", "turn_count", "archived", "model", "sub_model"}
+    assert set(created) == {
+        "session_id",
+        "title",
+        "created_at",
+        "updated_at",
+        "turn_count",
+        "archived",
+        "model",
+        "sub_model",
+    }
     assert created["title"] == "sales" and created["turn_count"] == 0
     sid = created["session_id"]
     assert client.get(f"/api/sessions/{sid}").json() == created

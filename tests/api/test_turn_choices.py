@@ -56,9 +56,7 @@ def project_skill(tmp_path: Path) -> Path:
     return folder
 
 
-def test_skills_listed_with_source_and_resources(
-    client: httpx.Client, project_skill: Path, fleet_home: Path
-) -> None:
+def test_skills_listed_with_source_and_resources(client: httpx.Client, project_skill: Path, fleet_home: Path) -> None:
     home_card = fleet_home / "skills" / "tabular-analysis"
     home_card.mkdir(parents=True)
     (home_card / "SKILL.md").write_text("---\nname: tabular-analysis\ndescription: my own tables\n---\n# Mine\n")
@@ -135,18 +133,35 @@ def test_a_turn_with_two_attachments(client: httpx.Client, session_id: str, scri
     sales = upload(client, session_id, "sales.csv", b"month,total\njan,3\n")
     notes = upload(client, session_id, "notes.txt", b"ship early\n")
     # An earlier turn writes another file where sales.csv was and removes notes.txt.
-    scripted_lm.add("reshape", [step("change files", (
-        "open('/workspace/files/sales.csv', 'w').write('mine, not the upload\\n')\n"
-        "import os\nos.remove('/workspace/files/notes.txt')\nSUBMIT(answer='changed')"))])
+    scripted_lm.add(
+        "reshape",
+        [
+            step(
+                "change files",
+                (
+                    "open('/workspace/files/sales.csv', 'w').write('mine, not the upload\\n')\n"
+                    "import os\nos.remove('/workspace/files/notes.txt')\nSUBMIT(answer='changed')"
+                ),
+            )
+        ],
+    )
     assert start(client, session_id, "reshape the files")[-1].event == "turn.completed"
     read = "import os\nfor n in sorted(os.listdir('/workspace/files')):\n    print(n, '=', open('/workspace/files/' + n).read().strip())"
     scripted_lm.add("both files", [step("read them", read), step("done", "SUBMIT(answer='read')")])
-    frames = start(client, session_id, "sum both files", attachment_ids=[sales["attachment_id"], notes["attachment_id"]])
+    frames = start(
+        client, session_id, "sum both files", attachment_ids=[sales["attachment_id"], notes["attachment_id"]]
+    )
     assert frames[-1].event == "turn.completed", frames[-1].data
     attached = data(frames, "turn.started")[0]["attachments"]
     assert [a["attachment_id"] for a in attached] == [sales["attachment_id"], notes["attachment_id"]]
-    assert attached[0] | {} == {"attachment_id": sales["attachment_id"], "name": "sales-2.csv",
-                                "path": "files/sales-2.csv", "size": 18, "sha256": sales["sha256"], "renamed": True}
+    assert attached[0] | {} == {
+        "attachment_id": sales["attachment_id"],
+        "name": "sales-2.csv",
+        "path": "files/sales-2.csv",
+        "size": 18,
+        "sha256": sales["sha256"],
+        "renamed": True,
+    }
     assert attached[1]["name"] == "notes.txt" and not attached[1]["renamed"]  # restored where it was
     out = printed(frames)
     assert "sales.csv = mine, not the upload" in out  # never overwritten

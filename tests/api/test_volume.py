@@ -104,18 +104,29 @@ def test_names_that_are_not_utf8_are_listed_escaped(client: httpx.Client, sessio
     response = tree(client, session_id, depth=4)
     assert response.status_code == 200, response.text
     paths = {e["path"] for e in response.json()["entries"]}
-    assert {"artifacts/bad-\\xff\\xfe.txt", "files/dir-\\xff", "files/dir-\\xff/inner.txt", "files/line\nbreak.txt",
-            "files/data.csv"} <= paths
+    assert {
+        "artifacts/bad-\\xff\\xfe.txt",
+        "files/dir-\\xff",
+        "files/dir-\\xff/inner.txt",
+        "files/line\nbreak.txt",
+        "files/data.csv",
+    } <= paths
 
 
 def test_a_folder_swapped_for_a_link_while_listed_is_never_listed_through(
-        client: httpx.Client, session_id: str, scripted_lm: ScriptedLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    client: httpx.Client, session_id: str, scripted_lm: ScriptedLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Sandbox code (on a host without the seccomp filter, so it can make links) keeps swapping a folder
     for a link to the host's ``/`` while the tree is listed over and over."""
     if probe_bwrap() is not None:
         pytest.skip(f"local sandbox unavailable: {probe_bwrap()}")
     monkeypatch.setattr(_confine, "seccomp_program", lambda: None)
-    scripted_lm.add("*", [step("Swap.", """
+    scripted_lm.add(
+        "*",
+        [
+            step(
+                "Swap.",
+                """
 import os, time
 base = '/workspace/artifacts'
 os.makedirs(base + '/d/inner', exist_ok=True)
@@ -127,7 +138,10 @@ while time.time() < end:
     os.unlink(base + '/d')
     os.rename(base + '/d.real', base + '/d')
 SUBMIT(answer='swapped')
-""")])
+""",
+            )
+        ],
+    )
     frames: list = []
     turn = threading.Thread(target=lambda: frames.extend(run_turn(client, session_id, "swap a folder for a link")))
     turn.start()

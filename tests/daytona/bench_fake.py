@@ -31,9 +31,18 @@ def bench_daytona_fake(runs: int = 30) -> dict[str, float]:
     imported (``sdk_import_ms`` is that import alone, in a fresh process). ``warm_turn_start_ms``: the next
     turn in the same session, to its first result (a new context on the warm sandbox).
     """
-    import_s = float(subprocess.run(
-        [sys.executable, "-c", "import time; t = time.perf_counter(); from daytona import Daytona; "
-                               "print(time.perf_counter() - t)"], capture_output=True, text=True, check=True).stdout)
+    import_s = float(
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import time; t = time.perf_counter(); from daytona import Daytona; print(time.perf_counter() - t)",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     from daytona import Daytona  # noqa: F401 - loaded before the clock starts; its cost is reported alone
     from fake_server import FakeDaytona
 
@@ -43,8 +52,14 @@ def bench_daytona_fake(runs: int = 30) -> dict[str, float]:
     from fleet_kernel.workspace import Workspace
 
     with tempfile.TemporaryDirectory() as home, FakeDaytona() as fake:
-        settings = load_settings({"FLEET_HOME": home, "FLEET_SANDBOX": "daytona", "FLEET_DAYTONA_API_KEY": fake.api_key,
-                                  "FLEET_DAYTONA_API_URL": fake.api_url})
+        settings = load_settings(
+            {
+                "FLEET_HOME": home,
+                "FLEET_SANDBOX": "daytona",
+                "FLEET_DAYTONA_API_KEY": fake.api_key,
+                "FLEET_DAYTONA_API_URL": fake.api_url,
+            }
+        )
         workspace = Workspace.for_session(settings.workspaces_dir, "bench").root
         started = time.perf_counter()
         factory = open_daytona(settings, workspace)

@@ -48,8 +48,13 @@ def client(fake: Any) -> Any:
 @pytest.fixture
 def env(fake: Any, fleet_env: dict[str, str]) -> dict[str, str]:
     """A Fleet environment on the Daytona backend, pointed at the fake."""
-    return {**fleet_env, "FLEET_LM_API_KEY": LM_KEY, "FLEET_SANDBOX": "daytona",
-            "FLEET_DAYTONA_API_KEY": fake.api_key, "FLEET_DAYTONA_API_URL": fake.api_url}
+    return {
+        **fleet_env,
+        "FLEET_LM_API_KEY": LM_KEY,
+        "FLEET_SANDBOX": "daytona",
+        "FLEET_DAYTONA_API_KEY": fake.api_key,
+        "FLEET_DAYTONA_API_URL": fake.api_url,
+    }
 
 
 @pytest.fixture(autouse=True)

@@ -87,7 +87,7 @@ class FakeSandbox:
         absolute = os.path.normpath(os.path.join(cwd, path))
         for mount in reversed(self.mounts):  # the longest mount path wins
             if absolute == mount.path or absolute.startswith(mount.path.rstrip("/") + "/"):
-                rest = absolute[len(mount.path):].lstrip("/")
+                rest = absolute[len(mount.path) :].lstrip("/")
                 return mount.source / rest
         return self.root / absolute.lstrip("/")
 
@@ -138,13 +138,19 @@ class FakeSandbox:
         contexts, self.contexts = list(self.contexts.values()), {}
         await asyncio.gather(*(c.shutdown() for c in contexts))
 
-    async def run_command(self, command: str, cwd: str | None, envs: dict[str, str] | None,
-                          timeout: int | None) -> tuple[int, str] | None:
+    async def run_command(
+        self, command: str, cwd: str | None, envs: dict[str, str] | None, timeout: int | None
+    ) -> tuple[int, str] | None:
         """``process/execute``: split like the daemon (quotes, no escapes); ``None`` on timeout."""
         argv, host_cwd = self.command(split_command(command), cwd or HOME)
-        proc = await asyncio.create_subprocess_exec(*argv, cwd=host_cwd, env=self.process_env(envs),
-                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                                                    start_new_session=True)
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=host_cwd,
+            env=self.process_env(envs),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             out, _ = await asyncio.wait_for(proc.communicate(), timeout if timeout and timeout > 0 else None)
         except TimeoutError:
@@ -209,8 +215,13 @@ class Context:
         self._fifo = asyncio.Lock()
 
     def info(self) -> dict[str, Any]:
-        return {"id": self.id, "cwd": self.cwd, "language": "python", "active": self.active,
-                "createdAt": self.created_at}
+        return {
+            "id": self.id,
+            "cwd": self.cwd,
+            "language": "python",
+            "active": self.active,
+            "createdAt": self.created_at,
+        }
 
     @property
     def pid(self) -> int | None:
@@ -219,8 +230,14 @@ class Context:
     async def start(self) -> None:
         argv, host_cwd = self.sandbox.command([sandbox_python(), "-u", str(WORKER)], self.cwd)
         self._proc = await asyncio.create_subprocess_exec(
-            *argv, cwd=host_cwd, env=self.sandbox.process_env(), stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=None, limit=LINE_LIMIT)
+            *argv,
+            cwd=host_cwd,
+            env=self.sandbox.process_env(),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=None,
+            limit=LINE_LIMIT,
+        )
         self._reader = asyncio.get_running_loop().create_task(self._read_loop())
         await asyncio.wait_for(self._hello.wait(), 30)
         self.active = True
@@ -246,8 +263,7 @@ class Context:
                 if chunk.get("type") == "control":
                     client.control = str(chunk.get("text", ""))
                     client.done.set()
-                client.offer(json.dumps({k: chunk.get(k, "") for k in ("type", "text", "name", "value",
-                                                                           "traceback")}))
+                client.offer(json.dumps({k: chunk.get(k, "") for k in ("type", "text", "name", "value", "traceback")}))
         except (ValueError, asyncio.LimitOverrunError):
             return  # a line over 1 MiB stops the daemon's read loop; executions then time out
         await self._proc.wait()
@@ -257,8 +273,14 @@ class Context:
             client.control = "died"
             client.done.set()
 
-    async def execute(self, code: str, envs: dict[str, str] | None, timeout: float, send: Send,
-                      close: Callable[[int, str], Awaitable[None]]) -> None:
+    async def execute(
+        self,
+        code: str,
+        envs: dict[str, str] | None,
+        timeout: float,
+        send: Send,
+        close: Callable[[int, str], Awaitable[None]],
+    ) -> None:
         """Run ``code`` after earlier executions; stream frames through ``send`` and close like the daemon."""
         async with self._fifo:
             client = Execution()

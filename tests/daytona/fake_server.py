@@ -29,6 +29,8 @@ from aiohttp import WSMsgType, web
 from fake_sandbox import FakeSandbox, Mount, now
 
 ORG = "org-fake"
+
+
 @dataclass
 class Recorded:
     method: str
@@ -75,8 +77,7 @@ class FakeDaytona:
 
     # -- test controls --------------------------------------------------------------------------
 
-    def fail(self, method: str, path_part: str, status: int, message: str = "injected failure",
-             times: int = 1) -> None:
+    def fail(self, method: str, path_part: str, status: int, message: str = "injected failure", times: int = 1) -> None:
         """The next ``times`` requests whose path contains ``path_part`` answer ``status``."""
         self.failures.append([method.upper(), path_part, status, message, times])
 
@@ -153,15 +154,18 @@ class FakeDaytona:
     def _routes(self) -> list[web.RouteDef]:
         api, box = "/api", "/toolbox/{sid}"
         return [
-            web.post(f"{api}/sandbox", self.create_sandbox), web.get(f"{api}/sandbox", self.list_sandboxes),
-            web.get(f"{api}/sandbox/{{sid}}", self.get_sandbox), web.delete(f"{api}/sandbox/{{sid}}", self.delete),
+            web.post(f"{api}/sandbox", self.create_sandbox),
+            web.get(f"{api}/sandbox", self.list_sandboxes),
+            web.get(f"{api}/sandbox/{{sid}}", self.get_sandbox),
+            web.delete(f"{api}/sandbox/{{sid}}", self.delete),
             web.post(f"{api}/sandbox/{{sid}}/start", self.start_sandbox),
             web.post(f"{api}/sandbox/{{sid}}/stop", self.stop_sandbox),
             web.post(f"{api}/sandbox/{{sid}}/autostop/{{n}}", self.autostop),
             web.put(f"{api}/sandbox/{{sid}}/labels", self.labels),
             web.get(f"{api}/sandbox/{{sid}}/toolbox-proxy-url", self.proxy_url),
             web.post(f"{api}/sandbox/{{sid}}/last-activity", self.activity),
-            web.get(f"{api}/volumes", self.list_volumes), web.post(f"{api}/volumes", self.create_volume),
+            web.get(f"{api}/volumes", self.list_volumes),
+            web.post(f"{api}/volumes", self.create_volume),
             web.get(f"{api}/volumes/by-name/{{name}}", self.volume_by_name),
             web.get(f"{api}/volumes/{{vid}}", self.get_volume),
             web.delete(f"{api}/volumes/{{vid}}", self.delete_volume),
@@ -172,8 +176,10 @@ class FakeDaytona:
             web.get(f"{box}/process/interpreter/execute", self.execute),
             web.post(f"{box}/process/execute", self.process_execute),
             web.post(f"{box}/process/code-run", self.code_run),
-            web.post(f"{box}/files/bulk-upload", self.upload), web.post(f"{box}/files/bulk-download", self.download),
-            web.get(f"{box}/files/info", self.file_info), web.delete(f"{box}/files", self.delete_file),
+            web.post(f"{box}/files/bulk-upload", self.upload),
+            web.post(f"{box}/files/bulk-download", self.download),
+            web.get(f"{box}/files/info", self.file_info),
+            web.delete(f"{box}/files", self.delete_file),
         ]
 
     # -- sandboxes ------------------------------------------------------------------------------
@@ -187,13 +193,31 @@ class FakeDaytona:
 
     def dto(self, sb: FakeSandbox) -> dict[str, Any]:
         return {
-            "id": sb.id, "organizationId": ORG, "name": sb.name, "snapshot": "fake-python", "user": "daytona",
-            "env": sb.env, "labels": sb.labels, "public": False, "networkBlockAll": False, "kvm": False,
-            "target": "local", "cpu": 1, "gpu": 0, "memory": 1, "disk": 3, "state": sb.state,
-            "desiredState": sb.state, "autoStopInterval": sb.auto_stop_interval,
-            "autoArchiveInterval": sb.auto_archive_interval, "autoDeleteInterval": sb.auto_delete_interval,
-            "volumes": sb.volumes, "createdAt": sb.created_at, "updatedAt": sb.updated_at,
-            "lastActivityAt": sb.updated_at, "toolboxProxyUrl": self.toolbox_url,
+            "id": sb.id,
+            "organizationId": ORG,
+            "name": sb.name,
+            "snapshot": "fake-python",
+            "user": "daytona",
+            "env": sb.env,
+            "labels": sb.labels,
+            "public": False,
+            "networkBlockAll": False,
+            "kvm": False,
+            "target": "local",
+            "cpu": 1,
+            "gpu": 0,
+            "memory": 1,
+            "disk": 3,
+            "state": sb.state,
+            "desiredState": sb.state,
+            "autoStopInterval": sb.auto_stop_interval,
+            "autoArchiveInterval": sb.auto_archive_interval,
+            "autoDeleteInterval": sb.auto_delete_interval,
+            "volumes": sb.volumes,
+            "createdAt": sb.created_at,
+            "updatedAt": sb.updated_at,
+            "lastActivityAt": sb.updated_at,
+            "toolboxProxyUrl": self.toolbox_url,
         }
 
     async def create_sandbox(self, request: web.Request) -> web.Response:
@@ -206,18 +230,25 @@ class FakeDaytona:
             mounts.append(Mount(vol["mountPath"], source))
             volumes.append({"volumeId": vol["volumeId"], "mountPath": vol["mountPath"], "subpath": vol.get("subpath")})
         sandbox = FakeSandbox(
-            id=sid, name=body.get("name") or sid, root=self.root / "sandboxes" / sid, env=dict(body.get("env") or {}),
-            labels=dict(body.get("labels") or {}), mounts=mounts, volumes=volumes,
+            id=sid,
+            name=body.get("name") or sid,
+            root=self.root / "sandboxes" / sid,
+            env=dict(body.get("env") or {}),
+            labels=dict(body.get("labels") or {}),
+            mounts=mounts,
+            volumes=volumes,
             auto_stop_interval=body.get("autoStopInterval", 15),
             auto_archive_interval=body.get("autoArchiveInterval", 10080),
-            auto_delete_interval=body.get("autoDeleteInterval", -1))
+            auto_delete_interval=body.get("autoDeleteInterval", -1),
+        )
         self.sandboxes[sid] = sandbox
         return web.json_response(self.dto(sandbox))
 
     async def list_sandboxes(self, request: web.Request) -> web.Response:
         wanted = json.loads(request.query.get("labels") or "{}")
-        items = [self.dto(sb) for sb in self.sandboxes.values()
-                 if all(sb.labels.get(k) == v for k, v in wanted.items())]
+        items = [
+            self.dto(sb) for sb in self.sandboxes.values() if all(sb.labels.get(k) == v for k, v in wanted.items())
+        ]
         return web.json_response({"items": items, "nextCursor": None})
 
     async def get_sandbox(self, request: web.Request) -> web.Response:
@@ -261,11 +292,21 @@ class FakeDaytona:
         return web.Response(status=201)
 
     async def config(self, request: web.Request) -> web.Response:
-        return web.json_response({
-            "version": "fake", "oidc": {"issuer": "", "clientId": "", "audience": "", "provider": ""},
-            "linkedAccountsEnabled": False, "announcements": {}, "proxyTemplateUrl": "",
-            "proxyToolboxUrl": self.toolbox_url, "defaultSnapshot": "fake-python", "dashboardUrl": "",
-            "maxAutoArchiveInterval": 43200, "maintananceMode": False, "environment": "fake"})
+        return web.json_response(
+            {
+                "version": "fake",
+                "oidc": {"issuer": "", "clientId": "", "audience": "", "provider": ""},
+                "linkedAccountsEnabled": False,
+                "announcements": {},
+                "proxyTemplateUrl": "",
+                "proxyToolboxUrl": self.toolbox_url,
+                "defaultSnapshot": "fake-python",
+                "dashboardUrl": "",
+                "maxAutoArchiveInterval": 43200,
+                "maintananceMode": False,
+                "environment": "fake",
+            }
+        )
 
     # -- volumes --------------------------------------------------------------------------------
 
@@ -280,8 +321,17 @@ class FakeDaytona:
         vid = uuid.uuid4().hex
         folder = self.root / "volumes" / vid
         folder.mkdir(parents=True)
-        self.volumes[vid] = {"id": vid, "name": name, "organizationId": ORG, "state": "ready", "createdAt": now(),
-                             "updatedAt": now(), "lastUsedAt": None, "errorReason": None, "_dir": str(folder)}
+        self.volumes[vid] = {
+            "id": vid,
+            "name": name,
+            "organizationId": ORG,
+            "state": "ready",
+            "createdAt": now(),
+            "updatedAt": now(),
+            "lastUsedAt": None,
+            "errorReason": None,
+            "_dir": str(folder),
+        }
         return web.json_response(self._volume_dto(self.volumes[vid]))
 
     async def volume_by_name(self, request: web.Request) -> web.Response:
@@ -303,8 +353,10 @@ class FakeDaytona:
     def _started(self, request: web.Request) -> FakeSandbox:
         sandbox = self._sandbox(request)
         if sandbox.state != "started":
-            raise web.HTTPConflict(text=json.dumps({"statusCode": 409, "message": f"sandbox is {sandbox.state}"}),
-                                   content_type="application/json")
+            raise web.HTTPConflict(
+                text=json.dumps({"statusCode": 409, "message": f"sandbox is {sandbox.state}"}),
+                content_type="application/json",
+            )
         return sandbox
 
     async def create_context(self, request: web.Request) -> web.Response:
@@ -361,8 +413,9 @@ class FakeDaytona:
 
     async def process_execute(self, request: web.Request) -> web.Response:
         body = await request.json()
-        result = await self._started(request).run_command(body["command"], body.get("cwd"), body.get("envs"),
-                                                          body.get("timeout"))
+        result = await self._started(request).run_command(
+            body["command"], body.get("cwd"), body.get("envs"), body.get("timeout")
+        )
         if result is None:
             return _error(408, f"Command execution timed out after {body.get('timeout')} seconds.")
         return web.json_response({"exitCode": result[0], "result": result[1]})
@@ -387,7 +440,7 @@ class FakeDaytona:
         async for part in await request.multipart():
             name = part.name or ""  # type: ignore[union-attr]
             payload = await part.read()  # type: ignore[union-attr]
-            index = name[len("files["):name.index("]")]
+            index = name[len("files[") : name.index("]")]
             (paths if name.endswith(".path") else data)[index] = payload.decode() if name.endswith(".path") else payload
             request[RECORDED].body += bytes(payload)
         for index, dest in paths.items():
@@ -408,8 +461,10 @@ class FakeDaytona:
             else:
                 error = {"message": f"file not found: {path}", "statusCode": 404, "code": "FILE_NOT_FOUND"}
                 name, kind, content = "error", "application/json", json.dumps(error).encode()
-            body += (f"--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"; filename=\"{path}\"\r\n"
-                     f"Content-Type: {kind}\r\nContent-Length: {len(content)}\r\n\r\n").encode()
+            body += (
+                f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{path}"\r\n'
+                f"Content-Type: {kind}\r\nContent-Length: {len(content)}\r\n\r\n"
+            ).encode()
             body += content + b"\r\n"
         body += f"--{boundary}--\r\n".encode()
         return web.Response(body=bytes(body), headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
@@ -419,9 +474,18 @@ class FakeDaytona:
         if not target.exists():
             return _error(404, f"file not found: {request.query['path']}")
         stat = target.stat()
-        return web.json_response({"name": target.name, "isDir": target.is_dir(), "size": stat.st_size,
-                                  "modTime": now(), "mode": oct(stat.st_mode), "permissions": oct(stat.st_mode)[-3:],
-                                  "owner": "daytona", "group": "daytona"})
+        return web.json_response(
+            {
+                "name": target.name,
+                "isDir": target.is_dir(),
+                "size": stat.st_size,
+                "modTime": now(),
+                "mode": oct(stat.st_mode),
+                "permissions": oct(stat.st_mode)[-3:],
+                "owner": "daytona",
+                "group": "daytona",
+            }
+        )
 
     async def delete_file(self, request: web.Request) -> web.Response:
         target = self._started(request).host_path(request.query["path"])

@@ -79,7 +79,7 @@ def test_big_values_cross_in_marker_pieces(settings: Settings, workspace: Worksp
     factory = daytona.open_daytona(settings, workspace.root)
     interp = factory()
     interp.tools["echo"] = lambda text: text
-    big = "é\"\\x" * 100_000  # 400 k characters that all need escaping
+    big = 'é"\\x' * 100_000  # 400 k characters that all need escaping
     assert interp.execute("len(echo(big))", variables={"big": big}) == "400000"
     out = interp.execute("print(big[:300000])")
     assert out == big[:300_000]
@@ -98,8 +98,9 @@ def test_timeout_interrupts_and_keeps_state(env: dict[str, str], tmp_path: Path,
     assert time.perf_counter() - started < 3
     assert interp.execute("kept") == "'yes'"
     with pytest.raises(CodeExecutionError, match="did not stop"):  # swallows every interrupt: a new context
-        interp.execute("import time\nwhile True:\n    try:\n        time.sleep(0.05)\n    except BaseException:\n"
-                       "        pass")
+        interp.execute(
+            "import time\nwhile True:\n    try:\n        time.sleep(0.05)\n    except BaseException:\n        pass"
+        )
     with pytest.raises(CodeExecutionError, match="NameError"):
         interp.execute("kept")
     factory.close()
@@ -144,8 +145,9 @@ def test_one_warm_sandbox_per_session(settings: Settings, workspace: Workspace, 
     assert len(fake.sandboxes) == 2
 
 
-def test_stopped_sandboxes_restart_and_deleted_ones_are_replaced(settings: Settings, workspace: Workspace,
-                                                                  client, fake: FakeDaytona) -> None:
+def test_stopped_sandboxes_restart_and_deleted_ones_are_replaced(
+    settings: Settings, workspace: Workspace, client, fake: FakeDaytona
+) -> None:
     factory = daytona.open_daytona(settings, workspace.root)
     factory().execute("open('/workspace/artifacts/kept.txt', 'w').write('on the volume')")
     factory.close()
@@ -168,10 +170,12 @@ def test_workspace_syncs_both_ways(settings: Settings, workspace: Workspace) -> 
     factory = daytona.open_daytona(settings, workspace.root)
     interp = factory()
     assert interp.execute("print(open('/workspace/files/data.csv').read().split()[1])") == "1,2"
-    interp.execute("import os\nos.makedirs('/workspace/artifacts/plots', exist_ok=True)\n"
-                   "open('/workspace/artifacts/plots/p.txt', 'w').write('plot')\n"
-                   "os.remove('/workspace/artifacts/old.txt')\n"
-                   "open('/workspace/memory/MEMORIES.md', 'a').write('- learned\\n')")
+    interp.execute(
+        "import os\nos.makedirs('/workspace/artifacts/plots', exist_ok=True)\n"
+        "open('/workspace/artifacts/plots/p.txt', 'w').write('plot')\n"
+        "os.remove('/workspace/artifacts/old.txt')\n"
+        "open('/workspace/memory/MEMORIES.md', 'a').write('- learned\\n')"
+    )
     factory.close()
     assert (workspace.root / "artifacts" / "plots" / "p.txt").read_text() == "plot"
     assert not (workspace.root / "artifacts" / "old.txt").exists()
@@ -182,8 +186,9 @@ def test_workspace_syncs_both_ways(settings: Settings, workspace: Workspace) -> 
     factory.close()
 
 
-def test_stale_sandboxes_of_this_store_are_deleted_first(settings: Settings, workspace: Workspace, client,
-                                                         fake: FakeDaytona) -> None:
+def test_stale_sandboxes_of_this_store_are_deleted_first(
+    settings: Settings, workspace: Workspace, client, fake: FakeDaytona
+) -> None:
     from daytona import CreateSandboxFromSnapshotParams as Params
 
     store = daytona.store_label(settings)
@@ -197,13 +202,17 @@ def test_stale_sandboxes_of_this_store_are_deleted_first(settings: Settings, wor
     assert running.id in fake.sandboxes and foreign.id in fake.sandboxes
 
 
-@pytest.mark.parametrize(("status", "code", "says"), [
-    (401, "daytona_auth", "FLEET_DAYTONA_API_KEY"),
-    (403, "daytona_quota", "quota"),
-    (500, "daytona_error", "Daytona is failing"),
-])
-def test_failures_say_what_to_do(settings: Settings, workspace: Workspace, fake: FakeDaytona, status: int,
-                                 code: str, says: str) -> None:
+@pytest.mark.parametrize(
+    ("status", "code", "says"),
+    [
+        (401, "daytona_auth", "FLEET_DAYTONA_API_KEY"),
+        (403, "daytona_quota", "quota"),
+        (500, "daytona_error", "Daytona is failing"),
+    ],
+)
+def test_failures_say_what_to_do(
+    settings: Settings, workspace: Workspace, fake: FakeDaytona, status: int, code: str, says: str
+) -> None:
     fake.fail("GET", "/api/sandbox", status, "nope", times=10)
     with pytest.raises(SandboxUnavailableError) as caught:
         daytona.open_daytona(settings, workspace.root)
@@ -230,8 +239,14 @@ def test_bad_key_missing_key_and_no_network(env: dict[str, str], workspace: Work
 async def test_doctor_check(settings: Settings, fake: FakeDaytona) -> None:
     lines: list[str] = []
     assert await daytona.check_daytona(settings, lines.append)
-    steps = [f"client for {fake.api_url}", "create a disposable sandbox", "run code", "write a file", "read it back",
-             "delete the sandbox"]
+    steps = [
+        f"client for {fake.api_url}",
+        "create a disposable sandbox",
+        "run code",
+        "write a file",
+        "read it back",
+        "delete the sandbox",
+    ]
     assert len(lines) == len(steps)
     assert all(line.startswith(f"[ok] daytona: {want}") for line, want in zip(lines, steps, strict=True)), lines
     assert fake.sandboxes == {}
@@ -277,8 +292,9 @@ def test_live_daytona(tmp_path: Path) -> None:
     if not key:
         pytest.skip("set FLEET_DAYTONA_API_KEY to run against real Daytona")
     url = os.environ.get("FLEET_DAYTONA_API_URL") or _launch_env().get("FLEET_DAYTONA_API_URL", "")
-    settings = load_settings({"FLEET_HOME": str(tmp_path), "FLEET_DAYTONA_API_KEY": key,
-                              **({"FLEET_DAYTONA_API_URL": url} if url else {})})
+    settings = load_settings(
+        {"FLEET_HOME": str(tmp_path), "FLEET_DAYTONA_API_KEY": key, **({"FLEET_DAYTONA_API_URL": url} if url else {})}
+    )
     workspace = Workspace.for_session(settings.workspaces_dir, f"live-{os.getpid()}")
     factory = daytona.open_daytona(settings, workspace.root)
     try:
@@ -331,8 +347,10 @@ def test_sync_reads_no_link_pipe_or_undecodable_name(settings: Settings, workspa
     interp = factory()
     listed = interp.execute("import os\nprint(sorted(os.listdir('/workspace/files')))")
     assert "data.csv" in listed and "leak.txt" not in listed, listed
-    interp.execute("open(b'/workspace/artifacts/made-\\xfe.txt', 'wb').write(b'x')\n"
-                   "open('/workspace/artifacts/made.txt', 'w').write('made')")
+    interp.execute(
+        "open(b'/workspace/artifacts/made-\\xfe.txt', 'wb').write(b'x')\n"
+        "open('/workspace/artifacts/made.txt', 'w').write('made')"
+    )
     factory.close()
     assert (workspace.root / "artifacts" / "made.txt").read_text() == "made"
     factory = daytona.open_daytona(settings, workspace.root)  # the next turn syncs as before

@@ -21,13 +21,16 @@ def small(settings: Settings) -> Settings:
 
 
 def test_files_over_the_quota_stay_in_the_sandbox_and_the_next_turn_works(
-        small: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    small: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
     workspace = Workspace.for_session(small.workspaces_dir, "quota")
     factory = daytona.open_daytona(small, workspace.root)
-    factory().execute("for n in range(8):\n"
-                      "    open(f'/workspace/artifacts/part{n}.bin', 'wb').write(b'x' * (1 << 20))\n"
-                      "import os\nos.makedirs('/workspace/artifacts/many')\n"
-                      "for n in range(300):\n    open(f'/workspace/artifacts/many/f{n}', 'w').close()")
+    factory().execute(
+        "for n in range(8):\n"
+        "    open(f'/workspace/artifacts/part{n}.bin', 'wb').write(b'x' * (1 << 20))\n"
+        "import os\nos.makedirs('/workspace/artifacts/many')\n"
+        "for n in range(300):\n    open(f'/workspace/artifacts/many/f{n}', 'w').close()"
+    )
     with caplog.at_level(logging.WARNING, logger="fleet_kernel.sandbox._daytona_sync"):
         factory.close()
     size, entries = usage(workspace.root)
@@ -36,8 +39,10 @@ def test_files_over_the_quota_stay_in_the_sandbox_and_the_next_turn_works(
     assert "over its quota" in caplog.text
 
     factory = daytona.open_daytona(small, workspace.root)
-    factory().execute("import os\nfor n in range(8): os.remove(f'/workspace/artifacts/part{n}.bin')\n"
-                      "open('/workspace/artifacts/after.txt', 'w').write('fits')")
+    factory().execute(
+        "import os\nfor n in range(8): os.remove(f'/workspace/artifacts/part{n}.bin')\n"
+        "open('/workspace/artifacts/after.txt', 'w').write('fits')"
+    )
     factory.close()
     assert (workspace.root / "artifacts" / "after.txt").read_text() == "fits"
     assert usage(workspace.root)[0] <= 5 * MB

@@ -26,13 +26,32 @@ from fake_server import FakeDaytona
 
 # Every generated-client call the backend, the doctor and these tests make.
 SDK_CALLS = [
-    (SandboxApi, ["create_sandbox", "get_sandbox", "list_sandboxes", "delete_sandbox", "start_sandbox",
-                  "stop_sandbox", "set_autostop_interval", "replace_labels", "get_toolbox_proxy_url",
-                  "update_last_activity"]),
+    (
+        SandboxApi,
+        [
+            "create_sandbox",
+            "get_sandbox",
+            "list_sandboxes",
+            "delete_sandbox",
+            "start_sandbox",
+            "stop_sandbox",
+            "set_autostop_interval",
+            "replace_labels",
+            "get_toolbox_proxy_url",
+            "update_last_activity",
+        ],
+    ),
     (VolumesApi, ["get_volume_by_name", "create_volume", "list_volumes", "get_volume", "delete_volume"]),
     (ConfigApi, ["config_controller_get_config"]),
-    (InterpreterApi, ["create_interpreter_context", "list_interpreter_contexts", "delete_interpreter_context",
-                      "execute_interpreter_code"]),
+    (
+        InterpreterApi,
+        [
+            "create_interpreter_context",
+            "list_interpreter_contexts",
+            "delete_interpreter_context",
+            "execute_interpreter_code",
+        ],
+    ),
     (ProcessApi, ["execute_command", "code_run"]),
     (FileSystemApi, ["upload_files", "download_files", "get_file_info", "delete_file"]),
 ]
@@ -40,11 +59,17 @@ SDK_CALLS = [
 
 def serialized(api_class: type, name: str, host: str) -> tuple[str, str]:
     """(method, path) the SDK would request for ``name``, with placeholder arguments."""
-    client = (ToolboxClient(ToolboxConfiguration(host=host)) if api_class.__module__.startswith("daytona_toolbox")
-              else ApiClient(Configuration(host=host)))
+    client = (
+        ToolboxClient(ToolboxConfiguration(host=host))
+        if api_class.__module__.startswith("daytona_toolbox")
+        else ApiClient(Configuration(host=host))
+    )
     serialize = getattr(api_class(client), f"_{name}_serialize")
-    required = {p.name for p in inspect.signature(getattr(api_class, name)).parameters.values()
-                if p.default is inspect.Parameter.empty and p.name != "self"}
+    required = {
+        p.name
+        for p in inspect.signature(getattr(api_class, name)).parameters.values()
+        if p.default is inspect.Parameter.empty and p.name != "self"
+    }
     kwargs = {p: ("p1" if p in required else None) for p in inspect.signature(serialize).parameters}
     method, url, *_ = serialize(**kwargs)
     return method, url.split("//", 1)[1].split("/", 1)[1].split("?")[0]
@@ -94,7 +119,9 @@ def test_output_streams_before_run_code_returns(client) -> None:
     started, arrivals = time.perf_counter(), []
     result = sandbox.code_interpreter.run_code(
         "import time\nfor i in range(3):\n    print(i)\n    time.sleep(0.3)",
-        on_stdout=lambda m: arrivals.append((time.perf_counter() - started, m.output)), timeout=10)
+        on_stdout=lambda m: arrivals.append((time.perf_counter() - started, m.output)),
+        timeout=10,
+    )
     total = time.perf_counter() - started
     assert [text for _, text in arrivals] == ["0\n", "1\n", "2\n"] and result.stdout == "0\n1\n2\n"
     assert arrivals[0][0] < total - 0.5  # the first print arrived while the code still ran
@@ -119,9 +146,13 @@ def test_errors_come_back_as_execution_errors(client) -> None:
 def test_bulk_files_and_per_file_errors(client) -> None:
     fs = client.create().fs
     fs.upload_files([FileUpload(b"one", "/tmp/a/one.txt"), FileUpload(b"two", "two.txt")])
-    results = fs.download_files([FileDownloadRequest(source="/tmp/a/one.txt"),
-                                 FileDownloadRequest(source="/home/daytona/two.txt"),
-                                 FileDownloadRequest(source="/tmp/missing")])
+    results = fs.download_files(
+        [
+            FileDownloadRequest(source="/tmp/a/one.txt"),
+            FileDownloadRequest(source="/home/daytona/two.txt"),
+            FileDownloadRequest(source="/tmp/missing"),
+        ]
+    )
     assert [r.result for r in results[:2]] == [b"one", b"two"]
     assert results[2].result is None and "not found" in results[2].error
     assert fs.get_file_info("two.txt").size == 3

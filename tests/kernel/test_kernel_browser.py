@@ -142,15 +142,19 @@ def test_lab_shows_the_live_card_then_the_transcript(lab: tuple[str, Path], scri
                     shutil.copy(log, os.environ["KERNEL_TEST_SCREENSHOTS"])
 
 
-def test_lab_shows_a_fleet_cell_of_a_python_notebook_live_then_its_transcript(lab: tuple[str, Path], scripted_lm) -> None:
+def test_lab_shows_a_fleet_cell_of_a_python_notebook_live_then_its_transcript(
+    lab: tuple[str, Path], scripted_lm
+) -> None:
     from playwright.sync_api import expect, sync_playwright
 
     url, folder = lab
     ticks = "import time\nfor i in range(8):\n    print('tick', i, flush=True)\n    time.sleep(0.5)"
     scripted_lm.add("count", [step("count slowly", ticks), step("done", "SUBMIT(answer=f'counted to **{n}**')")])
-    cells = [nbformat.v4.new_code_cell("%load_ext fleet_kernel\nn = 'eight'"),
-             nbformat.v4.new_code_cell("%%fleet --in n --out said\ncount to n"),
-             nbformat.v4.new_code_cell("print(said.upper())")]
+    cells = [
+        nbformat.v4.new_code_cell("%load_ext fleet_kernel\nn = 'eight'"),
+        nbformat.v4.new_code_cell("%%fleet --in n --out said\ncount to n"),
+        nbformat.v4.new_code_cell("print(said.upper())"),
+    ]
     nb = nbformat.v4.new_notebook(cells=cells)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
     nbformat.write(nb, folder / "t.ipynb")

@@ -74,9 +74,7 @@ def test_a_cell_run_again_replaces_its_earlier_turn_in_the_history(
     assert turn_started(fleet_home, first_a)["supersedes_turn_id"] is None
 
 
-def test_a_cancelled_rerun_leaves_the_cells_earlier_turn_in_place(
-    kernel: Kernel, scripted_lm: ScriptedLM
-) -> None:
+def test_a_cancelled_rerun_leaves_the_cells_earlier_turn_in_place(kernel: Kernel, scripted_lm: ScriptedLM) -> None:
     answer(scripted_lm, "apple-one")
     run_cell(kernel, "alpha: name a fruit", "cell-a")
     answer(scripted_lm, "blue-one")

@@ -155,7 +155,9 @@ def test_skill_commands_choose_the_cards_of_the_next_turns(kernel: Kernel, scrip
 
     card = fleet_home / "skills" / "harbour-notes"
     card.mkdir(parents=True)
-    (card / "SKILL.md").write_text("---\nname: harbour-notes\ndescription: Tide tables.\n---\n# Tides\n\nHigh water at noon.\n")
+    (card / "SKILL.md").write_text(
+        "---\nname: harbour-notes\ndescription: Tide tables.\n---\n# Tides\n\nHigh water at noon.\n"
+    )
     (card / "tides.csv").write_text("day,high\nmon,12:00\n")
     listing = kernel.run("%fleet skill list").text()
     assert "harbour-notes (home): Tide tables." in listing and "tabular-analysis (bundled)" in listing
@@ -172,14 +174,18 @@ def test_skill_commands_choose_the_cards_of_the_next_turns(kernel: Kernel, scrip
 
     scripted_lm.add("tide task", [step("done", "SUBMIT(answer='noon')")])
     kernel.run("the tide task")
-    assert "High water at noon." in prompt_of("the tide task") and "Load with explicit types" in prompt_of("the tide task")
+    assert "High water at noon." in prompt_of("the tide task") and "Load with explicit types" in prompt_of(
+        "the tide task"
+    )
     kernel.run("%fleet skill clear")
     scripted_lm.add("later task", [step("done", "SUBMIT(answer='ok')")])
     kernel.run("a later task")
     assert "High water at noon." not in prompt_of("a later task")
     assert "harbour-notes: Tide tables." in prompt_of("a later task")  # the catalogue is always there
     with sqlite3.connect(fleet_home / "fleet.db") as db:
-        started = [json.loads(d) for (d,) in db.execute("SELECT data FROM events WHERE type = 'turn.started' ORDER BY ts")]
+        started = [
+            json.loads(d) for (d,) in db.execute("SELECT data FROM events WHERE type = 'turn.started' ORDER BY ts")
+        ]
     assert [s["skills"] for s in started] == [["harbour-notes", "tabular-analysis"], []]
 
 

@@ -41,13 +41,21 @@ def py(fleet_env: dict[str, str]) -> Any:
 
 def test_help_and_a_turn_with_a_dataframe_and_a_10_mb_string(py: PythonKernel, scripted_lm) -> None:
     assert "%fleet session" in py.ok("%fleet help").text()
-    py.ok("import pandas as pd\ndf = pd.DataFrame({'city': ['a', 'b', 'c'], 'n': [1, 2, 39]})\nbig = 'x' * 10_000_000 + 'END'")
-    scripted_lm.add("count", [
-        step("look", "print('rows', len(df), 'sum', int(df['n'].sum()), type(df).__name__, flush=True)\n"
-                     "print('big', len(big), big[-3:])\nseen = id(big)"),
-        step("again", "print('sent once:', id(big) == seen)"),
-        step("done", "SUBMIT(answer=f\"total {int(df['n'].sum())} and {len(big)}\")"),
-    ])
+    py.ok(
+        "import pandas as pd\ndf = pd.DataFrame({'city': ['a', 'b', 'c'], 'n': [1, 2, 39]})\nbig = 'x' * 10_000_000 + 'END'"
+    )
+    scripted_lm.add(
+        "count",
+        [
+            step(
+                "look",
+                "print('rows', len(df), 'sum', int(df['n'].sum()), type(df).__name__, flush=True)\n"
+                "print('big', len(big), big[-3:])\nseen = id(big)",
+            ),
+            step("again", "print('sent once:', id(big) == seen)"),
+            step("done", "SUBMIT(answer=f\"total {int(df['n'].sum())} and {len(big)}\")"),
+        ],
+    )
     run = py.ok("%%fleet --in df,big --out answer\ncount the rows")
     text = run.text()
     assert "rows 3 sum 42 DataFrame" in text and "big 10000003 END" in text
@@ -128,8 +136,10 @@ def test_the_api_sees_the_notebook_session_and_its_events(py: PythonKernel, scri
 
 
 def test_schema_stores_the_validated_value(py: PythonKernel, scripted_lm) -> None:
-    py.ok("from pydantic import BaseModel\nclass Total(BaseModel):\n    total: int\n    label: str\n"
-          "schema = {'type': 'object', 'properties': {'total': {'type': 'integer'}}, 'required': ['total']}")
+    py.ok(
+        "from pydantic import BaseModel\nclass Total(BaseModel):\n    total: int\n    label: str\n"
+        "schema = {'type': 'object', 'properties': {'total': {'type': 'integer'}}, 'required': ['total']}"
+    )
     scripted_lm.add("typed", [step("done", "SUBMIT(answer='done', result={'total': 7, 'label': 'seven'})")])
     py.ok("%%fleet --schema Total --out typed\na typed task")
     assert py.value("type(typed).__name__, typed.total, typed.label") == "('Total', 7, 'seven')"
@@ -143,17 +153,21 @@ def test_nbclient_runs_a_notebook_of_python_and_fleet_cells(fleet_env: dict[str,
     from nbclient import NotebookClient
 
     scripted_lm.add("mean", [step("done", "SUBMIT(answer=str(sum(values) / len(values)))")])
-    nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_code_cell("%load_ext fleet_kernel"),
-        nbformat.v4.new_code_cell("values = [1, 2, 3, 6]"),
-        nbformat.v4.new_code_cell("%%fleet --in values --out mean\nthe mean of values"),
-        nbformat.v4.new_code_cell("print('twice', float(mean) * 2)"),
-    ])
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell("%load_ext fleet_kernel"),
+            nbformat.v4.new_code_cell("values = [1, 2, 3, 6]"),
+            nbformat.v4.new_code_cell("%%fleet --in values --out mean\nthe mean of values"),
+            nbformat.v4.new_code_cell("print('twice', float(mean) * 2)"),
+        ]
+    )
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     with pytest.MonkeyPatch.context() as env:
         for key, value in fleet_env.items():
             env.setenv(key, value)
-        NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+        NotebookClient(
+            nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+        ).execute()
     turn = nb.cells[2].outputs
     assert turn[-1]["output_type"] == "execute_result" and "3.0" in turn[-1]["data"]["text/plain"]
     assert not any(o["output_type"] == "error" for o in turn)
@@ -216,13 +230,19 @@ def test_terminal_ipython_prints_the_turn_as_text(fleet_env, scripted_lm, tmp_pa
     import subprocess
     import sys
 
-    scripted_lm.add("terminal", [step("say", "print('from the sandbox')"), step("done", "SUBMIT(answer='in a terminal')")])
-    code = ("ip = get_ipython()\nip.run_line_magic('load_ext', 'fleet_kernel')\n"
-            "ip.run_cell_magic('fleet', '--out said', 'a terminal task')\nprint('said:', said)")
+    scripted_lm.add(
+        "terminal", [step("say", "print('from the sandbox')"), step("done", "SUBMIT(answer='in a terminal')")]
+    )
+    code = (
+        "ip = get_ipython()\nip.run_line_magic('load_ext', 'fleet_kernel')\n"
+        "ip.run_cell_magic('fleet', '--out said', 'a terminal task')\nprint('said:', said)"
+    )
     done = subprocess.run(
         [sys.executable, "-m", "IPython", "--no-banner", "--colors=nocolor", "-c", code],
         env={**os.environ, **fleet_env, "IPYTHONDIR": str(tmp_path / "ipython")},
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     assert "from the sandbox" in done.stdout and "said: in a terminal" in done.stdout, done.stdout

@@ -43,7 +43,11 @@ def test_each_turn_cell_keeps_images_and_one_transcript(executed: nbformat.Noteb
 
 
 def test_the_model_loads_a_skill(executed: nbformat.NotebookNode) -> None:
-    (result,) = [o for o in outputs(executed, "In which months did the Albatross speak the Essex") if o.output_type == "execute_result"]
+    (result,) = [
+        o
+        for o in outputs(executed, "In which months did the Albatross speak the Essex")
+        if o.output_type == "execute_result"
+    ]
     assert result.metadata["fleet"]["status"] == "completed"
     assert "load_skill" in result.data["text/markdown"] and "Long-context search" in result.data["text/markdown"]
     assert "67 times, in 22 months" in result.data["text/markdown"]
@@ -53,7 +57,9 @@ def test_the_model_keeps_a_memory(executed: nbformat.NotebookNode) -> None:
     (result,) = [o for o in outputs(executed, "From now on, write dates") if o.output_type == "execute_result"]
     assert result.metadata["fleet"]["status"] == "completed"
     assert "remember" in result.data["text/markdown"] and "day month year" in result.data["text/markdown"]
-    listed = "".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in outputs(executed, "%fleet memory"))
+    listed = "".join(
+        o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in outputs(executed, "%fleet memory")
+    )
     assert "[preference]" in listed and "3 March 1851" in listed
 
 

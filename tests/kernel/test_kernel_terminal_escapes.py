@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from scripted_lm import step
 
-CODE = ("print('\\x1b]52;c;ZXZpbA==\\x07')\nprint('\\x1b]0;pwned\\x07', flush=True)\n"
-        "SUBMIT(answer='done \\x1b]0;pwned\\x07')")
+CODE = (
+    "print('\\x1b]52;c;ZXZpbA==\\x07')\nprint('\\x1b]0;pwned\\x07', flush=True)\n"
+    "SUBMIT(answer='done \\x1b]0;pwned\\x07')"
+)
 
 
 @pytest.mark.parametrize("output", ["text", "rich"])

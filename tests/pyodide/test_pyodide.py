@@ -136,7 +136,10 @@ def test_tool_round_trip(interp: SandboxInterpreter, recorder: Recorder) -> None
         assert interp.execute("print(add(2, b=3))") == "5"
         with pytest.raises(CodeExecutionError, match="ValueError: no negatives"):
             interp.execute("add(-1)")
-        assert interp.execute("try:\n    add(-1)\nexcept ValueError as e:\n    print('caught', e)") == "caught no negatives"
+        assert (
+            interp.execute("try:\n    add(-1)\nexcept ValueError as e:\n    print('caught', e)")
+            == "caught no negatives"
+        )
     finally:
         del interp.tools["add"]
     assert recorder.tools == ["add", "add", "add"]
@@ -147,7 +150,8 @@ def test_submit(interp: SandboxInterpreter) -> None:
     try:
         assert interp.execute("SUBMIT('yes', 3)") == FinalOutput({"answer": "yes", "score": 3})
         assert interp.execute("try:\n    SUBMIT(score=4, answer='no')\nexcept Exception:\n    pass") == FinalOutput(
-            {"answer": "no", "score": 4})
+            {"answer": "no", "score": 4}
+        )
     finally:
         interp.output_fields = None
 
@@ -182,7 +186,8 @@ def test_interrupt_reaches_code_waiting_for_a_tool(interp: SandboxInterpreter) -
 
 def test_workspace_files_in_artifacts_and_memory_out(interp: SandboxInterpreter, workspace: Path) -> None:
     assert interp.execute("print(open('/workspace/files/data.csv').read().split())") == "['a,b', '1,2']"
-    interp.execute(textwrap.dedent("""
+    interp.execute(
+        textwrap.dedent("""
         import os
         os.makedirs('/workspace/artifacts/out', exist_ok=True)
         open('/workspace/artifacts/out/table.csv', 'w').write('x\\n1\\n')
@@ -190,7 +195,8 @@ def test_workspace_files_in_artifacts_and_memory_out(interp: SandboxInterpreter,
         with open('/workspace/memory/MEMORIES.md', 'a') as f:
             f.write('- likes csv\\n')
         open('/workspace/files/scratch.txt', 'w').write('not synced back')
-    """))
+    """)
+    )
     assert (workspace / "artifacts" / "out" / "table.csv").read_text() == "x\n1\n"
     assert (workspace / "artifacts" / "blob.bin").read_bytes() == bytes(range(256))
     assert (workspace / "memory" / "MEMORIES.md").read_text().endswith("- likes csv\n")
@@ -294,13 +300,20 @@ finally:
 def test_works_with_no_network_at_all(tmp_path: Path) -> None:
     if shutil.which("unshare") is None or subprocess.run(["unshare", "-n", "true"], check=False).returncode:
         pytest.skip("unshare -n (a private network namespace) is not permitted here")
-    done = subprocess.run(["unshare", "-n", sys.executable, "-c", NO_NETWORK_SCRIPT, str(tmp_path / "home"),
-                           str(tmp_path / "workspace")], capture_output=True, text=True, timeout=90, check=False)
+    done = subprocess.run(
+        ["unshare", "-n", sys.executable, "-c", NO_NETWORK_SCRIPT, str(tmp_path / "home"), str(tmp_path / "workspace")],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-2:] == ["no network: OSError", "42"]
 
 
-async def test_turn_runner_with_pyodide(fleet_env: dict[str, str], store: Any, scripted_lm: Any, tmp_path: Path) -> None:
+async def test_turn_runner_with_pyodide(
+    fleet_env: dict[str, str], store: Any, scripted_lm: Any, tmp_path: Path
+) -> None:
     from scripted_lm import step
 
     from fleet_kernel.engine import TurnRunner

@@ -42,6 +42,8 @@ OVER_FILES = textwrap.dedent("""
     except OSError as exc:
         print('files', errno.errorcode[exc.errno], made < 200)
 """)
+
+
 def test_quota_is_an_oserror_in_pyodide_and_the_session_goes_on(tmp_path: Path) -> None:
     settings = make_settings(tmp_path / "home")
     workspace = Workspace.for_session(settings.workspaces_dir, "quota").root

@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "kernel"))
 
-from kernel_harness import KERNEL  # noqa: E402
+from kernel_harness import KERNEL
 
 
 @pytest.fixture(scope="session")

@@ -60,7 +60,9 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         _warm_up(url)
         yield url
     finally:
-        ingest = [line for line in (root / "server.log").read_text().splitlines() if "/v1/traces" in line or "rror" in line]
+        ingest = [
+            line for line in (root / "server.log").read_text().splitlines() if "/v1/traces" in line or "rror" in line
+        ]
         print("\n".join(ingest[-50:]))  # shown when the test fails
         process.terminate()
         try:
@@ -158,8 +160,9 @@ def test_turns_from_the_api_and_a_kernel_land_in_mlflow(
         kernel.close()
 
     by_turn = {_root(t).attributes["fleet.turn_id"]: t for t in traces}
-    assert len(by_turn) == 2, [(t.info, [(s.name, s.parent_id) for s in t.data.spans]) for t in
-                               client.search_traces(locations=[experiment_id])]
+    assert len(by_turn) == 2, [
+        (t.info, [(s.name, s.parent_id) for s in t.data.spans]) for t in client.search_traces(locations=[experiment_id])
+    ]
     api_turn = api_events[0]["turn_id"]
     _check_tree(by_turn.pop(api_turn), api_events)
     ((kernel_turn, kernel_trace),) = by_turn.items()
