@@ -10,7 +10,7 @@ __all__ = ["create_app"]
 def __getattr__(name: str) -> Any:
     # Lazy, so `python -m fleet_api.openapi` and `fleet --help` do not import the whole app first.
     if name == "create_app":
-        from fleet_api.app import create_app
+        from fleet_api.app import create_app  # FastAPI and the engine load only when the app is built
 
         return create_app
     raise AttributeError(name)

@@ -13,6 +13,6 @@ def load_ipython_extension(ipython):
 
     Imported only now, so importing this package stays light.
     """
-    from fleet_kernel.magic import load
+    from fleet_kernel.magic import load  # IPython's magics load only in a notebook that asks
 
     load(ipython)

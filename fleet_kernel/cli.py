@@ -66,7 +66,7 @@ def db_upgrade() -> None:
     """Apply Alembic migrations to FLEET_DATABASE_URL."""
     # the settings and the store (SQLAlchemy, ~1 s): only this command needs them
     from fleet_kernel.config import load_settings
-    from fleet_kernel.store import migrate
+    from fleet_kernel.store import migrate  # Alembic (~0.3 s) only for `fleet db`
 
     settings = load_settings()
     if settings.database_url.startswith("sqlite"):

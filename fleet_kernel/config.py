@@ -25,7 +25,7 @@ from fleet_kernel.errors import ConfigError, ValidationError
 
 def _registered_sandbox(name: str) -> str:
     """A sandbox name must be registered (``fleet_kernel.sandbox.contract``, read when a value is checked)."""
-    from fleet_kernel.sandbox import contract
+    from fleet_kernel.sandbox import contract  # the contract imports config: a cycle at import time
 
     known = contract.names()
     if name not in known:

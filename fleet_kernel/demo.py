@@ -48,7 +48,7 @@ def run_quickstart(out: Path, kernel_name: str = KERNEL_NAME, timeout: int = 600
     try:
         # the optional lab extra, and seconds to import
         import nbformat
-        from nbclient import NotebookClient
+        from nbclient import NotebookClient  # nbclient and nbconvert (~1 s) only for the demo
         from nbclient.exceptions import CellExecutionError
         from nbconvert import HTMLExporter
     except ImportError as exc:

@@ -20,7 +20,7 @@ def _line(echo: Echo, ok: bool, what: str, detail: str) -> bool:
 
 
 async def check_store(settings: Settings, echo: Echo) -> bool:
-    from fleet_kernel.store import Store
+    from fleet_kernel.store import Store  # SQLAlchemy (~1 s) only for the store check
 
     started = time.perf_counter()
     try:

@@ -27,6 +27,7 @@ from typing import Any
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from fleet_kernel.cancel import CancelToken
+from fleet_kernel.errors import FleetError
 from fleet_kernel.kernel import commands
 from fleet_kernel.kernel.context import KernelContext
 
@@ -101,7 +102,7 @@ class FleetMagics(Magics):
     @line_magic("fleet")  # type: ignore[arg-type]  # IPython types the decorator for its own classes
     def fleet_line(self, line: str) -> None:
         """Run a Fleet command, as in the fleet kernel: ``%fleet help``."""
-        from fleet_kernel.kernel.display import show_reply
+        from fleet_kernel.kernel.display import show_reply  # the renderers (~0.4 s) load with the first cell
 
         ctx = self.engine.ctx
         pub = _publisher(ctx)
@@ -166,8 +167,8 @@ async def _turn(
     cell_id: str | None,
 ) -> tuple[Any, dict[str, Any] | None, Any]:
     """Encode the inputs, run the turn with the options, return ``(view, error, result)``."""
-    from fleet_kernel.kernel.context import load_off_loop
-    from fleet_kernel.kernel.display import run_and_show
+    from fleet_kernel.kernel.context import load_off_loop  # the renderers (~0.4 s) load with the first cell
+    from fleet_kernel.kernel.display import run_and_show  # the renderers (~0.4 s) load with the first cell
 
     await ctx.open()
     start: dict[str, Any] = {"cell_id": cell_id} if cell_id else {}
@@ -198,7 +199,7 @@ async def _turn(
 
 
 def _encode_all(values: dict[str, Any], cap_mb: float) -> list[Any]:
-    from fleet_kernel.engine.inputs import encode
+    from fleet_kernel.engine.inputs import encode  # the engine loads with the first cell that passes values
 
     encoded = [encode(name, value) for name, value in values.items()]
     total = sum(v.size for v in encoded)
@@ -229,13 +230,13 @@ def _schema(ns: dict[str, Any], name: str | None) -> tuple[Any, dict[str, Any] |
 
 def _publisher(ctx: KernelContext) -> Any:
     """The kernel's IOPub (live displays, with this cell as parent), or text on stdout without a kernel."""
-    from IPython import get_ipython
+    from IPython import get_ipython  # only inside a running shell
 
     kernel = getattr(get_ipython(), "kernel", None)
     if kernel is None:
         ctx.explicit_output = ctx.explicit_output or "text"
         return PrintPublisher()
-    from fleet_kernel.kernel.display import Publisher
+    from fleet_kernel.kernel.display import Publisher  # the renderers (~0.4 s) load with the first cell
 
     parent = kernel.get_parent("shell")
     if _widget_frontend(parent):
@@ -245,7 +246,7 @@ def _publisher(ctx: KernelContext) -> Any:
 
 def _cell_id() -> str | None:
     """The running cell's id (``metadata.cellId`` of its ``execute_request``), if a kernel and its frontend give one."""
-    from IPython import get_ipython
+    from IPython import get_ipython  # only inside a running shell
 
     kernel = getattr(get_ipython(), "kernel", None)
     if kernel is None:
@@ -260,7 +261,7 @@ def _widget_frontend(parent: dict[str, Any]) -> bool:
     if "deletedCells" in (parent.get("metadata") or {}):
         return importlib.util.find_spec("ipywidgets") is not None
     try:
-        import comm
+        import comm  # only in a kernel with a frontend
 
         manager = comm.get_comm_manager()
         return any(getattr(c, "target_name", "") == "jupyter.widget.control" for c in manager.comms.values())
@@ -288,7 +289,6 @@ class PrintPublisher:
 
 
 def _as_error(exc: BaseException) -> FleetMagicError:
-    from fleet_kernel.errors import FleetError
 
     if isinstance(exc, FleetError):
         return _fail(type(exc).__name__, exc.message)

@@ -219,7 +219,7 @@ async def session_notebook(store: Store, session_id: str) -> nbformat.NotebookNo
     """
     # slow to import (~2 s); only exports need it
     import nbformat
-    from nbformat import v4
+    from nbformat import v4  # nbformat (~2 s with jsonschema) only for an export
 
     session = await store.get_session(session_id)
     turns = await store.standing_turns(session_id)

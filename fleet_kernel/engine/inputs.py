@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import keyword
+import sys
 from typing import Any
 
 from dspy.primitives.sandbox_serializable import SandboxSerializable
@@ -101,7 +102,6 @@ def _wrap(name: str, type_name: str, payload: str, assignment: str, preview: str
 
 def _as_frame(value: Any) -> Any:
     """A DataFrame for a pandas DataFrame or Series, else None (pandas is only imported if it already is)."""
-    import sys
 
     pd = sys.modules.get("pandas")
     if pd is None:

@@ -356,7 +356,7 @@ class TurnRunner:
         return turn_id in self._running
 
     def sandbox_name(self) -> str:
-        from fleet_kernel.sandbox import choose
+        from fleet_kernel.sandbox import choose  # the sandbox package loads backends on first use
 
         return choose(self.settings)
 
@@ -368,6 +368,7 @@ class TurnRunner:
         try:
             await self._announced(turn.turn_id)
             if running.setup_error is not None:
+                # engine.turn imports dspy (~1.5 s), loaded off the event loop
                 from fleet_kernel.engine.turn import Outcome
 
                 # The contract: every turn reports its LM step, even one that could not start.
@@ -383,7 +384,7 @@ class TurnRunner:
             await self._collect_artifacts(running, job, cancelled=outcome.status == "cancelled")
         except Exception as exc:  # noqa: BLE001 - report any engine failure as turn.failed
             log.exception("turn %s failed in the engine", turn.turn_id)
-            from fleet_kernel.engine.turn import Outcome
+            from fleet_kernel.engine.turn import Outcome  # engine.turn imports dspy (~1.5 s), loaded off the event loop
 
             outcome = Outcome("failed", error={"type": type(exc).__name__, "message": str(exc)[:2000]})
         await self._finish(running, outcome, (time.perf_counter() - started) * 1000)
@@ -400,7 +401,7 @@ class TurnRunner:
     async def _prepare(self, running: _Running) -> TurnJob:
         # dspy loads (or finishes loading) on a thread: the loop keeps delivering this turn's first events
         await asyncio.to_thread(importlib.import_module, "fleet_kernel.engine.turn")
-        from fleet_kernel.engine.turn import TurnJob
+        from fleet_kernel.engine.turn import TurnJob  # engine.turn imports dspy (~1.5 s), loaded off the event loop
 
         turn = running.turn
         window = self.settings.policy.history
@@ -424,6 +425,7 @@ class TurnRunner:
         )
 
     async def _execute(self, running: _Running, job: TurnJob) -> Outcome:
+        # engine.turn imports dspy (~1.5 s), loaded off the event loop
         from fleet_kernel.engine.turn import run_turn, stopped
 
         loop = asyncio.get_running_loop()
@@ -524,7 +526,7 @@ class TurnRunner:
         committed = self._writer.terminal_committed(turn.turn_id)
         lost = self._writer.failure(turn.turn_id)
         if lost is not None:  # events were lost: the turn failed, and the writer records it with its last event
-            from fleet_kernel.engine.turn import Outcome
+            from fleet_kernel.engine.turn import Outcome  # engine.turn imports dspy (~1.5 s), loaded off the event loop
 
             outcome = Outcome("failed", error=lost, usage=outcome.usage)
         else:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fleet_kernel.errors import FleetError, NotFoundError, ValidationError
 from fleet_kernel.kernel.context import KernelContext
 from fleet_kernel.sandbox import contract as sandbox_contract
 
@@ -50,7 +51,6 @@ Handler = Callable[[KernelContext, list[str]], Awaitable[Reply]]
 
 
 def _usage_error(message: str) -> Exception:
-    from fleet_kernel.errors import ValidationError
 
     return ValidationError(message, code="usage")
 
@@ -129,6 +129,7 @@ async def cmd_model(ctx: KernelContext, args: list[str]) -> Reply:
     if ctx.session_id is not None:
         await ctx.open()
         assert ctx.store is not None
+        # the engine (store, SQLAlchemy) loads after the kernel starts
         from fleet_kernel.engine.session_config import session_settings
 
         settings = session_settings(settings, await ctx.store.get_session(ctx.session_id))
@@ -139,7 +140,7 @@ async def cmd_model(ctx: KernelContext, args: list[str]) -> Reply:
 
 
 async def cmd_memory(ctx: KernelContext, args: list[str]) -> Reply:
-    from fleet_kernel.engine.memory import Memories
+    from fleet_kernel.engine.memory import Memories  # the engine (store, SQLAlchemy) loads after the kernel starts
 
     action = args[0] if args else ""
     if action not in ("", "search", "forget") or (action == "forget" and len(args) != 2):
@@ -153,8 +154,6 @@ async def cmd_memory(ctx: KernelContext, args: list[str]) -> Reply:
     memories = Memories(ctx.store, ctx.settings, ctx.session_id)
     if action == "forget":
         if not await memories.forget(args[1]):
-            from fleet_kernel.errors import NotFoundError
-
             raise NotFoundError(f"no memory {args[1]!r} in this session (see %fleet memory)")
         await memories.mirror()
         return Reply(f"Forgot {args[1]}.")
@@ -272,8 +271,7 @@ class Sidecar:
 
 
 async def cmd_serve(ctx: KernelContext, args: list[str]) -> Reply:
-    from fleet_kernel.errors import FleetError
-    from fleet_kernel.kernel.sidecar import spawn_sidecar
+    from fleet_kernel.kernel.sidecar import spawn_sidecar  # subprocess plumbing only for %fleet serve
 
     settings = ctx.settings
     port = int(args[0]) if args and args[0].isdigit() else settings.policy.kernel.api_port
@@ -293,7 +291,6 @@ async def cmd_serve(ctx: KernelContext, args: list[str]) -> Reply:
 
 
 def _serve_error(message: str) -> Exception:
-    from fleet_kernel.errors import FleetError
 
     return FleetError(message, code="api_unavailable")
 
@@ -318,6 +315,7 @@ async def cmd_set(ctx: KernelContext, args: list[str]) -> Reply:
 
 async def cmd_history(ctx: KernelContext, args: list[str]) -> Reply:
     """The turns the next turn sees (``Store.history``, as the runner asks it), or forget/restore one."""
+    # the engine (store, SQLAlchemy) loads after the kernel starts
     from fleet_kernel.engine.runner import format_history
 
     if args and (args[0] not in HISTORY_ACTIONS or len(args) != 2):
@@ -364,7 +362,7 @@ def _line(text: str, width: int = 60) -> str:
 
 
 async def cmd_skill(ctx: KernelContext, args: list[str]) -> Reply:
-    from fleet_kernel.skills import load_catalogue
+    from fleet_kernel.skills import load_catalogue  # the skill loader reads cards from disk only when asked
 
     action, names = (args[0], args[1:]) if args else ("list", [])
     catalogue = await asyncio.to_thread(load_catalogue, ctx.settings.home)
@@ -480,7 +478,7 @@ async def complete(ctx: KernelContext, code: str, cursor_pos: int) -> tuple[list
     elif done == ["set"]:
         options = list(ctx.params)
     elif done[:2] in (["skill", "show"], ["skill", "use"]) and (done[1] == "use" or len(done) == 2):
-        from fleet_kernel.skills import load_catalogue
+        from fleet_kernel.skills import load_catalogue  # the skill loader reads cards from disk only when asked
 
         options = sorted((await asyncio.to_thread(load_catalogue, ctx.settings.home)).skills)
     elif done == ["attach"] or done == ["export"]:

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from fleet_kernel.config import OutputMode, Settings
-    from fleet_kernel.engine.runner import TurnRunner
-    from fleet_kernel.engine.sessions import Sessions
-    from fleet_kernel.store import Store
+    from fleet_kernel.engine.runner import TurnRunner  # the engine and SQLAlchemy (~1 s) load in the background warm-up
+    from fleet_kernel.engine.sessions import Sessions  # the engine and SQLAlchemy (~1 s) load in the background warm-up
+    from fleet_kernel.store import Store  # SQLAlchemy (~1 s) loads in the background warm-up
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class KernelContext:
 
     def _probe_sandbox(self) -> None:
         """Find the default backend now (it runs bubblewrap once) rather than in the first turn."""
-        from fleet_kernel.sandbox import choose
+        from fleet_kernel.sandbox import choose  # the sandbox package loads backends on first use
 
         try:
             choose(self.settings)
@@ -113,7 +113,7 @@ class KernelContext:
     def settings(self) -> Settings:
         """The settings (environment and fleet.toml), loaded once. Raises ``ConfigError``."""
         if self._settings is None:
-            from fleet_kernel.config import load_settings
+            from fleet_kernel.config import load_settings  # pydantic (~0.1 s) after the kernel has answered kernel_info
 
             self._settings = load_settings()
         return self._settings
@@ -130,14 +130,15 @@ class KernelContext:
         async with self._open_lock:
             if self.runner is None:
                 await load_off_loop("fleet_kernel.engine.runner")
+                # the engine and SQLAlchemy (~1 s) load in the background warm-up
                 from fleet_kernel.engine.runner import TurnRunner
-                from fleet_kernel.store import Store
+                from fleet_kernel.store import Store  # SQLAlchemy (~1 s) loads in the background warm-up
 
                 settings = self.settings
                 try:
                     self.store = await Store.open(settings.database_url)
                 except OSError as exc:
-                    from fleet_kernel.errors import ConfigError
+                    from fleet_kernel.errors import ConfigError  # with load_settings, after kernel_info
 
                     raise ConfigError(
                         f"cannot keep Fleet's state in {settings.home} ({exc.strerror or exc}): "
@@ -159,6 +160,7 @@ class KernelContext:
         """The sessions service over this kernel's store and its current settings (opened if need be)."""
         await self.open()
         await load_off_loop("fleet_kernel.engine.sessions")
+        # the engine and SQLAlchemy (~1 s) load in the background warm-up
         from fleet_kernel.engine.sessions import Sessions
 
         assert self.store is not None
@@ -223,7 +225,7 @@ def route_output_to_log(home: Path | None = None) -> Path:
     parent header (dropped by JupyterLab, shown in a console) or land in the next cell.
     """
     if home is None:
-        from fleet_kernel.config import home_dir
+        from fleet_kernel.config import home_dir  # pydantic (~0.1 s) after the kernel has answered kernel_info
 
         home = home_dir()
     try:

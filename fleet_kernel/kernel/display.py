@@ -340,7 +340,7 @@ async def run_and_show(
     ``TurnRunner.start``; ``stop_button`` false leaves the widget card without one. Returns the folded
     view and the error content of a failed or cancelled turn.
     """
-    from fleet_kernel.kernel.context import load_off_loop
+    from fleet_kernel.kernel.context import load_off_loop  # context imports display: a cycle
 
     view, mode = TurnView(), ctx.live_mode()
     if mode == "widgets":

@@ -501,7 +501,7 @@ class LocalBackend:
         )
 
     def open(self, settings: Settings, workspace: Path, *, cancel: CancelToken | None = None) -> SandboxFactory:
-        from fleet_kernel.sandbox.interpreter import SandboxFactory
+        from fleet_kernel.sandbox.interpreter import SandboxFactory  # the interpreter imports dspy
 
         limits, exec_timeout_s = settings.policy.sandbox, settings.limits.exec_timeout_s
         if self.isolated and (reason := probe_bwrap()) is not None:
@@ -518,7 +518,7 @@ class LocalBackend:
                 workspace,
             )
         if self.isolated and limits.pool > 0:
-            from fleet_kernel.sandbox import pool
+            from fleet_kernel.sandbox import pool  # the pool imports this module: a cycle
 
             pool.POOL.configure(limits, limits.pool, limits.idle_stop_s)
             new_session: Callable[[], SandboxSession] = functools.partial(pool.sessions, workspace, limits)
@@ -540,7 +540,7 @@ class LocalBackend:
         """Fill the pool of pre-started sandboxes now, before the first turn needs one (a server starting)."""
         limits = settings.policy.sandbox
         if self.isolated and limits.pool > 0 and probe_bwrap() is None:
-            from fleet_kernel.sandbox import pool
+            from fleet_kernel.sandbox import pool  # the pool imports this module: a cycle
 
             pool.POOL.configure(limits, limits.pool, limits.idle_stop_s)
 

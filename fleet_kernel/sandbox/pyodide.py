@@ -253,7 +253,7 @@ class PyodideSession(PipeSession):
         # Linux only (setrlimit, seccomp): elsewhere Deno runs with its own permissions alone
         import resource
 
-        from fleet_kernel.sandbox import _confine
+        from fleet_kernel.sandbox import _confine  # pyseccomp and cgroups only on Linux, when a worker starts
 
         limits = self._limits
         self._cgroup = _confine.Cgroup.create(limits.memory_mb + DENO_BASELINE_MB, 256)

@@ -43,7 +43,7 @@ async def export_turns(settings: Settings, turn_ids: list[str], session_id: str 
             "and unset OTEL_SDK_DISABLED; see docs/observability.md"
         )
     from fleet_kernel.store import Store  # the CLI starts without the store loaded
-    from fleet_kernel.telemetry.tracing import Tracing
+    from fleet_kernel.telemetry.tracing import Tracing  # the OpenTelemetry SDK only when tracing
 
     store = await Store.open(settings.database_url)
     tracing = Tracing(settings)
