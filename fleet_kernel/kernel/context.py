@@ -25,6 +25,18 @@ if TYPE_CHECKING:
     from fleet_kernel.store import Store  # SQLAlchemy (~1 s) loads in the background warm-up
 
 log = logging.getLogger(__name__)
+# One import at a time across the kernel's threads: two threads importing different parts of dspy at
+# once can each meet the other's half-initialised module (an ImportError "most likely due to a circular
+# import"), so the background warm-up and on-demand imports take turns.
+_IMPORTS = threading.Lock()
+
+
+def import_module(name: str) -> object:
+    """``importlib.import_module``, serialised with the warm-up's imports."""
+    if name in sys.modules:
+        return sys.modules[name]
+    with _IMPORTS:
+        return importlib.import_module(name)
 
 WARM_MODULES = (
     "fleet_kernel.config",
@@ -81,7 +93,7 @@ class KernelContext:
         def work() -> None:
             for name in WARM_MODULES:
                 try:
-                    importlib.import_module(name)
+                    import_module(name)
                 except Exception:
                     log.warning("warming %s failed", name, exc_info=True)
                 if name == OPEN_STORE_AFTER:
@@ -215,7 +227,7 @@ def skip_unused_imports() -> None:
 async def load_off_loop(module: str) -> None:
     """Import ``module`` on a worker thread, so a cold import never freezes the kernel's loop."""
     if module not in sys.modules:
-        await asyncio.to_thread(importlib.import_module, module)
+        await asyncio.to_thread(import_module, module)
 
 
 def route_output_to_log(home: Path | None = None) -> Path:
