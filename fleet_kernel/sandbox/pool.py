@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet_kernel.config import SandboxLimits
+from fleet_kernel.sandbox import _confine
 from fleet_kernel.sandbox._protocol import SessionClosed
 from fleet_kernel.sandbox.local import ProcessSession, _support_dir
 
@@ -36,6 +37,11 @@ CHECK_S = 1.0  # how often the pool thread looks for idle sandboxes
 RETRY_S = 30.0  # after a pooled start failed, wait this long before trying again
 
 
+def _filtered() -> bool:
+    """A worker is started with the seccomp filter when the host has one: a ready worker must match."""
+    return _confine.seccomp_program() is not None
+
+
 class Pool:
     """Up to ``size`` ready workers for the limits last asked for, kept full by one thread."""
 
@@ -43,6 +49,7 @@ class Pool:
         self.size = 0
         self.idle_stop_s = 0.0
         self._limits: SandboxLimits | None = None
+        self._filtered = False  # whether the ready workers run under the seccomp filter
         self._ready: collections.deque[ProcessSession] = collections.deque()
         self._bound: weakref.WeakSet[PooledSession] = weakref.WeakSet()
         self._wake = threading.Condition()
@@ -59,9 +66,10 @@ class Pool:
         with self._wake:
             if self._closed:
                 return
-            if limits != self._limits:
+            if limits != self._limits or _filtered() != self._filtered:
                 self._discard_ready()
             self._limits, self.size, self.idle_stop_s = limits, size, idle_stop_s
+            self._filtered = _filtered()
             if self._thread is None:
                 _support_dir()  # made (and its removal at exit registered) first, so the pool is closed before
                 atexit.register(self.close)
@@ -79,7 +87,7 @@ class Pool:
         """A ready worker with ``limits``, or None (the caller starts one cold); the pool then refills."""
         with self._wake:
             worker = None
-            while self._ready and limits == self._limits:
+            while self._ready and limits == self._limits and _filtered() == self._filtered:
                 candidate = self._ready.popleft()
                 if candidate.alive():
                     worker = candidate
