@@ -38,6 +38,7 @@ def import_module(name: str) -> object:
     with _IMPORTS:
         return importlib.import_module(name)
 
+
 WARM_MODULES = (
     "fleet_kernel.config",
     "fleet_kernel.engine.runner",  # then the store opens on the loop, before the rest loads

@@ -112,7 +112,9 @@ def test_bad_options_and_unknown_names_say_what_to_do(py: PythonKernel, scripted
     assert run.reply["content"]["ename"] == "UsageError"
     py.ok("import threading\nlock = threading.Lock()")
     run = py.run("%%fleet --in lock\ntask")
-    assert run.reply["content"]["ename"] == "ValidationError" and "lock is a lock" in run.reply["content"]["evalue"], run.reply["content"]
+    assert run.reply["content"]["ename"] == "ValidationError" and "lock is a lock" in run.reply["content"]["evalue"], (
+        run.reply["content"]
+    )
     assert "Traceback" not in run.text()
     assert scripted_lm.requests == []
 
