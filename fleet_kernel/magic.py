@@ -199,7 +199,7 @@ async def _turn(
 
 
 def _encode_all(values: dict[str, Any], cap_mb: float) -> list[Any]:
-    from fleet_kernel.kernel.context import import_module
+    from fleet_kernel.lazy import import_module
 
     import_module("fleet_kernel.engine.inputs")  # dspy: taking turns with the background warm-up
     from fleet_kernel.engine.inputs import encode  # the engine loads with the first cell that passes values

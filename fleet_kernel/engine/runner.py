@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import importlib
 import logging
 import threading
 import time
@@ -30,6 +29,7 @@ from fleet_kernel.engine.session_config import session_settings
 from fleet_kernel.engine.sink import EventHub, EventWriter, TurnEmitter, follow
 from fleet_kernel.errors import NotFoundError, TurnDeadlineExceeded, ValidationError
 from fleet_kernel.events import Artifact, Event, LMFinished, TurnCancelledData, TurnCompleted, TurnFailed, TurnStarted
+from fleet_kernel.lazy import import_module
 from fleet_kernel.sandbox import contract as sandbox_contract
 from fleet_kernel.skills import Catalogue, load_catalogue
 from fleet_kernel.store import AttachmentRow, EndedTurn, Store, TurnRow
@@ -400,7 +400,7 @@ class TurnRunner:
 
     async def _prepare(self, running: _Running) -> TurnJob:
         # dspy loads (or finishes loading) on a thread: the loop keeps delivering this turn's first events
-        await asyncio.to_thread(importlib.import_module, "fleet_kernel.engine.turn")
+        await asyncio.to_thread(import_module, "fleet_kernel.engine.turn")
         from fleet_kernel.engine.turn import TurnJob  # engine.turn imports dspy (~1.5 s), loaded off the event loop
 
         turn = running.turn

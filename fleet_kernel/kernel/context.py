@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import os
 import sys
@@ -18,6 +17,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fleet_kernel.lazy import import_module
+
 if TYPE_CHECKING:
     from fleet_kernel.config import OutputMode, Settings
     from fleet_kernel.engine.runner import TurnRunner  # the engine and SQLAlchemy (~1 s) load in the background warm-up
@@ -25,18 +26,6 @@ if TYPE_CHECKING:
     from fleet_kernel.store import Store  # SQLAlchemy (~1 s) loads in the background warm-up
 
 log = logging.getLogger(__name__)
-# One import at a time across the kernel's threads: two threads importing different parts of dspy at
-# once can each meet the other's half-initialised module (an ImportError "most likely due to a circular
-# import"), so the background warm-up and on-demand imports take turns.
-_IMPORTS = threading.Lock()
-
-
-def import_module(name: str) -> object:
-    """``importlib.import_module``, serialised with the warm-up's imports."""
-    if name in sys.modules:
-        return sys.modules[name]
-    with _IMPORTS:
-        return importlib.import_module(name)
 
 
 WARM_MODULES = (

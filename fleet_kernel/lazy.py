@@ -1,0 +1,25 @@
+"""Imports of heavy modules (dspy and what loads it) from several threads, one at a time.
+
+Two threads importing different parts of dspy at once can each meet the other's half-initialised module
+("module 'dspy' has no attribute 'Signature'", or an ImportError "most likely due to a circular import").
+The kernel's background warm-up, the runner's import of the dspy side and on-demand imports therefore
+take turns through ``import_module``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import threading
+from types import ModuleType
+
+_IMPORTS = threading.RLock()
+
+
+def import_module(name: str) -> ModuleType:
+    """``importlib.import_module``, serialised with every other call of this function."""
+    module = sys.modules.get(name)
+    if module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False) is False:
+        return module
+    with _IMPORTS:
+        return importlib.import_module(name)
