@@ -11,9 +11,12 @@ from __future__ import annotations
 import importlib
 import sys
 import threading
+import time
 from types import ModuleType
 
 _IMPORTS = threading.RLock()
+RETRIES = 10  # a module another thread is still importing: wait for it and import again
+RETRY_S = 0.2
 
 
 def import_module(name: str) -> ModuleType:
@@ -22,4 +25,16 @@ def import_module(name: str) -> ModuleType:
     if module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False) is False:
         return module
     with _IMPORTS:
-        return importlib.import_module(name)
+        for attempt in range(RETRIES):
+            try:
+                return importlib.import_module(name)
+            except (ImportError, AttributeError) as exc:  # met a thread that imports outside this lock
+                if attempt == RETRIES - 1 or not _half_imported(exc):
+                    raise
+                time.sleep(RETRY_S)
+        raise AssertionError("unreachable")
+
+
+def _half_imported(exc: BaseException) -> bool:
+    text = str(exc)
+    return "partially initialized" in text or "circular import" in text or "has no attribute" in text
