@@ -9,13 +9,13 @@ interpreters' (``InterpreterFactory``). Stdlib only, so choosing a backend never
 
 from __future__ import annotations
 
-import importlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from fleet_kernel.errors import SandboxUnavailableError
+from fleet_kernel.lazy import import_module
 from fleet_kernel.workspace import ARTIFACTS_DIR, FILES_DIR, MEMORY_FILE
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ def get(name: str) -> Backend:
         raise SandboxUnavailableError(f"Unknown sandbox {name!r}; use {', '.join(names())}.")
     if isinstance(entry, str):
         module, _, attribute = entry.partition(":")
-        entry = _registry[name] = getattr(importlib.import_module(module), attribute)
+        entry = _registry[name] = getattr(import_module(module), attribute)
     return entry
 
 
