@@ -23,7 +23,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
-from fleet_kernel.errors import StoreUnavailableError
+from fleet_kernel.errors import NotFoundError, StoreUnavailableError
 from fleet_kernel.store import migrate
 
 # Free space below this on the disk of a SQLite store makes it unwritable for health checks.
@@ -230,3 +230,11 @@ class Database:
     async def _read(self) -> AsyncIterator[AsyncSession]:
         async with self._sessions() as session:
             yield session
+
+    async def _get(self, model: type[R], key: str, missing: str) -> R:
+        """One row by primary key, or ``NotFoundError(missing)``."""
+        async with self._read() as s:
+            row = await s.get(model, key)
+        if row is None:
+            raise NotFoundError(missing)
+        return row

@@ -45,11 +45,7 @@ class FileStore(Database):
         return row
 
     async def get_attachment(self, attachment_id: str) -> AttachmentRow:
-        async with self._read() as s:
-            row = await s.get(AttachmentRow, attachment_id)
-        if row is None:
-            raise NotFoundError(f"no attachment {attachment_id!r}")
-        return row
+        return await self._get(AttachmentRow, attachment_id, f"no attachment {attachment_id!r}")
 
     async def add_artifact(self, *, session_id: str, turn_id: str, path: str, mime: str, data: bytes) -> ArtifactRow:
         row = ArtifactRow(
@@ -60,11 +56,7 @@ class FileStore(Database):
         return row
 
     async def get_artifact(self, artifact_id: str) -> ArtifactRow:
-        async with self._read() as s:
-            row = await s.get(ArtifactRow, artifact_id)
-        if row is None:
-            raise NotFoundError(f"no artifact {artifact_id!r}")
-        return row
+        return await self._get(ArtifactRow, artifact_id, f"no artifact {artifact_id!r}")
 
     async def list_artifacts(self, session_id: str, turn_id: str | None = None) -> list[ArtifactRow]:
         query = select(ArtifactRow).where(ArtifactRow.session_id == session_id)

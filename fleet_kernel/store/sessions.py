@@ -52,11 +52,9 @@ class SessionStore(Database):
         return row
 
     async def get_session(self, session_id: str) -> SessionRow:
-        async with self._read() as s:
-            row = await s.get(SessionRow, session_id)
-        if row is None:
-            raise NotFoundError(f"no session {session_id!r}; list sessions with GET /api/sessions")
-        return row
+        return await self._get(
+            SessionRow, session_id, f"no session {session_id!r}; list sessions with GET /api/sessions"
+        )
 
     async def list_sessions(self, limit: int = 200) -> list[SessionRow]:
         async with self._read() as s:
