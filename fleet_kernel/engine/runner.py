@@ -233,7 +233,7 @@ class TurnRunner:
         await self.open()
         assert self._writer is not None
         settings = session_settings(settings, await self.store.get_session(session_id))  # its own models
-        sandbox = self.sandbox_name()
+        sandbox = await asyncio.to_thread(self.sandbox_name)  # the first asks bubblewrap (a probe process)
         claim = await self.store.claim_turn(
             session_id,
             task,

@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -285,9 +286,31 @@ def _userns_hint() -> str:
     )
 
 
-@functools.cache
+_probe_lock = threading.Lock()
+_probe_passed = False
+
+
 def probe_bwrap() -> str | None:
-    """None when the ``local`` sandbox works here; else why not and what to install or set (cached)."""
+    """None when the ``local`` sandbox works here; else why not and what to install or set.
+
+    One probe at a time (a kernel's warm-up and its first turn ask together), and only a pass is kept: a
+    probe that timed out on a loaded machine is tried again by the next turn instead of moving every later
+    turn to another backend.
+    """
+    global _probe_passed
+    if _probe_passed:
+        return None
+    with _probe_lock:
+        if not _probe_passed:
+            reason = _probe_bwrap_once()
+            if reason is not None:
+                logger.warning("the local sandbox cannot start here: %s", reason)
+                return reason
+            _probe_passed = True
+    return None
+
+
+def _probe_bwrap_once() -> str | None:
     if not sys.platform.startswith("linux"):
         return f"bubblewrap needs Linux (this is {sys.platform})"
     if _bwrap_path() is None:
