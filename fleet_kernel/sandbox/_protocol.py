@@ -74,11 +74,16 @@ class PipeSession:
         self._stderr_tail = b""
         self._reason: str | None = None
 
-    def _attach(self, process: subprocess.Popen[bytes]) -> None:
-        """Read the new process's pipes and wait for its ``ready`` message."""
+    def _attach(self, process: subprocess.Popen[bytes], *, wait: bool = True) -> None:
+        """Read the new process's pipes and (``wait``) wait for its ``ready`` message."""
         self._process = process
         threading.Thread(target=self._read_stdout, args=(process.stdout,), daemon=True).start()
         threading.Thread(target=self._read_stderr, args=(process.stderr,), daemon=True).start()
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Wait for the ``ready`` message of a process attached with ``wait=False``."""
         try:
             ready = self.receive(self.start_timeout_s)
         except (SessionClosed, ProtocolError) as exc:

@@ -346,4 +346,6 @@ def _save(mount: str, workspace: str, snapshot: Snapshot, code: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    status = main(sys.argv[1:])
+    sys.stderr.flush()
+    os._exit(status)  # the workspace is saved: the host waits for this exit, so skip the interpreter's teardown

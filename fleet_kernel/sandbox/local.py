@@ -386,7 +386,8 @@ class ProcessSession(PipeSession):
         self._workspace, self._adopt = workspace, None
         channel.close()
 
-    def start(self) -> None:
+    def start(self, *, wait: bool = True) -> None:
+        """Start the sandbox and (``wait``) wait until it is ready; else call ``wait_ready`` later."""
         limits = self._limits
         options = ["--max-output-bytes", str(limits.max_output_bytes)]
         self._cgroup = _confine.Cgroup.create(limits.memory_mb, limits.max_processes + 16, limits.cpu_cores)
@@ -445,7 +446,7 @@ class ProcessSession(PipeSession):
         for pipe in (process.stdin, process.stdout):
             with contextlib.suppress(OSError, AttributeError):  # fewer round trips for big messages
                 fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)  # type: ignore[union-attr]
-        self._attach(process)
+        self._attach(process, wait=wait)
 
     def kill(self) -> None:
         """Stop the sandbox; ``_stage.py`` then copies the workspace back before it exits (waited for)."""

@@ -116,28 +116,38 @@ class Pool:
                 missing = self.size - len(self._ready) if limits is not None else 0
             self._stop_idle()
             if missing > 0 and limits is not None and time.monotonic() - self._failed_at >= RETRY_S:
-                self._start_one(limits)
+                self._start(limits, missing)
 
-    def _start_one(self, limits: SandboxLimits) -> None:
-        worker = ProcessSession(None, limits, isolated=True)
-        try:
-            worker.start()
-        except SessionClosed as exc:
-            worker.kill()
-            if self._closed:
-                return
+    def _start(self, limits: SandboxLimits, count: int) -> None:
+        """Start ``count`` workers together (they boot in parallel, on every core), then keep the ready ones."""
+        booting: list[ProcessSession] = []
+        for _ in range(count):
+            worker = ProcessSession(None, limits, isolated=True)
+            try:
+                worker.start(wait=False)  # forked by this thread, which outlives them (see above)
+            except SessionClosed as exc:
+                self._failed(exc)
+                break
+            booting.append(worker)
+        for worker in booting:
+            try:
+                worker.wait_ready()
+            except SessionClosed as exc:
+                worker.kill()
+                self._failed(exc)
+                continue
+            with self._wake:
+                keep = not self._closed and limits == self._limits and len(self._ready) < self.size
+                if keep:
+                    self._ready.append(worker)
+                    self.started += 1
+            if not keep:
+                worker.kill()
+
+    def _failed(self, exc: SessionClosed) -> None:
+        if not self._closed:
             self._failed_at = time.monotonic()
             logger.warning("could not pre-start a sandbox (retrying in %g s): %s", RETRY_S, exc)
-            return
-        with self._wake:
-            if self._closed or limits != self._limits or len(self._ready) >= self.size:
-                keep = False
-            else:
-                self._ready.append(worker)
-                self.started += 1
-                keep = True
-        if not keep:
-            worker.kill()
 
     def _stop_idle(self) -> None:
         if self.idle_stop_s <= 0:
