@@ -482,8 +482,10 @@ class TurnRunner:
             return time.monotonic() > deadline
 
         workspace = Workspace(job.workspace)
-        known = await self.store.latest_artifact_digests(turn.session_id)
         found = await asyncio.to_thread(workspace.files, "artifacts")
+        if not found:  # most turns: no store read at all
+            return
+        known = await self.store.latest_artifact_digests(turn.session_id)
         added = 0
         for path, st in found:
             if added >= storage.max_artifacts_per_turn:

@@ -67,10 +67,13 @@ class FileStore(Database):
 
     async def latest_artifact_digests(self, session_id: str) -> dict[str, str]:
         """``{path: sha256}`` of the newest artifact recorded at each path in the session."""
-        digests: dict[str, str] = {}
-        for row in await self.list_artifacts(session_id):
-            digests[row.path] = row.sha256
-        return digests
+        query = (
+            select(ArtifactRow.path, ArtifactRow.sha256)
+            .where(ArtifactRow.session_id == session_id)
+            .order_by(ArtifactRow.created_at)
+        )
+        async with self._read() as s:
+            return {path: sha256 for path, sha256 in await s.execute(query)}
 
 
 def _file_fields(data: bytes) -> dict[str, Any]:
