@@ -95,15 +95,16 @@ class TurnJob:
 
 
 class _GuardedFactory:
-    """The backend's factory, refusing interpreters for child RLMs past the turn's limits."""
+    """The backend's factory, refusing interpreters for child RLMs past the turn's limits (``observer``'s)."""
 
-    def __init__(self, inner: Any, observer: TurnObserver) -> None:
+    def __init__(self, inner: Any) -> None:
         self._inner = inner
-        self._observer = observer
+        self.observer: TurnObserver | None = None
         self.execution_instructions = inner.execution_instructions
 
     def __call__(self) -> Any:
-        self._observer.check_child_limits()
+        if self.observer is not None:
+            self.observer.check_child_limits()
         return self._inner()
 
 
@@ -184,8 +185,12 @@ def run_turn(job: TurnJob) -> Outcome:
             signature = signature.append(
                 value.name, dspy.InputField(desc="a value from the user's notebook"), type_=type(value)
             )
+        factory = _GuardedFactory(sandbox)
         rlm = dspy.RLM(
             signature,
+            # given here, not only to forward(): RLM then builds its action signature once, where a factory
+            # it first meets in forward() has it rebuild the signature (a pydantic model) every iteration
+            interpreter_factory=factory,
             max_iters=limits.max_iters,
             max_llm_calls=limits.max_llm_calls,
             max_output_chars=limits.max_output_chars,
@@ -201,6 +206,7 @@ def run_turn(job: TurnJob) -> Outcome:
             max_depth=limits.max_depth,
             max_children=limits.max_children,
         )
+        factory.observer = observer
         sandbox_base.observer.set(observer)
         with dspy.context(lm=root_lm, callbacks=[observer]):
             observer.enter_root()
@@ -209,7 +215,7 @@ def run_turn(job: TurnJob) -> Outcome:
                 history=job.history,
                 workspace=job.workspace_manifest,
                 **{value.name: value for value in job.inputs},
-                interpreter_factory=_GuardedFactory(sandbox, observer),
+                interpreter_factory=factory,
             )
         return Outcome(
             "completed",
