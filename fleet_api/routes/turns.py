@@ -73,10 +73,10 @@ async def _frames(state: State, turn: TurnRow, after: int) -> AsyncIterator[byte
         return
     elsewhere = not state.runner.is_running_here(turn.turn_id)
     tailing = state.tail.tailing(turn.turn_id, turn.last_seq) if elsewhere else nullcontext()
-    follow = cast(AsyncGenerator[Event, None], state.runner.follow(turn.turn_id, after, quiet_s=QUIET_S))
-    async with tailing, aclosing(follow) as events:
-        async for event in events:
-            yield state.frames.encode(event)
+    follow = cast(AsyncGenerator[list[Event], None], state.runner.follow_batches(turn.turn_id, after, quiet_s=QUIET_S))
+    async with tailing, aclosing(follow) as batches:
+        async for batch in batches:  # one write per committed batch
+            yield b"".join(state.frames.encode(event) for event in batch)
 
 
 async def _whole_log(state: State, turn_id: str) -> list[Event]:

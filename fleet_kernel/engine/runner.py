@@ -26,7 +26,7 @@ from fleet_kernel.engine.budget import BudgetExceeded
 from fleet_kernel.engine.choices import TurnChoices
 from fleet_kernel.engine.memory import Memories
 from fleet_kernel.engine.session_config import session_settings
-from fleet_kernel.engine.sink import EventHub, EventWriter, TurnEmitter, follow
+from fleet_kernel.engine.sink import EventHub, EventWriter, TurnEmitter, follow, follow_batches
 from fleet_kernel.errors import NotFoundError, TurnDeadlineExceeded, ValidationError
 from fleet_kernel.events import Artifact, Event, LMFinished, TurnCancelledData, TurnCompleted, TurnFailed, TurnStarted
 from fleet_kernel.lazy import import_module
@@ -337,9 +337,13 @@ class TurnRunner:
 
     def follow(self, turn_id: str, after_seq: int = 0, *, quiet_s: float | None = None) -> AsyncIterator[Event]:
         """Replay then tail a turn; ``quiet_s`` as in ``sink.follow`` (default: its polling interval)."""
-        if quiet_s is None:
-            return follow(self.store, self.hub, turn_id, after_seq)
-        return follow(self.store, self.hub, turn_id, after_seq, quiet_s=quiet_s)
+        return follow(self.store, self.hub, turn_id, after_seq, **_quiet(quiet_s))
+
+    def follow_batches(
+        self, turn_id: str, after_seq: int = 0, *, quiet_s: float | None = None
+    ) -> AsyncIterator[list[Event]]:
+        """``follow`` in the batches the events were committed in (one write per batch for a stream)."""
+        return follow_batches(self.store, self.hub, turn_id, after_seq, **_quiet(quiet_s))
 
     def cancel(self, turn_id: str, reason: str = "cancelled") -> bool:
         """Cancel a turn running in this process; thread-safe. Returns false if it does not run here.
@@ -559,6 +563,10 @@ class TurnRunner:
             running.emitter.emit(TurnFailed(error=outcome.error or {"type": "error", "message": "failed"}))
         await committed.wait()
         self._running.pop(turn.turn_id, None)
+
+
+def _quiet(quiet_s: float | None) -> dict[str, float]:
+    return {} if quiet_s is None else {"quiet_s": quiet_s}
 
 
 def format_history(turns: list[TurnRow], max_chars: int) -> str:

@@ -14,7 +14,8 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from typing import Any
 
 from fleet_kernel.events import ROOT_AGENT, Event, EventData, TurnFailed, make_event
@@ -283,8 +284,26 @@ async def follow(
     idle_timeout_s: float = 5.0,
     quiet_s: float = POLL_INTERVAL_S,
 ) -> AsyncIterator[Event]:
+    """Every event of a turn after ``after_seq``, in order, until the terminal one (``follow_batches``, one by one)."""
+    batches = follow_batches(store, hub, turn_id, after_seq, idle_timeout_s=idle_timeout_s, quiet_s=quiet_s)
+    async with aclosing(batches):
+        async for batch in batches:
+            for event in batch:
+                yield event
+
+
+async def follow_batches(
+    store: Store,
+    hub: EventHub | None,
+    turn_id: str,
+    after_seq: int = 0,
+    *,
+    idle_timeout_s: float = 5.0,
+    quiet_s: float = POLL_INTERVAL_S,
+) -> AsyncGenerator[list[Event], None]:
     """Every event of a turn after ``after_seq``, in order, without gaps or duplicates, until the terminal one.
 
+    Events come in the batches they were committed in, so a reader can pass each batch on in one write.
     Works for a turn running in this process (live from the hub), in another process (polling the store)
     or already finished (pure replay). A turn that is no longer running and has written nothing for
     ``idle_timeout_s`` ends the stream, so a reader never waits for ever on a dead writer. The store is
@@ -298,13 +317,13 @@ async def follow(
     try:
         while True:
             if replay:
-                batch = await store.events_after(turn_id, last)
-                for event in batch:
-                    yield event
-                    last = event.seq
-                    if event.terminal:
+                page = await store.events_after(turn_id, last)
+                if page:
+                    batch = _through_terminal(page)
+                    yield batch
+                    last = batch[-1].seq
+                    if batch[-1].terminal:
                         return
-                if batch:
                     idle = 0.0
                     continue  # there may be more than one page
                 idle += quiet_s if queue is not None else POLL_INTERVAL_S
@@ -315,26 +334,38 @@ async def follow(
             if queue is None:
                 await asyncio.sleep(POLL_INTERVAL_S)
                 continue
-            try:
-                event = await asyncio.wait_for(queue.get(), quiet_s)
-            except TimeoutError:
-                replay = True
-                continue
-            pending = [event]
+            if queue.empty():
+                try:
+                    pending = [await asyncio.wait_for(queue.get(), quiet_s)]
+                except TimeoutError:
+                    replay = True
+                    continue
+            else:  # no timer and no task for what is already here
+                pending = []
             while not queue.empty():
                 pending.append(queue.get_nowait())
             replay = False
+            batch = []
             for event in pending:
                 if event.seq <= last:
                     continue
                 if event.seq != last + 1:
                     replay = True  # a gap: the store has what we missed
                     break
-                idle = 0.0
-                yield event
+                batch.append(event)
                 last = event.seq
                 if event.terminal:
+                    break
+            if batch:
+                idle = 0.0
+                yield batch
+                if batch[-1].terminal:
                     return
     finally:
         if queue is not None and hub is not None:
             hub.unsubscribe(turn_id, queue)
+
+
+def _through_terminal(events: list[Event]) -> list[Event]:
+    ends = next((i for i, event in enumerate(events) if event.terminal), None)
+    return events if ends is None else events[: ends + 1]
