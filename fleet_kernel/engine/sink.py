@@ -80,6 +80,9 @@ class EventWriter:
         self.on_broken = on_broken
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        self._inbox: list[Event] = []  # events from other threads, until the loop takes them
+        self._inbox_lock = threading.Lock()
+        self._inbox_scheduled = False
         self._task = self._loop.create_task(self._run(), name="fleet-event-writer")
         self._flushed: dict[str, asyncio.Event] = {}
         self._last_seq: dict[str, int] = {}  # committed so far, for turns still open
@@ -89,11 +92,26 @@ class EventWriter:
         self.last_error: str | None = None  # why the latest commit failed; None once one succeeds
 
     def put(self, event: Event) -> None:
-        """Thread-safe: queue an event for commit."""
+        """Thread-safe: queue an event for commit.
+
+        From another thread, a burst of events (a step's reasoning, code and output) wakes the loop once:
+        they wait in an inbox that one scheduled callback moves to the queue, in order.
+        """
         if threading.get_ident() == self._loop_thread_id():
             self._queue.put_nowait(event)
-        else:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+            return
+        with self._inbox_lock:
+            self._inbox.append(event)
+            if self._inbox_scheduled:
+                return
+            self._inbox_scheduled = True
+        self._loop.call_soon_threadsafe(self._take_inbox)
+
+    def _take_inbox(self) -> None:
+        with self._inbox_lock:
+            events, self._inbox, self._inbox_scheduled = self._inbox, [], False
+        for event in events:
+            self._queue.put_nowait(event)
 
     def _loop_thread_id(self) -> int | None:
         return getattr(self._loop, "_thread_id", None)
