@@ -288,6 +288,7 @@ def _userns_hint() -> str:
 
 _probe_lock = threading.Lock()
 _probe_passed = False
+_probe_failures: set[str] = set()  # reasons already logged
 
 
 def probe_bwrap() -> str | None:
@@ -304,7 +305,9 @@ def probe_bwrap() -> str | None:
         if not _probe_passed:
             reason = _probe_bwrap_once()
             if reason is not None:
-                logger.warning("the local sandbox cannot start here: %s", reason)
+                if reason not in _probe_failures:  # once per reason: a machine without it asks every turn
+                    _probe_failures.add(reason)
+                    logger.warning("the local sandbox cannot start here: %s", reason)
                 return reason
             _probe_passed = True
     return None
