@@ -146,6 +146,19 @@ async def test_unreachable_store_is_a_clear_error(tmp_path: Path) -> None:
         await Store.open("postgresql+asyncpg://nobody:x@127.0.0.1:1/none")
 
 
+def test_processes_opening_a_new_sqlite_store_at_once_all_get_it(tmp_path: Path) -> None:
+    """A kernel and its sidecar open a fresh store together: each must find it created, none may fail."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'fresh.db'}"
+    code = (
+        "import asyncio, sys\nfrom fleet_kernel.store import Store\n"
+        "async def main():\n    await (await Store.open(sys.argv[1])).close()\nasyncio.run(main())"
+    )
+    openers = [subprocess.Popen([sys.executable, "-c", code, url], stderr=subprocess.PIPE, text=True)
+               for _ in range(4)]  # fmt: skip
+    errors = [p.communicate(timeout=120)[1] for p in openers]
+    assert [p.returncode for p in openers] == [0] * 4, "\n".join(errors)
+
+
 WRITER = textwrap.dedent(
     """
     import asyncio, sys

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
+from sqlalchemy.engine import make_url
 
 
 def migrations_dir() -> Path:
@@ -30,5 +35,26 @@ def head_revision() -> str | None:
 
 
 def upgrade(database_url: str) -> None:
-    """Apply every migration up to head. Blocking: call it from a thread when a loop runs."""
-    command.upgrade(alembic_config(database_url), "head")
+    """Apply every migration up to head. Blocking: call it from a thread when a loop runs.
+
+    On a SQLite file, one process at a time: a kernel and its sidecar open a new store together, and two
+    upgrades at once collide (``table _alembic_tmp_sessions already exists``). Under the lock Alembic
+    reads the revision again, so the second finds the store at head and does nothing.
+    """
+    with _sqlite_upgrade_lock(database_url):
+        command.upgrade(alembic_config(database_url), "head")
+
+
+@contextlib.contextmanager
+def _sqlite_upgrade_lock(database_url: str) -> Iterator[None]:
+    url = make_url(database_url)
+    path = url.database if url.get_backend_name() == "sqlite" else None
+    if not path or path == ":memory:":
+        yield
+        return
+    fd = os.open(f"{path}.upgrade-lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
