@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response
@@ -63,7 +62,7 @@ async def update_session(session_id: str, body: SessionUpdate, sessions: Session
 async def get_session_config(session_id: str, state: State, sessions: SessionsDep) -> SessionConfig:
     """The settings a turn of this session would run with now (its models, sandbox, limits, history
     window, memory caps), with no secret."""
-    config = await sessions.config(check_id(session_id, "session"), await asyncio.to_thread(state.runner.sandbox_name))
+    config = await sessions.config(check_id(session_id, "session"), await state.runner.sandbox_name())
     return SessionConfig.model_validate(config)
 
 

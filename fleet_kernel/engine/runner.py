@@ -26,7 +26,7 @@ from fleet_kernel.engine.budget import BudgetExceeded
 from fleet_kernel.engine.choices import TurnChoices
 from fleet_kernel.engine.memory import Memories
 from fleet_kernel.engine.session_config import session_settings
-from fleet_kernel.engine.sink import EventHub, EventWriter, TurnEmitter, follow, follow_batches
+from fleet_kernel.engine.sink import POLL_INTERVAL_S, EventHub, EventWriter, TurnEmitter, follow, follow_batches
 from fleet_kernel.errors import NotFoundError, TurnDeadlineExceeded, ValidationError
 from fleet_kernel.events import Artifact, Event, LMFinished, TurnCancelledData, TurnCompleted, TurnFailed, TurnStarted
 from fleet_kernel.lazy import import_module
@@ -233,7 +233,7 @@ class TurnRunner:
         await self.open()
         assert self._writer is not None
         settings = session_settings(settings, await self.store.get_session(session_id))  # its own models
-        sandbox = await asyncio.to_thread(self.sandbox_name)  # the first asks bubblewrap (a probe process)
+        sandbox = await self.sandbox_name()
         claim = await self.store.claim_turn(
             session_id,
             task,
@@ -335,15 +335,15 @@ class TurnRunner:
             files.append(found)
         return files
 
-    def follow(self, turn_id: str, after_seq: int = 0, *, quiet_s: float | None = None) -> AsyncIterator[Event]:
-        """Replay then tail a turn; ``quiet_s`` as in ``sink.follow`` (default: its polling interval)."""
-        return follow(self.store, self.hub, turn_id, after_seq, **_quiet(quiet_s))
+    def follow(self, turn_id: str, after_seq: int = 0, *, quiet_s: float = POLL_INTERVAL_S) -> AsyncIterator[Event]:
+        """Replay then tail a turn; ``quiet_s`` as in ``sink.follow``."""
+        return follow(self.store, self.hub, turn_id, after_seq, quiet_s=quiet_s)
 
     def follow_batches(
-        self, turn_id: str, after_seq: int = 0, *, quiet_s: float | None = None
+        self, turn_id: str, after_seq: int = 0, *, quiet_s: float = POLL_INTERVAL_S
     ) -> AsyncIterator[list[Event]]:
         """``follow`` in the batches the events were committed in (one write per batch for a stream)."""
-        return follow_batches(self.store, self.hub, turn_id, after_seq, **_quiet(quiet_s))
+        return follow_batches(self.store, self.hub, turn_id, after_seq, quiet_s=quiet_s)
 
     def cancel(self, turn_id: str, reason: str = "cancelled") -> bool:
         """Cancel a turn running in this process; thread-safe. Returns false if it does not run here.
@@ -359,10 +359,11 @@ class TurnRunner:
     def is_running_here(self, turn_id: str) -> bool:
         return turn_id in self._running
 
-    def sandbox_name(self) -> str:
+    async def sandbox_name(self) -> str:
+        """The backend turns use now; on a thread, as the first call asks bubblewrap (a probe process)."""
         from fleet_kernel.sandbox import choose  # the sandbox package loads backends on first use
 
-        return choose(self.settings)
+        return await asyncio.to_thread(choose, self.settings)
 
     # ------------------------------------------------------------------ the turn
 
@@ -563,10 +564,6 @@ class TurnRunner:
             running.emitter.emit(TurnFailed(error=outcome.error or {"type": "error", "message": "failed"}))
         await committed.wait()
         self._running.pop(turn.turn_id, None)
-
-
-def _quiet(quiet_s: float | None) -> dict[str, float]:
-    return {} if quiet_s is None else {"quiet_s": quiet_s}
 
 
 def format_history(turns: list[TurnRow], max_chars: int) -> str:
