@@ -229,6 +229,11 @@ async def test_child_rlm_is_an_agent(make_runner, store, scripted_lm) -> None:
     child = started.data["agent_id"]
     assert any(e.agent_id == child and e.type == "code" for e in events)
     assert any(e.type == "agent.finished" and e.data == {"agent_id": child, "ok": True} for e in events)
+    # the child's LM call and execution are its own, and every LM request shows once
+    assert [e.data["role"] for e in events if e.type == "lm.finished" and e.agent_id == child] == ["sub"]
+    assert [e.data["iteration"] for e in events if e.type == "execution.finished" and e.agent_id == child] == [1]
+    assert sum(e.type == "lm.finished" for e in events) == len(scripted_lm.requests) == 3
+    assert [e.data["iteration"] for e in events if e.type == "execution.finished" and e.agent_id == "root"] == [1, 2]
 
 
 async def test_child_limit_is_an_error_the_model_sees(make_runner, store, scripted_lm) -> None:

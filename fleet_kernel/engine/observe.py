@@ -3,6 +3,13 @@
 ``TurnObserver`` is both a dspy callback (modules, LMs, interpreter calls) and the sandbox's observer
 (output chunks, host tool calls). Which agent (root or a child RLM built by model code) an event
 belongs to is carried by a context variable that flows into dspy's tool threads.
+
+It is registered as an *instance* callback on what it watches (``observe``): the root RLM's action
+and extract predictors, the turn's LMs and every interpreter the turn's factory makes. A global
+callback would cost every decorated dspy call (adapters, modules) an ``inspect.getcallargs`` and a
+handler lookup, ~0.1 ms each, several per iteration. Only host tools run with a global callback,
+for module events alone (``tool_scope``): that is where dspy's bridge runs a child RLM built by model
+code, whose predictors nobody could register beforehand.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -107,6 +115,7 @@ class TurnObserver(BaseCallback):
         self._tool_calls: dict[str, float] = {}
         self._ids = itertools.count(1)
         self.root = AgentFrame(ROOT_AGENT, None, 0, root_rlm.max_iters)
+        self._module_events = _ModuleEvents(self)
 
     # ------------------------------------------------------------------ helpers
 
@@ -124,6 +133,20 @@ class TurnObserver(BaseCallback):
         """Called on the turn thread before ``forward``: the root agent is current there."""
         _current_agent.set(self.root)
         self._frames_by_predict[id(self.root_rlm.generate_action)] = self.root
+
+    def observe(self, *watched: Any) -> None:
+        """Register as an instance callback of each of ``watched`` (predictors, LMs, interpreters)."""
+        for target in watched:
+            target.callbacks = [*(getattr(target, "callbacks", None) or []), self]
+
+    def tool_scope(self) -> AbstractContextManager[Any]:
+        """Host tools run with this turn's module events on, so a child RLM that dspy's bridge builds
+        for model code reports its agent and iterations; its LM calls and executions are seen through
+        the instance callbacks already (on the turn's LMs and interpreters), so they are not seen twice."""
+        scope: AbstractContextManager[Any] = dspy.context(
+            callbacks=[*(dspy.settings.get("callbacks") or []), self._module_events]
+        )
+        return scope
 
     # ------------------------------------------------------------------ modules
 
@@ -260,3 +283,16 @@ class TurnObserver(BaseCallback):
                 duration_ms=round((time.perf_counter() - started) * 1000, 3),
             )
         )
+
+
+class _ModuleEvents(BaseCallback):
+    """The observer's module events alone: the global callback inside host tools (``tool_scope``)."""
+
+    def __init__(self, observer: TurnObserver) -> None:
+        self.observer = observer
+
+    def on_module_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        self.observer.on_module_start(call_id, instance, inputs)
+
+    def on_module_end(self, call_id: str, outputs: Any, exception: BaseException | None = None) -> None:
+        self.observer.on_module_end(call_id, outputs, exception)

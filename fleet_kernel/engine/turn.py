@@ -103,9 +103,12 @@ class _GuardedFactory:
         self.execution_instructions = inner.execution_instructions
 
     def __call__(self) -> Any:
-        if self.observer is not None:
-            self.observer.check_child_limits()
-        return self._inner()
+        if self.observer is None:
+            return self._inner()
+        self.observer.check_child_limits()
+        interpreter = self._inner()
+        self.observer.observe(interpreter)
+        return interpreter
 
 
 def _failure(exc: BaseException, settings: Settings) -> Outcome:
@@ -175,6 +178,8 @@ def run_turn(job: TurnJob) -> Outcome:
         job.emitter.emit(LMFinished(role="root", model=settings.lm_model, duration_ms=0.0, usage={}, cost_usd=None))
         return _failure(exc, settings)
 
+    # copies: the observer registers on them, and a factory's LMs may serve other turns too
+    root_lm, sub_lm = root_lm.copy(), sub_lm.copy()
     job.budget.watch(root_lm, sub_lm)
     sandbox = None
     observer: TurnObserver | None = None
@@ -206,9 +211,10 @@ def run_turn(job: TurnJob) -> Outcome:
             max_depth=limits.max_depth,
             max_children=limits.max_children,
         )
+        observer.observe(rlm.generate_action, rlm.extract, root_lm, sub_lm)
         factory.observer = observer
         sandbox_base.observer.set(observer)
-        with dspy.context(lm=root_lm, callbacks=[observer]):
+        with dspy.context(lm=root_lm):
             observer.enter_root()
             prediction = rlm(
                 task=job.task,

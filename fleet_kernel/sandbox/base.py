@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from typing import Any, Protocol
 
@@ -41,6 +42,9 @@ class SandboxObserver(Protocol):
 
     def on_tool_end(self, call_id: str, ok: bool, result: Any) -> None:
         """The host tool returned ``result`` (or raised it, when ``ok`` is false)."""
+
+    def tool_scope(self) -> AbstractContextManager[Any]:
+        """Optional: the context every host tool runs in (dspy's bridge tools too, which are not reported)."""
 
 
 observer: ContextVar[SandboxObserver | None] = ContextVar("fleet_sandbox_observer", default=None)

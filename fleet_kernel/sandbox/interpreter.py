@@ -405,11 +405,15 @@ class SandboxInterpreter:
 
     def _run_tool(self, session: SandboxSession, call: dict[str, Any], in_flight: _InFlight) -> None:
         name, args, kwargs = str(call.get("name")), list(call.get("args") or []), dict(call.get("kwargs") or {})
-        observer = None if name.startswith("__dspy") else current_observer()
+        observer = current_observer()
+        tool_scope = getattr(observer, "tool_scope", None)
+        if name.startswith("__dspy"):  # dspy's bridge to the host (a child RLM): not a tool of the user's
+            observer = None
         call_id = observer.on_tool_start(name, tuple(args), kwargs) if observer is not None else ""
         ok, outcome = True, None
         try:
-            outcome = self.invoke_tool(name, args, kwargs)
+            with tool_scope() if tool_scope is not None else contextlib.nullcontext():
+                outcome = self.invoke_tool(name, args, kwargs)
             reply = {"type": "tool_result", "id": call["id"], "value": _to_json(outcome)}
         except Exception as exc:
             ok, outcome = False, exc
