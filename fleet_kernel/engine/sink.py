@@ -1,8 +1,8 @@
 """From ``emit`` to durable, fanned-out events.
 
 ``TurnEmitter.emit`` may be called from any thread: it assigns the turn's gapless ``seq``, validates the
-event and hands it to the process's ``EventWriter``. The writer commits in small batches (within a few
-milliseconds, always under 100 ms) and only then delivers each batch to in-process subscribers, so an
+event and hands it to the process's ``EventWriter``. The writer commits in batches (a lone event at once,
+a burst at most ``COMMIT_GAP_S`` later) and only then delivers each batch to in-process subscribers, so an
 event anyone sees is already in the store. ``follow`` serves a turn to a reader in any process: replay
 from the store, then live events from this process's hub, else by polling the store.
 """
@@ -10,6 +10,7 @@ from the store, then live events from this process's hub, else by polling the st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -18,14 +19,17 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
 
-from fleet_kernel.events import ROOT_AGENT, Event, EventData, TurnFailed, make_event
+from fleet_kernel.events import ROOT_AGENT, Event, EventData, TurnFailed, TurnStarted, make_event
 from fleet_kernel.store import Store, describe_write_error
 from fleet_kernel.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
-# No fixed wait: a lone event commits at once; events arriving while a commit runs form the next batch.
-BATCH_WINDOW_S = 0.0
+# A lone event commits at once; in a burst, commits are at least this far apart, and what arrives in
+# between (a step's reasoning, code, output; other turns' events) is committed together. The start and
+# the end of a turn never wait. Each commit costs the process a thread hop, a transaction, metrics and a
+# write to every stream, and that CPU competes with the turns for the GIL.
+COMMIT_GAP_S = 0.025
 POLL_INTERVAL_S = 0.05
 # A batch is tried this many times (a moment apart) before its turns are stopped as unwritable.
 COMMIT_ATTEMPTS = 3
@@ -79,10 +83,14 @@ class EventWriter:
         self.hub = hub
         self.on_broken = on_broken
         self._loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[Event | None] = asyncio.Queue()
-        self._inbox: list[Event] = []  # events from other threads, until the loop takes them
+        # Events wait in one inbox (from any thread) until the writer takes them all. The loop is woken
+        # once per commit, not once per event: only the first event after a commit and an urgent one
+        # (``_is_urgent``) call into it, so a step's events do not each take the GIL from the turn.
+        self._inbox: list[Event | None] = []  # None: close
         self._inbox_lock = threading.Lock()
-        self._inbox_scheduled = False
+        self._woken = False  # a wake-up is on its way, or the writer will look at the inbox before sleeping
+        self._urgent = False  # the inbox holds an item that must not wait for the gap
+        self._wake = asyncio.Event()
         self._task = self._loop.create_task(self._run(), name="fleet-event-writer")
         self._flushed: dict[str, asyncio.Event] = {}
         self._last_seq: dict[str, int] = {}  # committed so far, for turns still open
@@ -92,26 +100,21 @@ class EventWriter:
         self.last_error: str | None = None  # why the latest commit failed; None once one succeeds
 
     def put(self, event: Event) -> None:
-        """Thread-safe: queue an event for commit.
+        """Thread-safe: queue an event for commit."""
+        self._add(event)
 
-        From another thread, a burst of events (a step's reasoning, code and output) wakes the loop once:
-        they wait in an inbox that one scheduled callback moves to the queue, in order.
-        """
-        if threading.get_ident() == self._loop_thread_id():
-            self._queue.put_nowait(event)
-            return
+    def _add(self, item: Event | None) -> None:
+        urgent = _is_urgent(item)
         with self._inbox_lock:
-            self._inbox.append(event)
-            if self._inbox_scheduled:
+            self._inbox.append(item)
+            self._urgent = self._urgent or urgent
+            if self._woken and not urgent:
                 return
-            self._inbox_scheduled = True
-        self._loop.call_soon_threadsafe(self._take_inbox)
-
-    def _take_inbox(self) -> None:
-        with self._inbox_lock:
-            events, self._inbox, self._inbox_scheduled = self._inbox, [], False
-        for event in events:
-            self._queue.put_nowait(event)
+            self._woken = True
+        if threading.get_ident() == self._loop_thread_id():
+            self._wake.set()
+        else:
+            self._loop.call_soon_threadsafe(self._wake.set)
 
     def _loop_thread_id(self) -> int | None:
         return getattr(self._loop, "_thread_id", None)
@@ -121,20 +124,22 @@ class EventWriter:
         return self._broken.get(turn_id)
 
     async def _run(self) -> None:
+        last_commit = float("-inf")
         while True:
-            first = await self._queue.get()
-            if first is None:
-                return
-            batch = [first]
-            await asyncio.sleep(BATCH_WINDOW_S)
-            stop = False
-            while not self._queue.empty():
-                item = self._queue.get_nowait()
-                if item is None:
-                    stop = True
-                    break
-                batch.append(item)
-            await self._commit(batch)
+            await self._wake.wait()
+            self._wake.clear()
+            gap = last_commit + COMMIT_GAP_S - self._loop.time()
+            if gap > 0 and not self._urgent:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), gap)  # an urgent event ends the wait
+                self._wake.clear()
+            with self._inbox_lock:
+                items, self._inbox, self._urgent, self._woken = self._inbox, [], False, False
+            last_commit = self._loop.time()
+            stop = None in items
+            batch = [item for item in items if item is not None]
+            if batch:
+                await self._commit(batch)
             if stop:
                 return
 
@@ -248,7 +253,7 @@ class EventWriter:
         return self._flushed.setdefault(turn_id, asyncio.Event())
 
     async def close(self) -> None:
-        self._queue.put_nowait(None)
+        self._add(None)
         await self._task
         for task in list(self._pending):  # the store stayed unwritable: the next start reaps those turns
             task.cancel()
@@ -382,6 +387,11 @@ async def follow_batches(
     finally:
         if queue is not None and hub is not None:
             hub.unsubscribe(turn_id, queue)
+
+
+def _is_urgent(item: Event | None) -> bool:
+    """What commits without waiting for the gap: a turn's start, its end, and the writer's close."""
+    return item is None or item.terminal or item.type == TurnStarted.type
 
 
 def _through_terminal(events: list[Event]) -> list[Event]:
