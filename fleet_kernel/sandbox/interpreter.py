@@ -309,19 +309,7 @@ class SandboxInterpreter:
                 continue
             kind = message.get("type")
             if kind == "out":
-                text, cap = str(message.get("text") or ""), self._max_output
-                if cap is not None:
-                    if shown > cap + OUTPUT_SLACK:
-                        continue
-                    if shown + len(text) > cap + OUTPUT_SLACK:
-                        text = f"{text[: cap + OUTPUT_SLACK - shown]}\n[output truncated: more than {cap} characters]\n"
-                    shown += len(text)
-                chunks.append(text)
-                if observer is not None:
-                    try:
-                        observer.on_output(str(message.get("stream") or "stdout"), text)
-                    except Exception:
-                        logger.exception("sandbox observer failed in on_output")
+                shown = self._show(observer, chunks, shown, message.get("stream"), message.get("text"))
             elif kind == "tool_call":
                 if in_flight.count >= MAX_TOOL_CALLS:
                     with contextlib.suppress(SessionClosed):
@@ -343,11 +331,31 @@ class SandboxInterpreter:
                     name=f"fleet-tool-{message.get('name')}",
                 ).start()
             elif kind == "done" and message.get("id") == exec_id:
+                for stream, text in message.get("tail") or ():
+                    shown = self._show(observer, chunks, shown, stream, text)
                 if stop is None:  # factory.interrupt() or a cancelled tool got there before this loop looked
                     stop = "cancel" if self._cancel.cancelled else "fatal" if self._fatal else None
                 if stop and not (stop == "timeout" and message.get("kind") != "interrupted"):
                     raise self._stop_error(stop, message.get("output") or "", message.get("error"))
                 return self._result(message)
+
+    def _show(self, observer: Any, chunks: list[str], shown: int, stream: Any, text: Any) -> int:
+        """Pass one chunk of output on (capped: code writing to the channel may send more); returns
+        the characters passed on so far."""
+        text, cap = str(text or ""), self._max_output
+        if cap is not None:
+            if shown > cap + OUTPUT_SLACK:
+                return shown
+            if shown + len(text) > cap + OUTPUT_SLACK:
+                text = f"{text[: cap + OUTPUT_SLACK - shown]}\n[output truncated: more than {cap} characters]\n"
+            shown += len(text)
+        chunks.append(text)
+        if observer is not None:
+            try:
+                observer.on_output(str(stream or "stdout"), text)
+            except Exception:
+                logger.exception("sandbox observer failed in on_output")
+        return shown
 
     def _stop_error(self, stop: str, output: str, error: dict[str, Any] | None) -> BaseException:
         if stop == "cancel":

@@ -148,11 +148,13 @@ class Output:
         if self._sent is not None:
             self._sent()
 
-    def end(self) -> str:
-        """Flush what is pending and return everything this execution printed (capped)."""
+    def end(self) -> tuple[str, list[tuple[str, str]]]:
+        """Everything this execution printed (capped), and what is not sent yet: it goes with ``done``,
+        which saves the host a message (most steps print once and end)."""
         with self._lock:
-            self._flush_locked()
-            return "".join(self._captured)
+            pending, self._pending, self._pending_size = self._pending, [], 0
+            self._last_flush = time.monotonic()
+            return "".join(self._captured), pending
 
     def _flush_locked(self) -> None:
         if not self._pending:  # an idle tick must not delay the next write's immediate flush
@@ -429,7 +431,10 @@ class Runtime:
             _reap_strays()
         if self._capture is not None:
             self._capture.drain()
-        done.update(type="done", id=request.get("id"), output=self.output.end())
+        output, tail = self.output.end()
+        done.update(type="done", id=request.get("id"), output=output)
+        if tail:
+            done["tail"] = [[stream, text] for stream, text in tail]
         self._send(done)
         return done
 
@@ -540,8 +545,9 @@ def serve(
 
     Host to sandbox: ``execute{id, code, variables, tools?, output_fields?}``, ``tool_result{id, value}``,
     ``tool_error{id, error: {type, message}}``, ``interrupt``, ``shutdown``. Sandbox to host: ``ready``,
-    ``out{stream, text}``, ``tool_call{id, name, args, kwargs}``, ``done{id, kind, value, output, error}``
-    with ``kind`` one of result, final, syntax, error, interrupted.
+    ``out{stream, text}``, ``tool_call{id, name, args, kwargs}``, ``done{id, kind, value, output, error, tail?}``
+    with ``kind`` one of result, final, syntax, error, interrupted; ``tail`` is output not yet sent as
+    ``out`` (``[[stream, text], ...]``), for the host to show as it shows ``out``.
 
     ``threaded`` needs the main thread (SIGINT lands there); without threads (Pyodide) tool replies are
     read inline and the host interrupts by its own means. ``reap`` is only safe in a private pid namespace.
