@@ -112,7 +112,10 @@ class ScriptedLM:
             for key in [*keys, "*"]:
                 steps = self.scripts.get(key)
                 if steps:
-                    return steps.pop(0)
+                    step = steps.pop(0)
+                    if not steps and key != "*":
+                        del self.scripts[key]  # a spent script no longer costs every request a search
+                    return step
             return self.default
 
     def answer(self, body: dict[str, Any], wait: Callable[[float], None] = time.sleep) -> tuple[int, dict[str, Any]]:
