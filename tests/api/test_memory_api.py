@@ -50,6 +50,22 @@ def test_memories_outlive_the_turn_and_the_server(settings: Settings, scripted_l
         assert set(listed[0]) == {"memory_id", "content", "kind", "created_at", "updated_at"}
 
 
+def test_each_session_s_tools_keep_to_that_session(settings: Settings, scripted_lm: ScriptedLM) -> None:
+    # one server, two sessions in turn: the second turn's remember() must write to its own session
+    scripted_lm.add("remember my cat", REMEMBER)
+    scripted_lm.add("remember my dog", [
+        step("Keep it.", "mid = remember('The dog is called Rex', kind='fact')\nprint('kept', mid)"),
+        step("Done.", "SUBMIT(answer='noted')"),
+    ])  # fmt: skip
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=60) as client:
+        cat, dog = (client.post("/api/sessions", json={"title": t}).json()["session_id"] for t in ("cat", "dog"))
+        assert run_turn(client, cat, "remember my cat")[-1].event == "turn.completed"
+        assert run_turn(client, dog, "remember my dog")[-1].event == "turn.completed"
+        kept = {sid: [m["content"] for m in client.get(f"/api/sessions/{sid}/memory").json()["memories"]]
+                for sid in (cat, dog)}  # fmt: skip
+    assert kept == {cat: ["The user's cat is called Miso"], dog: ["The dog is called Rex"]}
+
+
 def test_memories_over_http(client: httpx.Client, session_id: str, settings: Settings, scripted_lm: ScriptedLM) -> None:
     base = f"/api/sessions/{session_id}/memory"
     put = client.put(f"{base}/style", json={"content": "Answer in French", "kind": "preference"})
