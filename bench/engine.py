@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import os
 import socket
 import statistics
@@ -71,13 +72,50 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class LMProcess:
+    """The scripted LM in a process of its own, as a provider is: a client reading a stream in the bench's
+    process does not slow its answers, and raw dspy.RLM does not share its GIL with the server."""
+
+    def __init__(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._process = context.Process(target=_serve_lm, args=(child,), daemon=True)
+
+    def __enter__(self) -> LMProcess:
+        self._process.start()
+        self.base_url, self._env = self._conn.recv()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._conn.send(None)
+        self._process.join(10)
+
+    def env(self) -> dict[str, str]:
+        return dict(self._env)
+
+    def add(self, key: str, steps: list[dict]) -> None:
+        self._conn.send((key, steps))
+        self._conn.recv()
+
+
+def _serve_lm(conn) -> None:  # type: ignore[no-untyped-def]
+    with ScriptedLM() as server:
+        conn.send((server.base_url, server.env()))
+        while (message := conn.recv()) is not None:
+            server.add(*message)
+            conn.send(True)
+
+
+Server = ScriptedLM | LMProcess  # what the columns need: add(), env(), base_url
+
+
 # ---------------------------------------------------------------------- the three ways to run a turn
 
 
 class Raw:
     """dspy.RLM + dspy.LocalInterpreter in this process (no isolation, no store, no events)."""
 
-    def __init__(self, server: ScriptedLM) -> None:
+    def __init__(self, server: Server) -> None:
         self.server = server
         self.lm = dspy.LM("openai/scripted", api_base=server.base_url, api_key="sk-bench", cache=False, num_retries=0)
 
@@ -93,7 +131,7 @@ class Raw:
 class InProcess:
     """Fleet's TurnRunner on the store in this process, on its own event loop thread; one session."""
 
-    def __init__(self, env: dict[str, str], server: ScriptedLM) -> None:
+    def __init__(self, env: dict[str, str], server: Server) -> None:
         self.server, self.loop = server, asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
         self.settings = load_settings(env)
@@ -131,7 +169,7 @@ class InProcess:
 class Api:
     """A real ``fleet serve`` on loopback; each turn in a new session, POST streaming to the last event."""
 
-    def __init__(self, env: dict[str, str], server: ScriptedLM) -> None:
+    def __init__(self, env: dict[str, str], server: Server) -> None:
         self.server, self.port = server, free_port()
         self.process = spawn_sidecar(self.port, env=env, wait_s=60)
         self.base = f"http://127.0.0.1:{self.port}"
@@ -339,7 +377,7 @@ def load_table(raw: Raw, api: Api, repeat: int) -> None:
     )
 
 
-def tracing_table(env: dict[str, str], server: ScriptedLM, untraced: InProcess, repeat: int) -> None:
+def tracing_table(env: dict[str, str], server: Server, untraced: InProcess, repeat: int) -> None:
     """A 20-iteration turn with OpenTelemetry traces on (to a loopback OTLP receiver) against off, alternating."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "telemetry"))
     from otlp_receiver import OTLPReceiver  # a test helper: only this table needs it
@@ -368,9 +406,12 @@ def main() -> None:
     parser.add_argument("--skip-load", action="store_true", help="leave out the 8-concurrent-turns table")
     parser.add_argument("--skip-unpooled", action="store_true", help="leave out the API column without a pool")
     parser.add_argument("--tracing", action="store_true", help="also time a 20-iteration turn traced vs not")
+    parser.add_argument(
+        "--lm-in-process", action="store_true", help="run the scripted LM on a thread of this process, not its own"
+    )
     args = parser.parse_args()
     home = tempfile.mkdtemp(prefix="fleet-bench-")
-    with ScriptedLM() as server:
+    with ScriptedLM() if args.lm_in_process else LMProcess() as server:
         env = {**os.environ, "FLEET_HOME": home, **server.env()}
         env.pop("FLEET_SANDBOX", None)
         settings = load_settings(env)
@@ -389,7 +430,8 @@ def main() -> None:
             time.sleep(2)  # the pools fill
             print(
                 f"Engine: Fleet ({settings.sandbox or 'local'} sandbox, store, events) vs raw dspy.RLM + "
-                f"LocalInterpreter; scripted OpenAI-compatible LM on loopback; {os.cpu_count()} cores"
+                f"LocalInterpreter; scripted OpenAI-compatible LM on loopback "
+                f"({'a thread of this process' if args.lm_in_process else 'its own process'}); {os.cpu_count()} cores"
             )
             turns_table(raw, inproc, apis, args.repeat)
             interpreter_table(
