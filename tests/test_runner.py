@@ -329,3 +329,18 @@ async def test_two_processes_reaping_one_turn_end_it_once(make_runner, store: St
         assert [(e.seq, e.type) for e in await store.events_after(old)] == [(1, "output"), (2, "turn.failed")]
     finally:
         await other_store.close()
+
+
+async def test_turns_leave_nothing_behind_in_dspy_s_process_wide_records(make_runner, store, scripted_lm) -> None:
+    # dspy keeps every predictor call (global trace) and every LM call (global history) unless told
+    # otherwise: a kernel or server running turn after turn would keep every turn's prompts alive
+    import dspy
+    from dspy.clients.base_lm import GLOBAL_HISTORY
+
+    trace, history = len(dspy.settings.trace), len(GLOBAL_HISTORY)
+    scripted_lm.add("*", [step("Look.", "print(1)"), step("Done.", "SUBMIT(answer='ok')")] * 2)
+    runner = await make_runner()
+    session = await store.create_session()
+    for task in ("first", "second"):
+        assert (await collect(runner, session.session_id, task))[-1].type == "turn.completed"
+    assert (len(dspy.settings.trace), len(GLOBAL_HISTORY)) == (trace, history)

@@ -60,11 +60,22 @@ class MeteredLM(dspy.LM):
         return result
 
     def update_history(self, entry: dict[str, Any]) -> None:
+        """Meter the call, and keep it in this LM's own history only.
+
+        dspy also appends every call to a process-wide list (10 000 entries, each a whole prompt and
+        reply) and to each calling module's history: in a server or kernel that runs turn after turn,
+        that kept every turn's prompts alive, and a full garbage collection scanned them all (70-125 ms
+        pauses in the middle of turns). A turn's LMs and modules are dropped with the turn.
+        """
         usage, cost = dict(entry.get("usage") or {}), entry.get("cost")
         _last_call.value = (usage, cost)
         if self.budget is not None:
             self.budget.add(usage, cost)
-        super().update_history(entry)
+        if dspy.settings.disable_history:
+            return
+        if len(self.history) >= max(1, dspy.settings.max_history_size):
+            self.history.pop(0)
+        self.history.append(entry)
 
     def abort(self) -> None:
         """Close this LM's requests in flight, so the model server sees the client leave, and its pools.

@@ -234,7 +234,9 @@ def run_turn(job: TurnJob) -> Outcome:
         observer.observe(rlm.generate_action, rlm.extract, root_lm, sub_lm)
         factory.observer = observer
         sandbox_base.observer.set(observer)
-        with dspy.context(lm=root_lm):
+        # max_trace_size=0: dspy keeps every predictor call (module, inputs, prediction) in a process-wide
+        # trace of 10 000 for optimizers; a kernel or server running turn after turn held every turn alive
+        with dspy.context(lm=root_lm, max_trace_size=0):
             observer.enter_root()
             prediction = rlm(
                 task=job.task,
