@@ -9,11 +9,13 @@ more than its ``max_tokens`` cap, and can close its requests in flight when the 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import socket
 import threading
 from typing import TYPE_CHECKING, Any
 
 import dspy
+from dspy.utils.callback import BaseCallback
 from dspy.utils.exceptions import LMConfigurationError
 
 from fleet_kernel.config import Settings
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
 _TOKEN_KEYS = ("max_tokens", "max_completion_tokens")
 
 _last_call = threading.local()
+_call_ids = itertools.count(1)
 
 
 def take_last_usage() -> tuple[dict[str, Any], float | None]:
@@ -41,6 +44,7 @@ class MeteredLM(dspy.LM):
     """
 
     budget: TurnBudget | None = None
+    watcher: BaseCallback | None = None  # told of each call as a dspy callback would be, without dspy's wrapper
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         for key in _TOKEN_KEYS:  # model code may pass its own cap per call; never above ours
@@ -49,14 +53,28 @@ class MeteredLM(dspy.LM):
                 kwargs[key] = min(int(kwargs[key]), int(cap))
         budget = self.budget
         if budget is None:
-            return super().__call__(*args, **kwargs)
+            return self._watched(args, kwargs)
         budget.check()
         try:
-            result = super().__call__(*args, **kwargs)
+            result = self._watched(args, kwargs)
         except Exception:
             budget.check()  # a call cut short because the turn stopped ends the turn, not just this call
             raise
         budget.check()  # this call crossed a budget: the turn ends now, not at its next call
+        return result
+
+    def _watched(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        watcher = self.watcher
+        if watcher is None:
+            return super().__call__(*args, **kwargs)
+        call_id = f"lm-{next(_call_ids)}"
+        watcher.on_lm_start(call_id, self, kwargs)
+        try:
+            result = super().__call__(*args, **kwargs)
+        except BaseException as exc:
+            watcher.on_lm_end(call_id, None, exc)
+            raise
+        watcher.on_lm_end(call_id, result, None)
         return result
 
     def update_history(self, entry: dict[str, Any]) -> None:

@@ -4,8 +4,8 @@
 (output chunks, host tool calls). Which agent (root or a child RLM built by model code) an event
 belongs to is carried by a context variable that flows into dspy's tool threads.
 
-It is registered as an *instance* callback on what it watches (``observe``): the root RLM's action
-and extract predictors, the turn's LMs and every interpreter the turn's factory makes. A global
+It watches (``observe``) the root RLM's action and extract predictors (as an *instance* callback),
+the turn's LMs and every interpreter the turn's factory makes (which call it themselves). A global
 callback would cost every decorated dspy call (adapters, modules) an ``inspect.getcallargs`` and a
 handler lookup, ~0.1 ms each, several per iteration. Only host tools run with a global callback,
 for module events alone (``tool_scope``): that is where dspy's bridge runs a child RLM built by model
@@ -135,9 +135,13 @@ class TurnObserver(BaseCallback):
         self._frames_by_predict[id(self.root_rlm.generate_action)] = self.root
 
     def observe(self, *watched: Any) -> None:
-        """Register as an instance callback of each of ``watched`` (predictors, LMs, interpreters)."""
+        """Watch each of ``watched`` (predictors, LMs, interpreters): Fleet's own LMs and interpreters
+        call this observer themselves (``watcher``), anything else gets it as an instance callback."""
         for target in watched:
-            target.callbacks = [*(getattr(target, "callbacks", None) or []), self]
+            if hasattr(target, "watcher"):
+                target.watcher = self
+            else:
+                target.callbacks = [*(getattr(target, "callbacks", None) or []), self]
 
     def tool_scope(self) -> AbstractContextManager[Any]:
         """Host tools run with this turn's module events on, so a child RLM that dspy's bridge builds

@@ -34,6 +34,7 @@ from fleet_kernel.sandbox.base import SandboxCrashed, current_observer, run_with
 from fleet_kernel.telemetry import metrics
 
 logger = logging.getLogger(__name__)
+_call_ids = itertools.count(1)
 
 INTERRUPT_GRACE_S = 2.0  # after an interrupt, how long the code may take to stop before the worker is killed
 POLL_S = 0.1  # how often a waiting execute looks at the cancel token and the clock
@@ -127,6 +128,7 @@ class SandboxInterpreter:
         self.output_fields = output_fields
         self._tools_registered = False
         self.callbacks: list[BaseCallback] = []
+        self.watcher: BaseCallback | None = None  # told of each execute directly (see ``execute``)
         self._on_shutdown = on_shutdown
         self._session: SandboxSession | None = None
         self._sent: dict[str, tuple[Any, bytes | None]] = {}  # variable -> (value, digest) the sandbox holds
@@ -188,12 +190,29 @@ class SandboxInterpreter:
     def execute(self, code: str, variables: dict[str, Any] | None = None) -> Any:
         """Run ``code`` with ``variables``; returns ``FinalOutput`` on SUBMIT, else the output text or None.
 
+        ``watcher`` (the engine's observer) hears of it as a dspy callback would, without dspy's
+        callback wrapper and its per-call cost.
+
         Raises:
             TurnCancelled: the turn was cancelled (before or while the code ran).
             SyntaxError: the code does not parse.
             CodeExecutionError: the code failed, timed out, or crashed the sandbox (which restarts).
             SandboxCrashed: the sandbox broke protocol or cannot start; terminal.
         """
+        watcher = self.watcher
+        if watcher is None:
+            return self._execute(code, variables)
+        call_id = f"execute-{next(_call_ids)}"  # unique in the process: a child's interpreter runs inside this one
+        watcher.on_interpreter_execute_start(call_id, self, {"code": code, "variables": variables})
+        try:
+            result = self._execute(code, variables)
+        except BaseException as exc:
+            watcher.on_interpreter_execute_end(call_id, None, exc)
+            raise
+        watcher.on_interpreter_execute_end(call_id, result, None)
+        return result
+
+    def _execute(self, code: str, variables: dict[str, Any] | None) -> Any:
         self._cancel.raise_if_cancelled()
         if not self._busy.acquire(blocking=False):
             raise CodeInterpreterError("This sandbox is already running code.")
