@@ -80,6 +80,7 @@ class LMProcess:
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
         self._process = context.Process(target=_serve_lm, args=(child,), daemon=True)
+        self._lock = threading.Lock()
 
     def __enter__(self) -> LMProcess:
         self._process.start()
@@ -94,8 +95,9 @@ class LMProcess:
         return dict(self._env)
 
     def add(self, key: str, steps: list[dict]) -> None:
-        self._conn.send((key, steps))
-        self._conn.recv()
+        with self._lock:  # the load table adds from 8 threads
+            self._conn.send((key, steps))
+            self._conn.recv()
 
 
 def _serve_lm(conn) -> None:  # type: ignore[no-untyped-def]
