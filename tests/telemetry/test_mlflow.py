@@ -97,14 +97,22 @@ def _otel_env(url: str, experiment_id: str) -> dict[str, str]:
     }
 
 
-def _traces(client: Any, experiment_id: str, count: int) -> list[Any]:
+def _traces(client: Any, experiment_id: str, count: int, chats: int = 0) -> list[Any]:
+    """The experiment's traces once ``count`` of them are whole: the root span, ``chats`` LM spans, and
+    MLflow's token totals caught up with those spans (span batches can be ingested after the root's)."""
     deadline = time.monotonic() + 180
     while True:
         traces = client.search_traces(locations=[experiment_id])
-        complete = [t for t in traces if any(s.parent_id is None for s in t.data.spans)]
+        complete = [t for t in traces if any(s.parent_id is None for s in t.data.spans) and _ingested(t, chats)]
         if len(complete) >= count or time.monotonic() > deadline:
             return complete
         time.sleep(0.5)
+
+
+def _ingested(trace: Any, chats: int) -> bool:
+    spans = [s for s in trace.data.spans if s.span_type == "CHAT_MODEL"]
+    tokens = sum(int(s.attributes.get("gen_ai.usage.input_tokens") or 0) for s in spans)
+    return len(spans) >= chats and (trace.info.token_usage or {}).get("input_tokens") == tokens
 
 
 def _check_tree(trace: Any, events: list[dict[str, Any]]) -> None:
@@ -155,7 +163,7 @@ def test_turns_from_the_api_and_a_kernel_land_in_mlflow(
         run = kernel.run("from the kernel")
         assert run.reply["content"]["status"] == "ok", run.text()
         assert "LM calls (root 2, sub 1)" in kernel.run("%fleet usage").text()
-        traces = _traces(client, experiment_id, 2)  # before the kernel stops: it waits 5 s at most for MLflow
+        traces = _traces(client, experiment_id, 2, chats=3)  # before the kernel stops: it waits 5 s at most for MLflow
     finally:
         kernel.close()
 
