@@ -82,8 +82,7 @@ class MeteredLM(dspy.LM):
 
         dspy also appends every call to a process-wide list (10 000 entries, each a whole prompt and
         reply) and to each calling module's history: in a server or kernel that runs turn after turn,
-        that kept every turn's prompts alive, and a full garbage collection scanned them all (70-125 ms
-        pauses in the middle of turns). A turn's LMs and modules are dropped with the turn.
+        that kept the prompts of up to 10 000 past calls alive. A turn's LMs are dropped with the turn.
         """
         usage, cost = dict(entry.get("usage") or {}), entry.get("cost")
         _last_call.value = (usage, cost)

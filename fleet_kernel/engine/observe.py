@@ -145,8 +145,8 @@ class TurnObserver(BaseCallback):
 
     def tool_scope(self) -> AbstractContextManager[Any]:
         """Host tools run with this turn's module events on, so a child RLM that dspy's bridge builds
-        for model code reports its agent and iterations; its LM calls and executions are seen through
-        the instance callbacks already (on the turn's LMs and interpreters), so they are not seen twice."""
+        for model code reports its agent and iterations; its LM calls and executions reach the observer
+        from the turn's LMs and interpreters already (``observe``), so they are not seen twice."""
         scope: AbstractContextManager[Any] = dspy.context(
             callbacks=[*(dspy.settings.get("callbacks") or []), self._module_events]
         )
