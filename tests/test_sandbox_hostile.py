@@ -619,6 +619,23 @@ def test_flooding_the_protocol_channel_is_capped_by_the_host(box: Box, interp: S
     assert time.monotonic() - started < 20
 
 
+def test_a_forged_done_with_a_malformed_or_huge_tail_is_checked_and_capped(
+    interp: SandboxInterpreter, seen: Seen
+) -> None:
+    """``done`` may carry output not yet sent (``tail``); code can forge one: the host checks its shape
+    and caps what it passes on, like ``out``."""
+    exec_id = next(interp._ids) + 1  # the id of the next execution (code that guesses it right)
+    tail = "['junk', [1], 5, ['stdout', 'z' * 5_000_000], ['stdout', 'more']]"
+    forged = (
+        f"_channel()(json.dumps({{'type': 'done', 'id': {exec_id}, 'kind': 'result', 'output': 'forged', "
+        f"'tail': {tail}}}))\ntime.sleep(0.5)"
+    )
+    assert run(interp, forged) == "forged"  # code may end its own step with a result of its choice
+    assert 0 < seen.chars < FORWARDED_MAX, seen.chars
+    time.sleep(1)  # the real done of that step arrives late: the host ignores it
+    still_works(interp)
+
+
 def test_a_line_without_end_on_the_protocol_channel_is_terminal_and_bounded(
     box: Box, interp: SandboxInterpreter
 ) -> None:

@@ -350,8 +350,10 @@ class SandboxInterpreter:
                     name=f"fleet-tool-{message.get('name')}",
                 ).start()
             elif kind == "done" and message.get("id") == exec_id:
-                for stream, text in message.get("tail") or ():
-                    shown = self._show(observer, chunks, shown, stream, text)
+                tail = message.get("tail")
+                for chunk in tail if isinstance(tail, list) else ():  # written by the sandbox: checked
+                    if isinstance(chunk, list) and len(chunk) == 2:
+                        shown = self._show(observer, chunks, shown, *chunk)
                 if stop is None:  # factory.interrupt() or a cancelled tool got there before this loop looked
                     stop = "cancel" if self._cancel.cancelled else "fatal" if self._fatal else None
                 if stop and not (stop == "timeout" and message.get("kind") != "interrupted"):
