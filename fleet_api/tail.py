@@ -109,12 +109,8 @@ class StoreTail:
 
 def _sqlite_files(store: Store) -> tuple[str, ...]:
     """The database file and its write-ahead log, for a SQLite store on disk; empty otherwise."""
-    if not store.sqlite:
-        return ()
-    database = store.engine.url.database
-    if not database or database == ":memory:":
-        return ()
-    return (database, database + "-wal")
+    database = store.sqlite_file
+    return () if database is None else (database, database + "-wal")
 
 
 def _stat(path: str) -> tuple[int, int] | None:

@@ -126,7 +126,8 @@ class Database:
         self.engine: AsyncEngine = create_async_engine(database_url, **kwargs)
         if self.sqlite:
             _configure_sqlite(self.engine.sync_engine)
-        if self.sqlite and self.engine.url.database not in (None, "", ":memory:"):
+        self.sqlite_file = migrate.sqlite_file(database_url)  # the SQLite file, if the store is one
+        if self.sqlite_file is not None:
             # Events are appended from a worker thread through a plain (sync) engine: one thread hop per
             # batch instead of one per driver call, which is most of the cost of a small commit.
             self._event_engine: Engine | None = create_engine(
@@ -146,10 +147,9 @@ class Database:
         Raises:
             StoreUnavailableError: the database cannot be reached, or (non-SQLite) is not migrated.
         """
-        if is_sqlite(database_url):
-            path = database_url.split(":///", 1)[-1]
-            if path and path != ":memory:":
-                _private_sqlite_file(path)
+        path = migrate.sqlite_file(database_url)
+        if path is not None:
+            _private_sqlite_file(path)
         store = cls(database_url)
         try:
             current = await store.schema_revision()
@@ -180,8 +180,7 @@ class Database:
     @property
     def location(self) -> str:
         """Where the store lives, for messages: the SQLite file, else the URL without its password."""
-        path = self.engine.url.database if self.sqlite else None
-        return os.path.abspath(path) if path and path != ":memory:" else self.safe_url
+        return os.path.abspath(self.sqlite_file) if self.sqlite_file is not None else self.safe_url
 
     async def schema_revision(self) -> str | None:
         async with self.engine.connect() as conn:
@@ -206,8 +205,8 @@ class Database:
 
     async def check_writable(self) -> str | None:
         """``None`` if a write can be committed now, else what stops it (a full disk, a read-only or deleted file)."""
-        path = self.engine.url.database if self.sqlite else None
-        if path and path != ":memory:":
+        path = self.sqlite_file
+        if path is not None:
             if not os.path.exists(path):
                 return f"the database file {path} was deleted or moved: restore it or restart Fleet"
             free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free

@@ -45,11 +45,17 @@ def upgrade(database_url: str) -> None:
         command.upgrade(alembic_config(database_url), "head")
 
 
-@contextlib.contextmanager
-def _sqlite_upgrade_lock(database_url: str) -> Iterator[None]:
+def sqlite_file(database_url: str) -> str | None:
+    """The file of a SQLite store; None for an in-memory one or another database."""
     url = make_url(database_url)
     path = url.database if url.get_backend_name() == "sqlite" else None
-    if not path or path == ":memory:":
+    return path if path and path != ":memory:" else None
+
+
+@contextlib.contextmanager
+def _sqlite_upgrade_lock(database_url: str) -> Iterator[None]:
+    path = sqlite_file(database_url)
+    if path is None:
         yield
         return
     fd = os.open(f"{path}.upgrade-lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
