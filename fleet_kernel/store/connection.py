@@ -1,8 +1,9 @@
-"""The connection to the database: engines, SQLite tuning, schema checks, health, and the rule that a
-store call, once started, runs to completion.
+"""The connection to the database: engines, SQLite tuning, schema checks, health, transactions, and the
+rule that a store call, once started, runs to completion.
 
-SQLite (aiosqlite, WAL, busy timeout, writes in ``BEGIN IMMEDIATE``) by default, PostgreSQL (asyncpg)
-for teams. The concern modules (sessions, turns, events, files) build on ``Database``.
+SQLite (WAL, busy timeout, writes in ``BEGIN IMMEDIATE``) by default, PostgreSQL (asyncpg) for teams.
+The concern modules (sessions, turns, events, files) build on ``Database``: each store call is one
+plain function of a SQLAlchemy ``Session``, run in one transaction by ``_read`` or ``_write``.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ import functools
 import os
 import shutil
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, ParamSpec, Self, TypeVar
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import Session, sessionmaker
 
 from fleet_kernel.errors import NotFoundError, StoreUnavailableError
 from fleet_kernel.store import migrate
@@ -112,8 +113,8 @@ def _configure_sqlite(engine: Engine) -> None:
 
 
 class Database:
-    """One async engine (and, for a SQLite file, a plain one for appending events), with read and
-    write transactions; the base of every part of the store."""
+    """One async engine (asyncpg, or aiosqlite for schema checks and health) and, for a SQLite file, a
+    plain engine whose transactions run on a worker thread; the base of every part of the store."""
 
     def __init__(self, database_url: str) -> None:
         self.url = database_url
@@ -128,14 +129,19 @@ class Database:
             _configure_sqlite(self.engine.sync_engine)
         self.sqlite_file = migrate.sqlite_file(database_url)  # the SQLite file, if the store is one
         if self.sqlite_file is not None:
-            # Events are appended from a worker thread through a plain (sync) engine: one thread hop per
-            # batch instead of one per driver call, which is most of the cost of a small commit.
-            self._event_engine: Engine | None = create_engine(
+            # A SQLite file is used through the plain driver on a worker thread: one thread hop per store
+            # call instead of one per driver call (aiosqlite), which was most of the cost of a small one
+            # (a session read by its key: 0.44 ms against 1.7 ms, measured).
+            self._file_engine: Engine | None = create_engine(
                 self.engine.url.set(drivername="sqlite"), connect_args={"timeout": 30, "check_same_thread": False}
-            ).execution_options(fleet_write=True)
-            _configure_sqlite(self._event_engine.engine)
+            )
+            _configure_sqlite(self._file_engine)
+            self._file_readers = sessionmaker(self._file_engine, expire_on_commit=False)
+            self._file_writers = sessionmaker(
+                self._file_engine.execution_options(fleet_write=True), expire_on_commit=False
+            )
         else:
-            self._event_engine = None
+            self._file_engine = None
         self._sessions = async_sessionmaker(self.engine, expire_on_commit=False)
         self._write_engine = self.engine.execution_options(fleet_write=True) if self.sqlite else self.engine
         self._writers = async_sessionmaker(self._write_engine, expire_on_commit=False)
@@ -192,8 +198,8 @@ class Database:
 
     async def close(self) -> None:
         await self.engine.dispose()
-        if self._event_engine is not None:
-            self._event_engine.engine.dispose()
+        if self._file_engine is not None:
+            self._file_engine.dispose()
 
     async def ping(self) -> bool:
         try:
@@ -212,28 +218,39 @@ class Database:
             free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
             if free < MIN_FREE_BYTES:
                 return f"the disk holding the store ({path}) is full ({free} bytes free): free space there"
-        try:
-            async with self._write() as s:  # a real write that changes nothing
-                await s.execute(text("UPDATE alembic_version SET version_num = version_num"))
+        try:  # a real write that changes nothing
+            await self._write(lambda s: s.execute(text("UPDATE alembic_version SET version_num = version_num")))
         except Exception as exc:  # noqa: BLE001 - health checks report, never raise
             return describe_write_error(exc, self.location)
         return None
 
-    @asynccontextmanager
-    async def _write(self) -> AsyncIterator[AsyncSession]:
-        """A write transaction (``BEGIN IMMEDIATE`` on SQLite), committed on exit."""
-        async with self._writers.begin() as session:
-            yield session
-
-    @asynccontextmanager
-    async def _read(self) -> AsyncIterator[AsyncSession]:
+    async def _read(self, work: Callable[[Session], R]) -> R:
+        """``work(session)`` in a read transaction; returns what it returns."""
+        if self._file_engine is not None:
+            return await asyncio.to_thread(_run, self._file_readers, work)
         async with self._sessions() as session:
-            yield session
+            return await session.run_sync(work)
+
+    async def _write(self, work: Callable[[Session], R]) -> R:
+        """``work(session)`` in a write transaction (``BEGIN IMMEDIATE`` on SQLite), committed when it
+        returns and rolled back when it raises."""
+        if self._file_engine is not None:
+            return await asyncio.to_thread(_run, self._file_writers, work, commit=True)
+        async with self._writers.begin() as session:
+            return await session.run_sync(work)
 
     async def _get(self, model: type[R], key: str, missing: str) -> R:
         """One row by primary key, or ``NotFoundError(missing)``."""
-        async with self._read() as s:
-            row = await s.get(model, key)
+        row = await self._read(lambda s: s.get(model, key))
         if row is None:
             raise NotFoundError(missing)
         return row
+
+
+def _run(sessions: sessionmaker[Session], work: Callable[[Session], R], *, commit: bool = False) -> R:
+    """One transaction of a SQLite file's store call, on a worker thread."""
+    with sessions() as session:
+        if not commit:
+            return work(session)
+        with session.begin():
+            return work(session)

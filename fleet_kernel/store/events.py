@@ -33,7 +33,7 @@ class EventStore(Database):
         """Commit a batch of events of one or more turns in one transaction (the hot path)."""
         if not events:
             return
-        if self._event_engine is not None:
+        if self._file_engine is not None:
             await asyncio.to_thread(self._append_blocking, events)
             return
         async with self._write_engine.begin() as conn:
@@ -73,10 +73,10 @@ class EventStore(Database):
         Per commit this spends a quarter of the CPU of the same statements through SQLAlchemy Core
         (0.1 ms against 0.45 ms, measured), and that CPU competes with the turn for the GIL.
         """
-        assert self._event_engine is not None
+        assert self._file_engine is not None
         rows = [(e.turn_id, e.seq, e.session_id, e.type, e.agent_id, e.parent_agent_id, e.ts, json.dumps(e.data))
                 for e in events]  # fmt: skip
-        connection = self._event_engine.raw_connection()
+        connection = self._file_engine.raw_connection()
         try:
             cursor = connection.cursor()
             cursor.execute("BEGIN IMMEDIATE")
@@ -93,14 +93,13 @@ class EventStore(Database):
             connection.close()  # back to the pool
 
     async def events_after(self, turn_id: str, after_seq: int = 0, limit: int = 1000) -> list[Event]:
-        async with self._read() as s:
-            rows = await s.scalars(
-                select(EventRow)
-                .where(EventRow.turn_id == turn_id, EventRow.seq > after_seq)
-                .order_by(EventRow.seq)
-                .limit(limit)
-            )
-            return [_event(r) for r in rows]
+        query = (
+            select(EventRow)
+            .where(EventRow.turn_id == turn_id, EventRow.seq > after_seq)
+            .order_by(EventRow.seq)
+            .limit(limit)
+        )
+        return await self._read(lambda s: [_event(r) for r in s.scalars(query)])
 
     async def events_after_many(self, positions: dict[str, int], limit: int = 1000) -> list[Event]:
         """Events after each turn's seq in ``positions`` (``{turn_id: seq}``), in one query.
@@ -110,23 +109,22 @@ class EventStore(Database):
         if not positions:
             return []
         after = or_(*(and_(EventRow.turn_id == turn_id, EventRow.seq > seq) for turn_id, seq in positions.items()))
-        async with self._read() as s:
-            rows = await s.scalars(select(EventRow).where(after).order_by(EventRow.turn_id, EventRow.seq).limit(limit))
-            return [_event(r) for r in rows]
+        query = select(EventRow).where(after).order_by(EventRow.turn_id, EventRow.seq).limit(limit)
+        return await self._read(lambda s: [_event(r) for r in s.scalars(query)])
 
     async def session_events(self, session_id: str) -> list[Event]:
-        async with self._read() as s:
-            rows = await s.scalars(
-                select(EventRow)
-                .join(TurnRow, TurnRow.turn_id == EventRow.turn_id)
-                .where(EventRow.session_id == session_id)
-                .order_by(TurnRow.position, EventRow.seq)
-            )
-            return [_event(r) for r in rows]
+        query = (
+            select(EventRow)
+            .join(TurnRow, TurnRow.turn_id == EventRow.turn_id)
+            .where(EventRow.session_id == session_id)
+            .order_by(TurnRow.position, EventRow.seq)
+        )
+        return await self._read(lambda s: [_event(r) for r in s.scalars(query)])
 
     async def count_events(self, turn_id: str) -> int:
-        async with self._read() as s:
-            return int(await s.scalar(select(func.count()).where(EventRow.turn_id == turn_id)) or 0)
+        query = select(func.count()).where(EventRow.turn_id == turn_id)
+        count: int | None = await self._read(lambda s: s.scalar(query))
+        return count or 0
 
 
 def _event(row: EventRow) -> Event:

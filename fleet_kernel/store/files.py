@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from fleet_kernel.errors import NotFoundError
 from fleet_kernel.store.connection import Database
@@ -15,20 +16,22 @@ from fleet_kernel.store.models import ArtifactRow, AttachmentRow, BlobRow, new_i
 
 class FileStore(Database):
     async def get_blob(self, sha256: str) -> bytes:
-        async with self._read() as s:
-            row = await s.get(BlobRow, sha256)
+        row = await self._read(lambda s: s.get(BlobRow, sha256))
         if row is None:
             raise NotFoundError(f"no content {sha256}")
         return row.data
 
     async def _add_with_blob(self, row: AttachmentRow | ArtifactRow, data: bytes) -> None:
         """Insert a file's record and its bytes (stored once per sha256) in one transaction."""
+
+        def add(s: Session) -> None:
+            if s.get(BlobRow, row.sha256) is None:
+                s.add(BlobRow(sha256=row.sha256, size=len(data), data=data))
+            s.add(row)
+
         for attempt in range(2):
             try:
-                async with self._write() as s:
-                    if await s.get(BlobRow, row.sha256) is None:
-                        s.add(BlobRow(sha256=row.sha256, size=len(data), data=data))
-                    s.add(row)
+                await self._write(add)
                 return
             except IntegrityError:
                 if attempt:  # the same bytes were stored concurrently: the second try finds them
@@ -62,8 +65,8 @@ class FileStore(Database):
         query = select(ArtifactRow).where(ArtifactRow.session_id == session_id)
         if turn_id is not None:
             query = query.where(ArtifactRow.turn_id == turn_id)
-        async with self._read() as s:
-            return list(await s.scalars(query.order_by(ArtifactRow.created_at)))
+        query = query.order_by(ArtifactRow.created_at)
+        return await self._read(lambda s: list(s.scalars(query)))
 
     async def latest_artifact_digests(self, session_id: str) -> dict[str, str]:
         """``{path: sha256}`` of the newest artifact recorded at each path in the session."""
@@ -72,8 +75,7 @@ class FileStore(Database):
             .where(ArtifactRow.session_id == session_id)
             .order_by(ArtifactRow.created_at)
         )
-        async with self._read() as s:
-            return {path: sha256 for path, sha256 in await s.execute(query)}
+        return await self._read(lambda s: {path: sha256 for path, sha256 in s.execute(query)})
 
 
 def _file_fields(data: bytes) -> dict[str, Any]:

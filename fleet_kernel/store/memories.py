@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from sqlalchemy import delete, func, select, text
+from sqlalchemy.orm import Session
 
 from fleet_kernel.errors import NotFoundError, ValidationError
 from fleet_kernel.store.connection import Database
@@ -55,14 +56,15 @@ class MemoryStore(Database):
         if memory_id is not None and not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", memory_id):
             raise ValidationError(f"memory id {memory_id!r} is not valid: use letters, digits, _ and -, at most 64")
         now = utcnow()
-        async with self._write() as s:
-            if await s.get(SessionRow, session_id) is None:
+
+        def put(s: Session) -> MemoryRow:
+            if s.get(SessionRow, session_id) is None:
                 raise NotFoundError(f"no session {session_id!r}; list sessions with GET /api/sessions")
-            row = await s.get(MemoryRow, memory_id) if memory_id is not None else None
+            row = s.get(MemoryRow, memory_id) if memory_id is not None else None
             if row is not None and row.session_id != session_id:
                 raise ValidationError(f"memory id {memory_id!r} is taken by another session: choose another")
             if row is None:
-                count = await s.scalar(select(func.count()).where(MemoryRow.session_id == session_id))
+                count = s.scalar(select(func.count()).where(MemoryRow.session_id == session_id))
                 if (count or 0) >= max_count:
                     raise ValidationError(
                         f"this session keeps {count} memories, the limit (memory.max_count): forget some first"
@@ -78,34 +80,33 @@ class MemoryStore(Database):
                 s.add(row)
             else:
                 row.content, row.kind, row.updated_at = content, kind, now
-        return row
+            return row
+
+        return await self._write(put)
 
     async def get_memory(self, session_id: str, memory_id: str) -> MemoryRow:
-        async with self._read() as s:
-            row = await s.get(MemoryRow, memory_id)
+        row = await self._read(lambda s: s.get(MemoryRow, memory_id))
         if row is None or row.session_id != session_id:
             raise NotFoundError(f"no memory {memory_id!r} in session {session_id!r}")
         return row
 
     async def forget_memory(self, session_id: str, memory_id: str) -> bool:
         """Delete one memory of the session; false if it has none with that id."""
-        async with self._write() as s:
-            gone = await s.scalar(
-                delete(MemoryRow)
-                .where(MemoryRow.session_id == session_id, MemoryRow.memory_id == memory_id)
-                .returning(MemoryRow.memory_id)
-            )
-        return gone is not None
+        query = (
+            delete(MemoryRow)
+            .where(MemoryRow.session_id == session_id, MemoryRow.memory_id == memory_id)
+            .returning(MemoryRow.memory_id)
+        )
+        return await self._write(lambda s: s.scalar(query)) is not None
 
     async def list_memories(self, session_id: str) -> list[MemoryRow]:
         """Every memory of the session, oldest first."""
-        async with self._read() as s:
-            rows = await s.scalars(
-                select(MemoryRow)
-                .where(MemoryRow.session_id == session_id)
-                .order_by(MemoryRow.created_at, MemoryRow.memory_id)
-            )
-            return list(rows)
+        query = (
+            select(MemoryRow)
+            .where(MemoryRow.session_id == session_id)
+            .order_by(MemoryRow.created_at, MemoryRow.memory_id)
+        )
+        return await self._read(lambda s: list(s.scalars(query)))
 
     async def search_memories(self, session_id: str, query: str, limit: int = 5) -> list[MemoryRow]:
         """The session's memories matching any word of ``query`` (as a prefix), best match first."""
@@ -127,9 +128,12 @@ class MemoryStore(Database):
                 "AND search @@ to_tsquery('simple', :q) "
                 "ORDER BY ts_rank(search, to_tsquery('simple', :q)) DESC, created_at DESC LIMIT :n"
             )
-        async with self._read() as s:
-            ids = list(await s.scalars(sql, params))
+
+        def search(s: Session) -> list[MemoryRow]:
+            ids = list(s.scalars(sql, params))
             if not ids:
                 return []
-            rows = {r.memory_id: r for r in await s.scalars(select(MemoryRow).where(MemoryRow.memory_id.in_(ids)))}
-        return [rows[i] for i in ids if i in rows]
+            rows = {r.memory_id: r for r in s.scalars(select(MemoryRow).where(MemoryRow.memory_id.in_(ids)))}
+            return [rows[i] for i in ids if i in rows]
+
+        return await self._read(search)

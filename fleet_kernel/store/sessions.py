@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from sqlalchemy import and_, delete, exists, func, or_, select
+from sqlalchemy.orm import Session
 
 from fleet_kernel.errors import ConflictError, NotFoundError, ValidationError
 from fleet_kernel.store.connection import Database
@@ -47,8 +48,7 @@ class SessionStore(Database):
     async def create_session(self, title: str = "") -> SessionRow:
         now = utcnow()
         row = SessionRow(session_id=new_id("ses"), title=title[:200], created_at=now, updated_at=now, turn_count=0)
-        async with self._write() as s:
-            s.add(row)
+        await self._write(lambda s: s.add(row))
         return row
 
     async def get_session(self, session_id: str) -> SessionRow:
@@ -57,9 +57,8 @@ class SessionStore(Database):
         )
 
     async def list_sessions(self, limit: int = 200) -> list[SessionRow]:
-        async with self._read() as s:
-            rows = await s.scalars(select(SessionRow).order_by(SessionRow.updated_at.desc()).limit(limit))
-            return list(rows)
+        query = select(SessionRow).order_by(SessionRow.updated_at.desc()).limit(limit)
+        return await self._read(lambda s: list(s.scalars(query)))
 
     async def page_sessions(
         self, *, limit: int = 50, cursor: str | None = None, q: str | None = None, archived: Archived = "false"
@@ -92,8 +91,7 @@ class SessionStore(Database):
                     and_(SessionRow.created_at == moment, SessionRow.session_id < session_id))
             )  # fmt: skip
         query = query.order_by(SessionRow.created_at.desc(), SessionRow.session_id.desc()).limit(limit + 1)
-        async with self._read() as s:
-            rows = list(await s.scalars(query))
+        rows = await self._read(lambda s: list(s.scalars(query)))
         more = len(rows) > limit
         rows = rows[:limit]
         return SessionPage(rows, _cursor(rows[-1]) if more else None)
@@ -109,8 +107,9 @@ class SessionStore(Database):
     ) -> SessionRow:
         """Change what is given: the title, whether it is archived, and its models (``None`` for the
         configured one). Raises ``NotFoundError``."""  # fmt: skip
-        async with self._write() as s:
-            row = await s.get(SessionRow, session_id)
+
+        def update(s: Session) -> SessionRow:
+            row = s.get(SessionRow, session_id)
             if row is None:
                 raise NotFoundError(f"no session {session_id!r}")
             if title is not None:
@@ -122,23 +121,26 @@ class SessionStore(Database):
             if sub_model is not _UNSET:
                 row.sub_model = sub_model or None
             row.updated_at = utcnow()
-        return row
+            return row
+
+        return await self._write(update)
 
     async def running_turn_id(self, session_id: str) -> str | None:
         """The turn running in the session now, if any."""
-        async with self._read() as s:
-            return await s.scalar(
-                select(TurnRow.turn_id).where(TurnRow.session_id == session_id, TurnRow.status == "running")
-            )
+        query = select(TurnRow.turn_id).where(TurnRow.session_id == session_id, TurnRow.status == "running")
+        return await self._read(lambda s: s.scalar(query))
 
     async def rename_session(self, session_id: str, title: str) -> SessionRow:
-        async with self._write() as s:
-            row = await s.get(SessionRow, session_id)
+
+        def rename(s: Session) -> SessionRow:
+            row = s.get(SessionRow, session_id)
             if row is None:
                 raise NotFoundError(f"no session {session_id!r}")
             row.title = title[:200]
             row.updated_at = utcnow()
-        return row
+            return row
+
+        return await self._write(rename)
 
     async def delete_session(self, session_id: str) -> None:
         """Delete a session with its turns, events, attachments and artifacts.
@@ -146,33 +148,34 @@ class SessionStore(Database):
         Raises:
             ConflictError: a turn is running in it.
         """
-        async with self._write() as s:
-            row = await s.get(SessionRow, session_id)
-            if row is None:
-                raise NotFoundError(f"no session {session_id!r}")
-            running = await s.scalar(
-                select(TurnRow.turn_id).where(TurnRow.session_id == session_id, TurnRow.status == "running")
+        await self._write(lambda s: _delete_session(s, session_id))
+
+
+def _delete_session(s: Session, session_id: str) -> None:
+    row = s.get(SessionRow, session_id)
+    if row is None:
+        raise NotFoundError(f"no session {session_id!r}")
+    running = s.scalar(select(TurnRow.turn_id).where(TurnRow.session_id == session_id, TurnRow.status == "running"))
+    if running:
+        raise ConflictError(
+            f"turn {running} is running in this session; cancel it or wait for it to finish",
+            turn_id=running,
+            code="session_busy",
+        )
+    turn_ids = select(TurnRow.turn_id).where(TurnRow.session_id == session_id)
+    digests = set(s.scalars(select(ArtifactRow.sha256).where(ArtifactRow.session_id == session_id)))
+    digests |= set(s.scalars(select(AttachmentRow.sha256).where(AttachmentRow.session_id == session_id)))
+    s.execute(delete(EventRow).where(EventRow.turn_id.in_(turn_ids)))
+    s.execute(delete(ArtifactRow).where(ArtifactRow.session_id == session_id))
+    s.execute(delete(AttachmentRow).where(AttachmentRow.session_id == session_id))
+    s.execute(delete(TurnRow).where(TurnRow.session_id == session_id))
+    s.delete(row)
+    # Their bytes go too, unless another session's attachment or artifact has the same content.
+    if digests:
+        s.execute(
+            delete(BlobRow).where(
+                BlobRow.sha256.in_(digests),
+                BlobRow.sha256.not_in(select(ArtifactRow.sha256)),
+                BlobRow.sha256.not_in(select(AttachmentRow.sha256)),
             )
-            if running:
-                raise ConflictError(
-                    f"turn {running} is running in this session; cancel it or wait for it to finish",
-                    turn_id=running,
-                    code="session_busy",
-                )
-            turn_ids = select(TurnRow.turn_id).where(TurnRow.session_id == session_id)
-            digests = set(await s.scalars(select(ArtifactRow.sha256).where(ArtifactRow.session_id == session_id)))
-            digests |= set(await s.scalars(select(AttachmentRow.sha256).where(AttachmentRow.session_id == session_id)))
-            await s.execute(delete(EventRow).where(EventRow.turn_id.in_(turn_ids)))
-            await s.execute(delete(ArtifactRow).where(ArtifactRow.session_id == session_id))
-            await s.execute(delete(AttachmentRow).where(AttachmentRow.session_id == session_id))
-            await s.execute(delete(TurnRow).where(TurnRow.session_id == session_id))
-            await s.delete(row)
-            # Their bytes go too, unless another session's attachment or artifact has the same content.
-            if digests:
-                await s.execute(
-                    delete(BlobRow).where(
-                        BlobRow.sha256.in_(digests),
-                        BlobRow.sha256.not_in(select(ArtifactRow.sha256)),
-                        BlobRow.sha256.not_in(select(AttachmentRow.sha256)),
-                    )
-                )
+        )

@@ -21,6 +21,7 @@ from typing import Any, Self
 import psutil
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from fleet_kernel.errors import ConflictError, NotFoundError, ValidationError
 from fleet_kernel.events import TERMINAL_TYPES
@@ -141,6 +142,62 @@ class TurnStore(SessionStore):
             ValidationError: the key already belongs to a turn with another task, or
                 ``supersedes_turn_id`` is not a turn of this session.
         """
+
+        def claim(s: Session) -> Claim | None:
+            """The new turn, or ``None`` when a concurrent request with the same key committed first."""
+            now = utcnow()
+            ses = s.get(SessionRow, session_id)
+            if ses is None:
+                raise NotFoundError(f"no session {session_id!r}; create one with POST /api/sessions")
+            if idempotency_key is not None and s.scalar(
+                select(TurnRow.turn_id).where(
+                    TurnRow.session_id == session_id, TurnRow.idempotency_key == idempotency_key
+                )
+            ):
+                return None
+            running = s.scalar(
+                select(TurnRow)
+                .where(TurnRow.session_id == session_id, TurnRow.status == "running")
+                .with_for_update()  # PostgreSQL: a concurrent reaper waits, then finds it ended
+            )
+            ours = running is not None and running.idempotency_key == idempotency_key
+            if ours and idempotency_key is not None:
+                return None  # committed since the check above (PostgreSQL reads each statement anew)
+            interrupted = None
+            if running is not None and abandoned(running, now):
+                interrupted = _interrupt(running)
+                s.flush()  # the old turn stops running before the new one starts
+            elif running is not None:
+                raise ConflictError(
+                    f"turn {running.turn_id} is already running in this session; wait for it or cancel it",
+                    turn_id=running.turn_id,
+                    code="session_busy",
+                )
+            supersedes, cell = _cell_of(s, session_id, cell_id, supersedes_turn_id)
+            ses.turn_count += 1
+            ses.updated_at = now
+            if not ses.title:
+                ses.title = _title_from(task)
+            row = TurnRow(
+                turn_id=new_id("turn"),
+                run_id=new_id("run"),
+                session_id=session_id,
+                position=ses.turn_count,
+                idempotency_key=idempotency_key,
+                task=task,
+                status="running",
+                model=model,
+                sandbox=sandbox,
+                owner=PROCESS_OWNER,
+                started_at=now,
+                heartbeat_at=now,
+                last_seq=0,
+                cell_id=cell,
+                supersedes_turn_id=supersedes,
+            )
+            s.add(row)
+            return Claim(row, True, interrupted)
+
         for _attempt in range(3):
             existing = await self._turn_by_key(session_id, idempotency_key)
             if existing is not None:
@@ -149,116 +206,51 @@ class TurnStore(SessionStore):
                         "this Idempotency-Key already belongs to a turn with a different task; use a new key"
                     )
                 return Claim(existing, False)
-            now = utcnow()
-            interrupted: EndedTurn | None = None
             try:
-                async with self._write() as s:
-                    ses = await s.get(SessionRow, session_id)
-                    if ses is None:
-                        raise NotFoundError(f"no session {session_id!r}; create one with POST /api/sessions")
-                    if idempotency_key is not None and await s.scalar(
-                        select(TurnRow.turn_id).where(
-                            TurnRow.session_id == session_id, TurnRow.idempotency_key == idempotency_key
-                        )
-                    ):
-                        # A concurrent request with the same key committed first: answer with its turn.
-                        continue
-                    running = await s.scalar(
-                        select(TurnRow)
-                        .where(TurnRow.session_id == session_id, TurnRow.status == "running")
-                        .with_for_update()  # PostgreSQL: a concurrent reaper waits, then finds it ended
-                    )
-                    ours = running is not None and running.idempotency_key == idempotency_key
-                    if ours and idempotency_key is not None:
-                        continue  # committed since the check above (PostgreSQL reads each statement anew)
-                    if running is not None and abandoned(running, now):
-                        interrupted = _interrupt(running)
-                        await s.flush()  # the old turn stops running before the new one starts
-                    elif running is not None:
-                        raise ConflictError(
-                            f"turn {running.turn_id} is already running in this session; wait for it or cancel it",
-                            turn_id=running.turn_id,
-                            code="session_busy",
-                        )
-                    supersedes, cell_id = await _cell_of(s, session_id, cell_id, supersedes_turn_id)
-                    ses.turn_count += 1
-                    ses.updated_at = now
-                    if not ses.title:
-                        ses.title = _title_from(task)
-                    row = TurnRow(
-                        turn_id=new_id("turn"),
-                        run_id=new_id("run"),
-                        session_id=session_id,
-                        position=ses.turn_count,
-                        idempotency_key=idempotency_key,
-                        task=task,
-                        status="running",
-                        model=model,
-                        sandbox=sandbox,
-                        owner=PROCESS_OWNER,
-                        started_at=now,
-                        heartbeat_at=now,
-                        last_seq=0,
-                        cell_id=cell_id,
-                        supersedes_turn_id=supersedes,
-                    )
-                    s.add(row)
-                return Claim(row, True, interrupted)
+                claimed = await self._write(claim)
             except IntegrityError:
                 continue  # a concurrent claim won the race: look again
+            if claimed is not None:
+                return claimed
         raise ConflictError("another request is starting a turn in this session; retry", code="session_busy")
 
     async def _turn_by_key(self, session_id: str, key: str | None) -> TurnRow | None:
         if key is None:
             return None
-        async with self._read() as s:
-            return await s.scalar(
-                select(TurnRow).where(TurnRow.session_id == session_id, TurnRow.idempotency_key == key)
-            )
+        query = select(TurnRow).where(TurnRow.session_id == session_id, TurnRow.idempotency_key == key)
+        return await self._read(lambda s: s.scalar(query))
 
     async def get_turn(self, turn_id: str, session_id: str | None = None) -> TurnRow:
-        async with self._read() as s:
-            row = await s.get(TurnRow, turn_id)
-        if row is None or (session_id is not None and row.session_id != session_id):
-            raise NotFoundError(f"no turn {turn_id!r} in this session")
-        return row
+        return await self._read(lambda s: _turn_of(s, turn_id, session_id))
 
     async def list_turns(self, session_id: str) -> list[TurnRow]:
-        await self.get_session(session_id)
-        async with self._read() as s:
-            rows = await s.scalars(select(TurnRow).where(TurnRow.session_id == session_id).order_by(TurnRow.position))
-            return list(rows)
+        def read(s: Session) -> list[TurnRow]:
+            _session_of(s, session_id)
+            return list(s.scalars(select(TurnRow).where(TurnRow.session_id == session_id).order_by(TurnRow.position)))
+
+        return await self._read(read)
 
     async def lineage(self, session_id: str, *, before_position: int | None = None) -> Lineage:
         """The cells of the session's turns (before ``before_position``, when given). Raises ``NotFoundError``."""
-        await self.get_session(session_id)
-        query = select(
-            TurnRow.turn_id, TurnRow.position, TurnRow.status, TurnRow.cell_id,
-            TurnRow.supersedes_turn_id, TurnRow.forgotten_at,
-        ).where(TurnRow.session_id == session_id)  # fmt: skip
-        if before_position is not None:
-            query = query.where(TurnRow.position < before_position)
-        async with self._read() as s:
-            return Lineage(TurnLine(*row) for row in await s.execute(query))
+        return await self._read(lambda s: _lineage(s, session_id, before_position))
 
     async def history(self, session_id: str, *, window: int, before_position: int | None = None) -> list[TurnRow]:
         """The last ``window`` turns a turn at ``before_position`` sees (default: the next turn), in the
         order their cells first ran (see ``cells``)."""
         if window <= 0:
             return []
-        seen = (await self.lineage(session_id, before_position=before_position)).history()[-window:]
-        return await self._rows_in_order([line.turn_id for line in seen])
+
+        def read(s: Session) -> list[TurnRow]:
+            seen = _lineage(s, session_id, before_position).history()[-window:]
+            return _rows_in_order(s, [line.turn_id for line in seen])
+
+        return await self._read(read)
 
     async def standing_turns(self, session_id: str) -> list[TurnRow]:
         """One turn per cell, as the notebook stands (see ``Lineage.standing``)."""
-        return await self._rows_in_order([line.turn_id for line in (await self.lineage(session_id)).standing()])
-
-    async def _rows_in_order(self, turn_ids: list[str]) -> list[TurnRow]:
-        if not turn_ids:
-            return []
-        async with self._read() as s:
-            rows = {row.turn_id: row for row in await s.scalars(select(TurnRow).where(TurnRow.turn_id.in_(turn_ids)))}
-        return [rows[turn_id] for turn_id in turn_ids]
+        return await self._read(
+            lambda s: _rows_in_order(s, [line.turn_id for line in _lineage(s, session_id).standing()])
+        )
 
     async def set_in_history(self, session_id: str, turn_id: str, in_history: bool) -> TurnRow:
         """Forget a turn (later turns do not see it) or restore it; the time it was forgotten is recorded.
@@ -268,19 +260,19 @@ class TurnStore(SessionStore):
             ConflictError: restoring a turn that still would not be seen (superseded, not completed,
                 running), with the reason.
         """
-        await self.get_turn(turn_id, session_id)
-        if in_history:
-            why = (await self.lineage(session_id)).why_not_seen(turn_id)
-            if why is not None:
-                raise ConflictError(f"{why}; it cannot be put back into the history", code="not_restorable")
-        async with self._write() as s:
-            row = await s.get(TurnRow, turn_id)
-            assert row is not None  # turns are only deleted with their session
+
+        def update(s: Session) -> TurnRow:
+            row = _turn_of(s, turn_id, session_id)
             if in_history:
+                why = _lineage(s, session_id).why_not_seen(turn_id)
+                if why is not None:
+                    raise ConflictError(f"{why}; it cannot be put back into the history", code="not_restorable")
                 row.forgotten_at = None
             elif row.forgotten_at is None:
                 row.forgotten_at = utcnow()
             return row
+
+        return await self._write(update)
 
     async def finish_turn(
         self,
@@ -292,8 +284,8 @@ class TurnStore(SessionStore):
         usage: dict[str, Any] | None = None,
         result: Any = None,
     ) -> None:
-        async with self._write() as s:
-            row = await s.get(TurnRow, turn_id)
+        def finish(s: Session) -> None:
+            row = s.get(TurnRow, turn_id)
             if row is None or row.status != "running":
                 return
             row.status = status
@@ -302,45 +294,40 @@ class TurnStore(SessionStore):
             row.error = error
             row.usage = usage
             row.finished_at = utcnow()
-            ses = await s.get(SessionRow, row.session_id)
+            ses = s.get(SessionRow, row.session_id)
             if ses is not None:
                 ses.updated_at = row.finished_at
+
+        await self._write(finish)
 
     async def beat(self, turn_ids: Iterable[str]) -> dict[str, str]:
         """Refresh the heartbeat of running turns; returns ``{turn_id: cancel_reason}`` for cancelled ones."""
         ids = list(turn_ids)
         if not ids:
             return {}
-        async with self._write() as s:
-            await s.execute(
+
+        def beat(s: Session) -> dict[str, str]:
+            s.execute(
                 update(TurnRow)
                 .where(TurnRow.turn_id.in_(ids), TurnRow.status == "running")
                 .values(heartbeat_at=utcnow())
             )
-            rows = await s.execute(
-                select(TurnRow.turn_id, TurnRow.cancel_reason).where(
-                    TurnRow.turn_id.in_(ids), TurnRow.cancel_requested_at.is_not(None)
-                )
-            )
-            return {turn_id: reason or "cancelled" for turn_id, reason in rows}
+            return _cancel_requests(s, ids)
+
+        return await self._write(beat)
 
     async def cancel_requests(self, turn_ids: Iterable[str]) -> dict[str, str]:
         """``{turn_id: reason}`` for those of ``turn_ids`` whose cancellation was requested."""
         ids = list(turn_ids)
         if not ids:
             return {}
-        async with self._read() as s:
-            rows = await s.execute(
-                select(TurnRow.turn_id, TurnRow.cancel_reason).where(
-                    TurnRow.turn_id.in_(ids), TurnRow.cancel_requested_at.is_not(None)
-                )
-            )
-            return {turn_id: reason or "cancelled" for turn_id, reason in rows}
+        return await self._read(lambda s: _cancel_requests(s, ids))
 
     async def request_cancel(self, run_id: str, reason: str = "cancelled by request") -> tuple[TurnRow, str]:
         """Record a durable cancellation; returns the turn and ``requested|already_requested|already_terminal``."""
-        async with self._write() as s:
-            row = await s.scalar(select(TurnRow).where(TurnRow.run_id == run_id))
+
+        def request(s: Session) -> tuple[TurnRow, str]:
+            row = s.scalar(select(TurnRow).where(TurnRow.run_id == run_id))
             if row is None:
                 raise NotFoundError(f"no run {run_id!r}", code="run_not_found")
             if row.status != "running":
@@ -350,6 +337,8 @@ class TurnStore(SessionStore):
             row.cancel_requested_at = utcnow()
             row.cancel_reason = reason
             return row, "requested"
+
+        return await self._write(request)
 
     async def reap_stale_turns(self, stale_after: timedelta | None = None) -> list[EndedTurn]:
         """End running turns whose owner is gone as ``interrupted``; returns them, for the caller to emit
@@ -363,19 +352,21 @@ class TurnStore(SessionStore):
         def gone(row: TurnRow, now: datetime) -> bool:
             return now - row.heartbeat_at > stale_after if stale_after is not None else abandoned(row, now)
 
-        async with self._read() as s:
-            running = list(await s.scalars(select(TurnRow).where(TurnRow.status == "running")))
+        running = await self._read(lambda s: list(s.scalars(select(TurnRow).where(TurnRow.status == "running"))))
         candidates = [row.turn_id for row in running if gone(row, utcnow())]
         if not candidates:
             return []
-        async with self._write() as s:
-            rows = await s.scalars(
+
+        def reap(s: Session) -> list[EndedTurn]:
+            rows = s.scalars(
                 select(TurnRow)
                 .where(TurnRow.turn_id.in_(candidates), TurnRow.status == "running")
                 .with_for_update()  # PostgreSQL: a concurrent reaper waits, then finds them ended
             )
             now = utcnow()
             return [_interrupt(row) for row in rows if gone(row, now)]
+
+        return await self._write(reap)
 
     async def fail_turn(self, turn_id: str, error: dict[str, Any]) -> EndedTurn | None:
         """End a turn as ``failed`` right after its last committed event; returns it, for the caller to
@@ -385,13 +376,12 @@ class TurnStore(SessionStore):
         turn this process ended before without its terminal event being stored (an earlier call, or a
         reap) is returned as it was ended; one another process ended is that process's to finish.
         """
-        async with self._write() as s:
-            row = await s.scalar(select(TurnRow).where(TurnRow.turn_id == turn_id).with_for_update())
+
+        def fail(s: Session) -> EndedTurn | None:
+            row = s.scalar(select(TurnRow).where(TurnRow.turn_id == turn_id).with_for_update())
             if row is None:
                 return None
-            last = await s.scalar(
-                select(EventRow.type).where(EventRow.turn_id == turn_id, EventRow.seq == row.last_seq)
-            )
+            last = s.scalar(select(EventRow.type).where(EventRow.turn_id == turn_id, EventRow.seq == row.last_seq))
             if last in TERMINAL_TYPES:
                 return None
             if row.status == "running" or last is not None or row.last_seq == 0:
@@ -400,13 +390,56 @@ class TurnStore(SessionStore):
                 return None
             return EndedTurn(row.turn_id, row.session_id, row.last_seq, row.error or error)
 
+        return await self._write(fail)
 
-async def _cell_of(
-    s: Any, session_id: str, cell_id: str | None, supersedes_turn_id: str | None
+
+def _session_of(s: Session, session_id: str) -> SessionRow:
+    row = s.get(SessionRow, session_id)
+    if row is None:
+        raise NotFoundError(f"no session {session_id!r}; list sessions with GET /api/sessions")
+    return row
+
+
+def _turn_of(s: Session, turn_id: str, session_id: str | None) -> TurnRow:
+    row = s.get(TurnRow, turn_id)
+    if row is None or (session_id is not None and row.session_id != session_id):
+        raise NotFoundError(f"no turn {turn_id!r} in this session")
+    return row
+
+
+def _lineage(s: Session, session_id: str, before_position: int | None = None) -> Lineage:
+    _session_of(s, session_id)
+    query = select(
+        TurnRow.turn_id, TurnRow.position, TurnRow.status, TurnRow.cell_id,
+        TurnRow.supersedes_turn_id, TurnRow.forgotten_at,
+    ).where(TurnRow.session_id == session_id)  # fmt: skip
+    if before_position is not None:
+        query = query.where(TurnRow.position < before_position)
+    return Lineage(TurnLine(*row) for row in s.execute(query))
+
+
+def _rows_in_order(s: Session, turn_ids: list[str]) -> list[TurnRow]:
+    if not turn_ids:
+        return []
+    rows = {row.turn_id: row for row in s.scalars(select(TurnRow).where(TurnRow.turn_id.in_(turn_ids)))}
+    return [rows[turn_id] for turn_id in turn_ids]
+
+
+def _cancel_requests(s: Session, ids: list[str]) -> dict[str, str]:
+    rows = s.execute(
+        select(TurnRow.turn_id, TurnRow.cancel_reason).where(
+            TurnRow.turn_id.in_(ids), TurnRow.cancel_requested_at.is_not(None)
+        )
+    )
+    return {turn_id: reason or "cancelled" for turn_id, reason in rows}
+
+
+def _cell_of(
+    s: Session, session_id: str, cell_id: str | None, supersedes_turn_id: str | None
 ) -> tuple[str | None, str | None]:
     """``(supersedes_turn_id, cell_id)`` of a new turn: the turn it names, else its cell's latest turn."""
     if supersedes_turn_id is not None:
-        earlier = await s.get(TurnRow, supersedes_turn_id)
+        earlier = s.get(TurnRow, supersedes_turn_id)
         if earlier is None or earlier.session_id != session_id:
             raise ValidationError(
                 f"supersedes_turn_id {supersedes_turn_id!r} is not a turn of this session; "
@@ -415,7 +448,7 @@ async def _cell_of(
         return earlier.turn_id, cell_id or earlier.cell_id
     if cell_id is None:
         return None, None
-    latest = await s.scalar(
+    latest = s.scalar(
         select(TurnRow.turn_id)
         .where(TurnRow.session_id == session_id, TurnRow.cell_id == cell_id)
         .order_by(TurnRow.position.desc())
