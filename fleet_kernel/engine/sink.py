@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 # write to every stream, and that CPU competes with the turns for the GIL.
 COMMIT_GAP_S = 0.025
 POLL_INTERVAL_S = 0.05
+REPLAY_PAGE = 1000  # events read from the store at once when a reader replays or catches up
 # A batch is tried this many times (a moment apart) before its turns are stopped as unwritable.
 COMMIT_ATTEMPTS = 3
 # How often the terminal event of such a turn is offered to the store again, until it is stored.
@@ -340,7 +341,7 @@ async def follow_batches(
     try:
         while True:
             if replay:
-                page = await store.events_after(turn_id, last)
+                page = await store.events_after(turn_id, last, limit=REPLAY_PAGE)
                 if page:
                     batch = _through_terminal(page)
                     yield batch
@@ -348,12 +349,15 @@ async def follow_batches(
                     if batch[-1].terminal:
                         return
                     idle = 0.0
-                    continue  # there may be more than one page
-                idle += quiet_s if queue is not None else POLL_INTERVAL_S
-                if idle >= idle_timeout_s:
-                    if (await store.get_turn(turn_id)).status != "running":
-                        return
-                    idle = 0.0
+                    if len(page) == REPLAY_PAGE:
+                        continue  # there may be more than one page
+                    # caught up: what is committed after the read reaches the queue, or the next poll
+                else:
+                    idle += quiet_s if queue is not None else POLL_INTERVAL_S
+                    if idle >= idle_timeout_s:
+                        if (await store.get_turn(turn_id)).status != "running":
+                            return
+                        idle = 0.0
             if queue is None:
                 await asyncio.sleep(POLL_INTERVAL_S)
                 continue
