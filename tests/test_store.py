@@ -14,7 +14,7 @@ import pytest
 
 from fleet_kernel.errors import ConflictError, NotFoundError, StoreUnavailableError, ValidationError
 from fleet_kernel.events import make_event
-from fleet_kernel.store import EndedTurn, Store
+from fleet_kernel.store import EndedTurn, Store, TurnEnding
 
 
 def _events(session_id: str, turn_id: str, seqs: range) -> list:
@@ -53,6 +53,26 @@ async def test_claim_turn_idempotency_and_busy(store: Store) -> None:
     second, _ = await store.claim_turn(ses.session_id, "second turn")
     assert second.position == 2
     assert (await store.get_session(ses.session_id)).title == "count rows"
+
+
+async def test_a_terminal_event_and_its_turn_s_ending_are_one_commit(store: Store) -> None:
+    ses = await store.create_session()
+    turn, _ = await store.claim_turn(ses.session_id, "t")
+    before = (await store.get_session(ses.session_id)).updated_at
+    done = make_event("turn.completed", {"answer": "42", "usage": {}, "duration_ms": 1.0, "result": {"n": [1, None]}},
+                      seq=1, session_id=ses.session_id, turn_id=turn.turn_id)  # fmt: skip
+    usage = {"lm_calls": 1, "budgets": {"max_turn_tokens": None}}
+    ending = TurnEnding("completed", "42", None, usage, {"n": [1, None]})
+    await store.append_events([done], {turn.turn_id: ending})
+    row = await store.get_turn(turn.turn_id)
+    assert (row.status, row.answer, row.error, row.usage, row.result) == ("completed", "42", None, usage, {"n": [1, None]})
+    assert row.last_seq == 1 and row.finished_at is not None and row.finished_at >= row.started_at
+    assert (await store.get_session(ses.session_id)).updated_at == row.finished_at > before
+    # an ended turn is never ended again (a late or repeated ending changes nothing)
+    await store.append_events([], {turn.turn_id: TurnEnding("failed", error={"type": "x", "message": "late"})})
+    assert (await store.get_turn(turn.turn_id)).status == "completed"
+    await store.finish_turn(turn.turn_id, "cancelled")
+    assert (await store.get_turn(turn.turn_id)).error is None
 
 
 async def test_concurrent_claims_run_once(store: Store) -> None:

@@ -28,11 +28,20 @@ from fleet_kernel.engine.memory import Memories
 from fleet_kernel.engine.session_config import session_settings
 from fleet_kernel.engine.sink import POLL_INTERVAL_S, EventHub, EventWriter, TurnEmitter, follow, follow_batches
 from fleet_kernel.errors import NotFoundError, TurnDeadlineExceeded, ValidationError
-from fleet_kernel.events import Artifact, Event, LMFinished, TurnCancelledData, TurnCompleted, TurnFailed, TurnStarted
+from fleet_kernel.events import (
+    Artifact,
+    Event,
+    EventData,
+    LMFinished,
+    TurnCancelledData,
+    TurnCompleted,
+    TurnFailed,
+    TurnStarted,
+)
 from fleet_kernel.lazy import import_module
 from fleet_kernel.sandbox import contract as sandbox_contract
 from fleet_kernel.skills import Catalogue, load_catalogue
-from fleet_kernel.store import AttachmentRow, EndedTurn, Store, TurnRow
+from fleet_kernel.store import AttachmentRow, EndedTurn, Store, TurnEnding, TurnRow
 from fleet_kernel.telemetry import Telemetry
 from fleet_kernel.workspace import Workspace, guess_mime
 
@@ -536,32 +545,24 @@ class TurnRunner:
             from fleet_kernel.engine.turn import Outcome  # engine.turn imports dspy (~1.5 s), loaded off the event loop
 
             outcome = Outcome("failed", error=lost, usage=outcome.usage)
-        else:
-            try:
-                await self.store.finish_turn(  # the turn row shows what it used against its budgets
-                    turn.turn_id,
-                    outcome.status,
-                    answer=outcome.answer,
-                    error=outcome.error,
-                    usage={**usage, "budgets": budgets},
-                    result=outcome.result,
-                )
-            except Exception:  # noqa: BLE001 - still end the stream; the row is reaped later if it stays running
-                log.exception("recording the outcome of %s failed", turn.turn_id)
+        # the row, committed with the terminal event, shows what the turn used against its budgets
+        ending = TurnEnding(
+            outcome.status, outcome.answer, outcome.error, {**usage, "budgets": budgets}, outcome.result
+        )
+        data: EventData
         if outcome.status == "completed":
-            running.emitter.emit(
-                TurnCompleted(
-                    answer=outcome.answer or "",
-                    usage=usage,
-                    duration_ms=round(duration_ms, 3),
-                    extracted=outcome.extracted,
-                    result=outcome.result,
-                )
+            data = TurnCompleted(
+                answer=outcome.answer or "",
+                usage=usage,
+                duration_ms=round(duration_ms, 3),
+                extracted=outcome.extracted,
+                result=outcome.result,
             )
         elif outcome.status == "cancelled":
-            running.emitter.emit(TurnCancelledData(reason=outcome.reason or running.reason))
+            data = TurnCancelledData(reason=outcome.reason or running.reason)
         else:
-            running.emitter.emit(TurnFailed(error=outcome.error or {"type": "error", "message": "failed"}))
+            data = TurnFailed(error=outcome.error or {"type": "error", "message": "failed"})
+        running.emitter.emit(data, ending=ending)
         await committed.wait()
         self._running.pop(turn.turn_id, None)
 

@@ -20,7 +20,7 @@ from contextlib import aclosing
 from typing import Any
 
 from fleet_kernel.events import ROOT_AGENT, Event, EventData, TurnFailed, TurnStarted, make_event
-from fleet_kernel.store import Store, describe_write_error
+from fleet_kernel.store import Store, TurnEnding, describe_write_error
 from fleet_kernel.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -98,10 +98,14 @@ class EventWriter:
         self._progress: dict[str, asyncio.Event] = {}
         self._broken: dict[str, dict[str, Any]] = {}  # turn_id -> the error that stopped its events
         self._pending: set[asyncio.Task[None]] = set()  # terminal events waiting for the store to recover
+        self._endings: dict[str, TurnEnding] = {}  # committed with the turn's terminal event
         self.last_error: str | None = None  # why the latest commit failed; None once one succeeds
 
-    def put(self, event: Event) -> None:
-        """Thread-safe: queue an event for commit."""
+    def put(self, event: Event, ending: TurnEnding | None = None) -> None:
+        """Thread-safe: queue an event for commit; a terminal one with its turn's ``ending``, recorded in
+        the same transaction (a broken turn's ending is dropped: it fails instead)."""
+        if ending is not None:
+            self._endings[event.turn_id] = ending
         self._add(event)
 
     def _add(self, item: Event | None) -> None:
@@ -146,14 +150,16 @@ class EventWriter:
 
     async def _commit(self, batch: list[Event]) -> None:
         for event in [e for e in batch if e.turn_id in self._broken and e.terminal]:
+            self._endings.pop(event.turn_id, None)
             self._end_broken(event)
         batch = [e for e in batch if e.turn_id not in self._broken]
         if not batch:
             return
+        endings = {e.turn_id: self._endings.pop(e.turn_id) for e in batch if e.terminal and e.turn_id in self._endings}
         for attempt in range(COMMIT_ATTEMPTS):
             try:
                 started = time.perf_counter()
-                await self.store.append_events(batch)
+                await self.store.append_events(batch, endings)
                 self.last_error = None
                 break
             except Exception as exc:  # noqa: BLE001 - a transient error is retried; a lasting one stops the turns
@@ -279,8 +285,12 @@ class TurnEmitter:
         *,
         agent_id: str = ROOT_AGENT,
         parent_agent_id: str | None = None,
+        ending: TurnEnding | None = None,
     ) -> Event | None:
-        """Record one event; after the terminal event the turn is closed and later events are dropped."""
+        """Record one event; after the terminal event the turn is closed and later events are dropped.
+
+        ``ending`` goes with a terminal event: the turn's row is ended in the commit that stores it.
+        """
         with self._lock:
             if self.closed:
                 return None
@@ -295,7 +305,7 @@ class TurnEmitter:
             self._next_seq += 1
             if event.terminal:
                 self.closed = True
-            self._writer.put(event)
+            self._writer.put(event, ending)
             return event
 
 

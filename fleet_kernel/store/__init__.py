@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 
 from fleet_kernel.store.connection import describe_write_error, uninterrupted
-from fleet_kernel.store.events import EVENTS_CHANNEL, EventStore
+from fleet_kernel.store.events import EVENTS_CHANNEL, EventStore, TurnEnding
 from fleet_kernel.store.files import FileStore
 from fleet_kernel.store.memories import MemoryStore
 from fleet_kernel.store.models import ArtifactRow, AttachmentRow, MemoryRow, SessionRow, TurnRow, new_id, utcnow
@@ -29,6 +29,7 @@ __all__ = [
     "MemoryRow",
     "SessionRow",
     "Store",
+    "TurnEnding",
     "TurnRow",
     "describe_write_error",
     "new_id",

@@ -1,22 +1,26 @@
 """The event log: append batches (the hot path), read them back, and tell other processes of commits.
 
 Events are built and validated by the engine (``fleet_kernel.events.make_event``) and appended only
-by its one writer (``engine.sink.EventWriter``); the store keeps them and never makes one.
+by its one writer (``engine.sink.EventWriter``); the store keeps them and never makes one. A turn's
+terminal event is committed with the turn's ending (``TurnEnding``: its status, answer, usage), so
+whoever sees the event and reads the turn finds it ended, and a turn costs one commit fewer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import and_, func, insert, or_, select, text, update
 
 from fleet_kernel.events import Event
 from fleet_kernel.store.connection import Database
-from fleet_kernel.store.models import EventRow, TurnRow
+from fleet_kernel.store.models import EventRow, SessionRow, TurnRow, utcnow
 
 # PostgreSQL channel notified by every commit of events, so readers in other processes need not poll.
 EVENTS_CHANNEL = "fleet_events"
@@ -26,21 +30,59 @@ _INSERT_EVENTS = (
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _UPDATE_LAST_SEQ = "UPDATE turns SET last_seq = ? WHERE turn_id = ?"
+_END_TURN = (
+    "UPDATE turns SET status = ?, answer = ?, error = ?, usage = ?, result = ?, finished_at = ? "
+    "WHERE turn_id = ? AND status = 'running'"
+)
+_TOUCH_SESSION = (
+    "UPDATE sessions SET updated_at = ? WHERE session_id = (SELECT session_id FROM turns WHERE turn_id = ?)"
+)
+
+
+@dataclass(frozen=True)
+class TurnEnding:
+    """How a turn ended, for its row; recorded only while the row still says ``running``."""
+
+    status: str  # completed | failed | cancelled
+    answer: str | None = None
+    error: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None  # what it used, against its budgets
+    result: Any = None  # the validated output_schema value
 
 
 class EventStore(Database):
-    async def append_events(self, events: list[Event]) -> None:
-        """Commit a batch of events of one or more turns in one transaction (the hot path)."""
-        if not events:
+    async def append_events(self, events: list[Event], endings: Mapping[str, TurnEnding] | None = None) -> None:
+        """Commit a batch of events of one or more turns, and the ``endings`` (``{turn_id: ending}``) of
+        the turns it ends, in one transaction (the hot path)."""
+        endings = endings or {}
+        if not events and not endings:
             return
         if self._file_engine is not None:
-            await asyncio.to_thread(self._append_blocking, events)
+            await asyncio.to_thread(self._append_blocking, events, endings)
             return
         async with self._write_engine.begin() as conn:
             for statement, params in _event_statements(events):
                 await conn.execute(statement, params)
-            if not self.sqlite:
+            now = utcnow()
+            for turn_id, ending in endings.items():
+                end, touch = _ending_statements(turn_id, ending, now)
+                if (await conn.execute(end)).rowcount:
+                    await conn.execute(touch)
+            if not self.sqlite and events:
                 await conn.execute(text(f"NOTIFY {EVENTS_CHANNEL}"))  # delivered when this commits
+
+    async def finish_turn(
+        self,
+        turn_id: str,
+        status: str,
+        *,
+        answer: str | None = None,
+        error: dict[str, Any] | None = None,
+        usage: dict[str, Any] | None = None,
+        result: Any = None,
+    ) -> None:
+        """End a running turn without an event (the engine ends its turns with their terminal event)."""
+        await self.append_events([], {turn_id: TurnEnding(status, answer, error, usage, result)})
 
     @asynccontextmanager
     async def event_notifications(self, on_commit: Callable[[], None]) -> AsyncIterator[bool]:
@@ -67,15 +109,18 @@ class EventStore(Database):
             finally:
                 await listener.remove_listener(EVENTS_CHANNEL, notified)
 
-    def _append_blocking(self, events: list[Event]) -> None:
+    def _append_blocking(self, events: list[Event], endings: Mapping[str, TurnEnding]) -> None:
         """SQLite's hot path, on a worker thread: plain DB-API calls on a pooled connection.
 
         Per commit this spends a quarter of the CPU of the same statements through SQLAlchemy Core
-        (0.1 ms against 0.45 ms, measured), and that CPU competes with the turn for the GIL.
+        (0.1 ms against 0.45 ms, measured), and that CPU competes with the turn for the GIL. An
+        ending's values are bound as SQLAlchemy binds them (``_bind``).
         """
         assert self._file_engine is not None
         rows = [(e.turn_id, e.seq, e.session_id, e.type, e.agent_id, e.parent_agent_id, e.ts, json.dumps(e.data))
                 for e in events]  # fmt: skip
+        bind = _binders(self._file_engine.dialect)
+        now = bind["finished_at"](utcnow())
         connection = self._file_engine.raw_connection()
         try:
             cursor = connection.cursor()
@@ -83,6 +128,11 @@ class EventStore(Database):
             try:
                 cursor.executemany(_INSERT_EVENTS, rows)
                 cursor.executemany(_UPDATE_LAST_SEQ, [(seq, turn) for turn, seq in _last_seqs(events).items()])
+                for turn_id, e in endings.items():
+                    values = (bind["error"](e.error), bind["usage"](e.usage), bind["result"](e.result))
+                    cursor.execute(_END_TURN, (e.status, e.answer, *values, now, turn_id))
+                    if cursor.rowcount:
+                        cursor.execute(_TOUCH_SESSION, (now, turn_id))
                 cursor.execute("COMMIT")
             except BaseException:
                 # SQLite rolls back by itself on a full disk
@@ -147,8 +197,33 @@ def _last_seqs(events: list[Event]) -> dict[str, int]:
     return last
 
 
+@functools.cache
+def _binders(dialect: Any) -> dict[str, Callable[[Any], Any]]:
+    """How SQLAlchemy binds each column of an ending on this dialect (JSON text, the stored time format)."""
+    columns = TurnRow.__table__.c
+    binders = {}
+    for name in ("error", "usage", "result", "finished_at"):
+        processor = columns[name].type.bind_processor(dialect)
+        binders[name] = processor or (lambda value: value)
+    return binders
+
+
+def _ending_statements(turn_id: str, ending: TurnEnding, now: Any) -> tuple[Any, Any]:
+    """The update that ends a running turn, and the one that touches its session (only when the first did)."""
+    end = (
+        update(TurnRow)
+        .where(TurnRow.turn_id == turn_id, TurnRow.status == "running")
+        .values(status=ending.status, answer=ending.answer, error=ending.error, usage=ending.usage,
+                result=ending.result, finished_at=now)
+    )  # fmt: skip
+    session = select(TurnRow.session_id).where(TurnRow.turn_id == turn_id).scalar_subquery()
+    return end, update(SessionRow).where(SessionRow.session_id == session).values(updated_at=now)
+
+
 def _event_statements(events: list[Event]) -> list[tuple[Any, Any]]:
     """The insert of the events and the ``last_seq`` update of their turns, as Core statements."""
+    if not events:
+        return []
     rows = [
         {"turn_id": e.turn_id, "seq": e.seq, "session_id": e.session_id, "type": e.type, "agent_id": e.agent_id,
          "parent_agent_id": e.parent_agent_id, "ts": e.ts, "data": e.data}

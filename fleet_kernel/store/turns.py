@@ -274,32 +274,6 @@ class TurnStore(SessionStore):
 
         return await self._write(update)
 
-    async def finish_turn(
-        self,
-        turn_id: str,
-        status: str,
-        *,
-        answer: str | None = None,
-        error: dict[str, Any] | None = None,
-        usage: dict[str, Any] | None = None,
-        result: Any = None,
-    ) -> None:
-        def finish(s: Session) -> None:
-            row = s.get(TurnRow, turn_id)
-            if row is None or row.status != "running":
-                return
-            row.status = status
-            row.answer = answer
-            row.result = result
-            row.error = error
-            row.usage = usage
-            row.finished_at = utcnow()
-            ses = s.get(SessionRow, row.session_id)
-            if ses is not None:
-                ses.updated_at = row.finished_at
-
-        await self._write(finish)
-
     async def beat(self, turn_ids: Iterable[str]) -> dict[str, str]:
         """Refresh the heartbeat of running turns; returns ``{turn_id: cancel_reason}`` for cancelled ones."""
         ids = list(turn_ids)
