@@ -65,7 +65,13 @@ async def test_a_terminal_event_and_its_turn_s_ending_are_one_commit(store: Stor
     ending = TurnEnding("completed", "42", None, usage, {"n": [1, None]})
     await store.append_events([done], {turn.turn_id: ending})
     row = await store.get_turn(turn.turn_id)
-    assert (row.status, row.answer, row.error, row.usage, row.result) == ("completed", "42", None, usage, {"n": [1, None]})
+    assert (row.status, row.answer, row.error, row.usage, row.result) == (
+        "completed",
+        "42",
+        None,
+        usage,
+        {"n": [1, None]},
+    )
     assert row.last_seq == 1 and row.finished_at is not None and row.finished_at >= row.started_at
     assert (await store.get_session(ses.session_id)).updated_at == row.finished_at > before
     # an ended turn is never ended again (a late or repeated ending changes nothing)
