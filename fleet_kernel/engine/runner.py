@@ -241,7 +241,6 @@ class TurnRunner:
         attachments = await self._attachments(session_id, attachment_ids)
         await self.open()
         assert self._writer is not None
-        settings = session_settings(settings, await self.store.get_session(session_id))  # its own models
         sandbox = await self.sandbox_name()
         claim = await self.store.claim_turn(
             session_id,
@@ -258,6 +257,8 @@ class TurnRunner:
         handle = TurnHandle(self, turn, created)
         if not created:
             return handle
+        assert claim.session is not None
+        settings = session_settings(settings, claim.session)  # its own models
         emitter = TurnEmitter(self._writer, session_id=session_id, turn_id=turn.turn_id)
         choices = TurnChoices(skills=selected, output_schema=schema)
         setup_error = None
@@ -413,15 +414,19 @@ class TurnRunner:
             pass  # a slow store must not hold the turn back
 
     async def _prepare(self, running: _Running) -> TurnJob:
-        # dspy loads (or finishes loading) on a thread: the loop keeps delivering this turn's first events
-        await asyncio.to_thread(import_module, "fleet_kernel.engine.turn")
-        from fleet_kernel.engine.turn import TurnJob  # engine.turn imports dspy (~1.5 s), loaded off the event loop
-
         turn = running.turn
         window = self.settings.policy.history
-        past = await self.store.history(turn.session_id, window=window.window_turns, before_position=turn.position)
-        workspace = await asyncio.to_thread(Workspace.for_session, self.settings.workspaces_dir, turn.session_id)
-        manifest = await asyncio.to_thread(workspace.manifest)
+
+        def load() -> tuple[Workspace, str]:
+            # dspy loads (or finishes loading) here, off the loop: it keeps delivering the turn's first events
+            import_module("fleet_kernel.engine.turn")
+            workspace = Workspace.for_session(self.settings.workspaces_dir, turn.session_id)
+            return workspace, workspace.manifest()
+
+        history = self.store.history(turn.session_id, window=window.window_turns, before_position=turn.position)
+        (workspace, manifest), past = await asyncio.gather(asyncio.to_thread(load), history)
+        from fleet_kernel.engine.turn import TurnJob  # engine.turn imports dspy (~1.5 s), loaded off the event loop
+
         running.memories = Memories(self.store, running.settings, turn.session_id)
         return TurnJob(
             settings=running.settings,

@@ -98,14 +98,23 @@ class EndedTurn:
 
 
 class Claim(tuple[TurnRow, bool]):
-    """What ``claim_turn`` did: the pair ``(turn, created)``, and in ``interrupted`` the session's
-    abandoned turn it ended to make room, whose terminal event the caller emits."""
+    """What ``claim_turn`` did: the pair ``(turn, created)``; in ``interrupted`` the session's
+    abandoned turn it ended to make room, whose terminal event the caller emits, and in ``session``
+    the session as the new turn found it (``None`` when the turn existed)."""
 
     interrupted: EndedTurn | None
+    session: SessionRow | None
 
-    def __new__(cls, turn: TurnRow, created: bool, interrupted: EndedTurn | None = None) -> Self:
+    def __new__(
+        cls,
+        turn: TurnRow,
+        created: bool,
+        interrupted: EndedTurn | None = None,
+        session: SessionRow | None = None,
+    ) -> Self:
         claim = super().__new__(cls, (turn, created))
         claim.interrupted = interrupted
+        claim.session = session
         return claim
 
     @property
@@ -131,6 +140,7 @@ class TurnStore(SessionStore):
     ) -> Claim:
         """Record a new running turn, or return the turn that already owns ``idempotency_key``.
 
+        ``model`` is recorded unless the session chose its own (as ``engine.session_config`` applies it).
         A running turn of the session whose owner is gone is ended ``interrupted`` in the same
         transaction and returned in ``Claim.interrupted``: the caller emits its terminal event.
         The turn supersedes ``supersedes_turn_id`` (and takes its cell id when it has none), else the
@@ -186,7 +196,7 @@ class TurnStore(SessionStore):
                 idempotency_key=idempotency_key,
                 task=task,
                 status="running",
-                model=model,
+                model=ses.model or model,
                 sandbox=sandbox,
                 owner=PROCESS_OWNER,
                 started_at=now,
@@ -196,7 +206,7 @@ class TurnStore(SessionStore):
                 supersedes_turn_id=supersedes,
             )
             s.add(row)
-            return Claim(row, True, interrupted)
+            return Claim(row, True, interrupted, ses)
 
         for _attempt in range(3):
             existing = await self._turn_by_key(session_id, idempotency_key)
