@@ -53,6 +53,14 @@ def script(n: int) -> list[dict]:
     ]
 
 
+def ran(types: list[str], n: int, where: str) -> None:
+    """A timing counts only for a turn that ran its ``n`` iterations and completed."""
+    iterations = types.count("iteration.started")
+    if not types or types[-1] != "turn.completed" or iterations != n:
+        last = types[-1] if types else "no event"
+        raise SystemExit(f"{where}: a {n}-iteration turn ended with {last} after {iterations} iterations")
+
+
 def ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1000
 
@@ -126,8 +134,11 @@ class Raw:
         rlm = dspy.RLM(FleetTask, max_iters=n + 1, interpreter_factory=dspy.LocalInterpreter)
         started = time.perf_counter()
         with dspy.context(lm=self.lm):
-            rlm(task=key, history="", workspace="")
-        return time.perf_counter() - started
+            prediction = rlm(task=key, history="", workspace="")
+        elapsed = time.perf_counter() - started
+        if prediction.answer != "done" or len(prediction.trajectory) != n:
+            raise SystemExit(f"raw dspy.RLM: a {n}-iteration turn took {len(prediction.trajectory)} steps")
+        return elapsed
 
 
 class InProcess:
@@ -151,10 +162,13 @@ class InProcess:
         self.server.add("in-process", script(n))
         started = time.perf_counter()
         handle = await self.runner.start(self.session.session_id, "in-process")
-        first = None
-        async for _event in handle.events():
+        first, types = None, []
+        async for event in handle.events():
             first = first or time.perf_counter()
-        return time.perf_counter() - started, (first or started) - started
+            types.append(event.type)
+        elapsed = time.perf_counter() - started
+        ran(types, n, "Fleet in-process")
+        return elapsed, (first or started) - started
 
     def turn(self, n: int) -> tuple[float, float]:
         return self._call(self._turn(n))
@@ -181,13 +195,17 @@ class Api:
         self.server.add(key, script(n))
         session_id = (await client.post("/api/sessions", json={"title": key})).json()["session_id"]
         started = time.perf_counter()
-        first = None
+        first, types = None, []
         async with client.stream("POST", f"/api/sessions/{session_id}/turns", json={"task": key}) as response:
             response.raise_for_status()
             async for line in response.aiter_lines():
                 if line.startswith("data: "):
                     first = first or time.perf_counter()
-        return time.perf_counter() - started, (first or started) - started
+                elif line.startswith("event: "):
+                    types.append(line.removeprefix("event: "))
+        elapsed = time.perf_counter() - started
+        ran(types, n, "Fleet API")
+        return elapsed, (first or started) - started
 
     def run(self, coro_fn):  # type: ignore[no-untyped-def]
         async def go():  # type: ignore[no-untyped-def]
