@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "telemetry"))
@@ -72,6 +73,12 @@ def pct(values: list[float], q: float) -> float:
 
 def load() -> str:
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    """CPU used so far by a process and its children that have ended (sandboxes, interpreters)."""
+    t = process.cpu_times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def free_port() -> int:
@@ -358,8 +365,14 @@ def interpreter_table(settings, home: str, repeat: int, unpooled=None) -> None: 
 
 
 def load_table(raw: Raw, api: Api, repeat: int) -> None:
-    """8 sessions x 20-iteration turns at once through one fleet serve, vs 8 raw turns in 8 threads."""
-    raw_rates, api_rates, firsts = [], [], []
+    """8 sessions x 20-iteration turns at once through one fleet serve, vs 8 raw turns in 8 threads.
+
+    Also the CPU each side spends per iteration (the process and its ended children: sandboxes for Fleet,
+    dspy.LocalInterpreter's workers for raw; the scripted LM and the bench's SSE clients not counted).
+    """
+    raw_rates, api_rates, firsts, raw_cpu, api_cpu = [], [], [], [], []
+    here, server = psutil.Process(), psutil.Process(api.process.pid)
+    iterations = LOAD_SESSIONS * LOAD_ITERATIONS
     for r in range(repeat):
         walls: list[float] = []
         threads = [
@@ -368,12 +381,13 @@ def load_table(raw: Raw, api: Api, repeat: int) -> None:
             )
             for i in range(LOAD_SESSIONS)
         ]
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), cpu_seconds(here)
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        raw_rates.append(LOAD_SESSIONS * LOAD_ITERATIONS / (time.perf_counter() - began))
+        raw_rates.append(iterations / (time.perf_counter() - began))
+        raw_cpu.append((cpu_seconds(here) - cpu) / iterations)
 
         async def burst(client: httpx.AsyncClient, r: int = r) -> float:
             began = time.perf_counter()
@@ -381,19 +395,25 @@ def load_table(raw: Raw, api: Api, repeat: int) -> None:
                 *(api.turn(client, LOAD_ITERATIONS, f"load api {r} {i}") for i in range(LOAD_SESSIONS))
             )
             firsts.extend(first for _, first in done)
-            return LOAD_SESSIONS * LOAD_ITERATIONS / (time.perf_counter() - began)
+            return iterations / (time.perf_counter() - began)
 
+        cpu = cpu_seconds(server)
         api_rates.append(api.run(burst))
+        api_cpu.append((cpu_seconds(server) - cpu) / iterations)
     print(
         f"\nUnder load: {LOAD_SESSIONS} concurrent {LOAD_ITERATIONS}-iteration turns (median of {repeat}; "
         f"load average {load()})\n"
     )
-    print(f"{'':>34} | {'iterations/s':>12} | {'p95 POST -> first event (ms)':>28}")
-    print("-" * 82)
-    print(f"{'raw dspy.RLM, 8 threads':>34} | {statistics.median(raw_rates):>12.1f} | {'-':>28}")
+    print(f"{'':>34} | {'iterations/s':>12} | {'p95 POST -> first event (ms)':>28} | {'CPU per iteration (ms)':>22}")
+    print("-" * 107)
+    print(f"{'raw dspy.RLM, 8 threads':>34} | {statistics.median(raw_rates):>12.1f} | {'-':>28} | {ms(raw_cpu):>22.2f}")
     print(
         f"{'Fleet, one fleet serve, 8 sessions':>34} | {statistics.median(api_rates):>12.1f} | "
-        f"{pct(firsts, 0.95) * 1000:>28.1f}"
+        f"{pct(firsts, 0.95) * 1000:>28.1f} | {ms(api_cpu):>22.2f}"
+    )
+    print(
+        f"with a real provider (about 1 s per LM call, so one step per session per second), one core covers "
+        f"the CPU of {1000 / ms(api_cpu):.0f} Fleet sessions stepping at once (raw: {1000 / ms(raw_cpu):.0f})"
     )
 
 

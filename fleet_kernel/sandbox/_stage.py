@@ -1,6 +1,6 @@
 """Runs bubblewrap on a private, size- and file-limited copy of a session workspace (stdlib only).
 
-Started by the host as ``python -I -B _stage.py OPTIONS -- BWRAP_ARGV``. In a mount namespace of its own
+Started by the host as ``python -I -B -S _stage.py OPTIONS -- BWRAP_ARGV``. In a mount namespace of its own
 (plus a user namespace when the host is not root) it mounts a tmpfs with ``size=`` and ``nr_inodes=`` (the
 ``[sandbox] workspace_mb`` and ``workspace_files`` quota), copies the host workspace into it, binds the
 Python install read-only at neutral mount points, and runs bubblewrap, which binds that tmpfs at

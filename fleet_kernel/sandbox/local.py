@@ -248,6 +248,7 @@ def sandbox_argv(
         sys.executable,
         "-I",
         "-B",
+        "-S",  # the stage is stdlib only: no site-packages to scan (~15 ms of CPU a start, in a venv)
         str(STAGE),
         *where,
         "--mount",
