@@ -51,11 +51,11 @@ def main() -> None:
     if args.top:
         top(args.top)
         return
-    from engine import Api, InProcess, ScriptedLM
+    from engine import MODEL, Api, InProcess, ScriptedLM
 
     home = tempfile.mkdtemp(prefix="fleet-profile-")
     with ScriptedLM() as server:
-        env = {**os.environ, "FLEET_HOME": home, **server.env()}
+        env = {**os.environ, "FLEET_HOME": home, **server.env(), "FLEET_LM_MODEL": MODEL}
         if args.api:
             api = Api(env, server)
             print(f"fleet serve pid {api.process.pid}", flush=True)
