@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from dspy.primitives.code_interpreter import CodeExecutionError
 
@@ -140,6 +141,49 @@ def test_an_idle_sandbox_is_stopped_and_the_next_execution_has_the_workspace(tmp
         with pytest.raises(CodeExecutionError, match="without running code.*files in /workspace are kept"):
             interpreter.execute("print(x)")
         assert interpreter.execute("print(open('files/kept.txt').read())") == "written before"
+        interpreter.shutdown()
+    finally:
+        factory.close()
+
+
+def test_a_stop_returns_with_the_workspace_saved_and_the_sandbox_is_reaped_after(
+    tmp_path: Path, own_pool: Pool
+) -> None:
+    settings = make_settings(tmp_path, pool_size=1)
+    root = workspace(tmp_path)
+    factory = open_sandbox(settings, root)
+    try:
+        wait_for(lambda: own_pool.ready() == 1)
+        interpreter = factory()
+        interpreter.execute("_ = open('artifacts/late.txt', 'w').write('saved first')")
+        worker = interpreter._session._worker  # type: ignore[union-attr]
+        stage, cgroup = psutil.Process(worker._process.pid), worker._cgroup
+        interpreter.shutdown()
+        assert (root / "artifacts" / "late.txt").read_text() == "saved first"  # back before the stop returned
+        assert not worker.alive()
+        wait_for(lambda: not stage.is_running(), 10)  # exited and reaped: no zombie left behind
+        if cgroup is not None:
+            wait_for(lambda: not any(path.exists() for path in cgroup.dirs), 10)
+    finally:
+        factory.close()
+
+
+def test_the_stage_s_saved_channel_never_reaches_sandbox_code(tmp_path: Path, own_pool: Pool) -> None:
+    # Code that could write "saved" on it would end a stop before its workspace is copied back.
+    factory = open_sandbox(make_settings(tmp_path, pool_size=0), workspace(tmp_path))
+    try:
+        interpreter = factory()
+        listing = (
+            "import os\nfds = []\nfor n in os.listdir('/proc/self/fd'):\n"
+            "    try:\n        fds.append(os.readlink(f'/proc/self/fd/{n}'))\n"
+            "    except OSError:\n        pass  # the listing's own descriptor, closed by now\n"
+            "print(sorted(fds))"
+        )
+        seen = interpreter.execute(listing)
+        worker = interpreter._session  # without a pool, the stage's own session
+        assert worker._saved is not None  # type: ignore[union-attr]
+        channel = f"pipe:[{os.fstat(worker._saved).st_ino}]"  # type: ignore[union-attr]
+        assert "pipe:[" in seen and channel not in seen, seen
         interpreter.shutdown()
     finally:
         factory.close()

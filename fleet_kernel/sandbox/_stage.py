@@ -232,6 +232,11 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--join-fd", type=int, action="append", default=[], help="cgroup.procs to join after copy-in")
     parser.add_argument("--keep-fd", type=int, action="append", default=[], help="fds bubblewrap needs")
+    parser.add_argument(
+        "--saved-fd",
+        type=int,
+        help="a pipe: write 'saved' to it once the workspace is copied back (never passed to bubblewrap)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER)
     opts = parser.parse_args(argv)
     command = opts.command[1:] if opts.command[:1] == ["--"] else opts.command
@@ -279,7 +284,7 @@ def main(argv: list[str]) -> int:
         if stopping:
             process.kill()
         code = process.wait()
-    return _save(opts.mount, opts.workspace, snapshot, code)
+    return _save(opts.mount, opts.workspace, snapshot, code, opts.saved_fd)
 
 
 def _read_line(fd: int) -> str | None:
@@ -330,11 +335,12 @@ def _adopted(
         return 1
     os.write(opts.adopt_fd, b"ok\n")
     os.close(opts.adopt_fd)
-    return _save(opts.mount, workspace, snapshot, process.wait())
+    return _save(opts.mount, workspace, snapshot, process.wait(), opts.saved_fd)
 
 
-def _save(mount: str, workspace: str, snapshot: Snapshot, code: int) -> int:
-    """Copy the sandbox's changes back to the host workspace; the exit status to pass on."""
+def _save(mount: str, workspace: str, snapshot: Snapshot, code: int, saved_fd: int | None) -> int:
+    """Copy the sandbox's changes back to the host workspace, and say so on ``saved_fd``: the host stops
+    waiting there, while this process's exit tears its mount namespace down. The exit status to pass on."""
     try:
         copy_out(mount, workspace, snapshot)
     except OSError as exc:
@@ -342,6 +348,12 @@ def _save(mount: str, workspace: str, snapshot: Snapshot, code: int) -> int:
             print(f"fleet: the workspace was not fully saved: {exc}", file=sys.stderr)
     except Exception as exc:  # noqa: BLE001 - whatever code left behind, report and pass on the exit status
         print(f"fleet: the workspace was not fully saved: {exc!r}", file=sys.stderr)
+    if saved_fd is not None:
+        sys.stderr.flush()  # what went wrong is in the host's hands before it stops listening
+        try:
+            os.write(saved_fd, b"saved\n")
+        except OSError:
+            pass  # the host is gone or waits for the exit instead
     return code if code >= 0 else 128 - code
 
 
