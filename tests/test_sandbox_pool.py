@@ -146,6 +146,23 @@ def test_an_idle_sandbox_is_stopped_and_the_next_execution_has_the_workspace(tmp
         factory.close()
 
 
+def test_the_pool_refills_while_sessions_keep_taking_workers(tmp_path: Path, own_pool: Pool) -> None:
+    # Takes come faster than the refill delay: each must not put the refill off again.
+    settings = make_settings(tmp_path, pool_size=1)
+    factory = open_sandbox(settings, workspace(tmp_path))
+    try:
+        wait_for(lambda: own_pool.ready() == 1)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and own_pool.handed_out < 3:
+            interpreter = factory()
+            assert interpreter.execute("print('step')") == "step"
+            interpreter.shutdown()
+            time.sleep(pool.REFILL_DELAY_S / 3)
+        assert own_pool.handed_out >= 3, f"{own_pool.handed_out} pre-started sandboxes handed out in 3 s"
+    finally:
+        factory.close()
+
+
 def test_a_stop_returns_with_the_workspace_saved_and_the_sandbox_is_reaped_after(
     tmp_path: Path, own_pool: Pool
 ) -> None:

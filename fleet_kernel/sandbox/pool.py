@@ -37,7 +37,8 @@ CHECK_S = 1.0  # how often the pool thread looks for idle sandboxes
 RETRY_S = 30.0  # after a pooled start failed, wait this long before trying again
 # After a worker is taken, wait this long before booting its replacement: a boot is ~100 ms of CPU, and
 # started at once it competes with the turn that took the worker for its first, latency-bound steps
-# (measured on 2 cores: the first execution took 13-31 ms next to a boot, 2-6 ms without).
+# (measured on 2 cores: the first execution took 13-31 ms next to a boot, 2-6 ms without). Counted from
+# the first take since the last refill: takes coming faster than this must not put the refill off.
 REFILL_DELAY_S = 0.3
 
 
@@ -60,7 +61,7 @@ class Pool:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._failed_at = float("-inf")
-        self._taken_at = float("-inf")
+        self._refill_at: float | None = None  # when the workers taken since the last refill are replaced
         self.handed_out = 0  # workers taken ready from the pool (pre-started), for tests and the bench
         self.started = 0  # workers the pool thread started
 
@@ -98,7 +99,8 @@ class Pool:
                     worker = candidate
                     break
                 candidate.kill()
-            self._taken_at = time.monotonic()
+            if self._refill_at is None:
+                self._refill_at = time.monotonic() + REFILL_DELAY_S
             self._wake.notify_all()
         if worker is not None:
             self.handed_out += 1
@@ -119,6 +121,8 @@ class Pool:
                 if missing <= 0 or wait > 0:
                     self._wake.wait(min(CHECK_S, wait) if missing > 0 else CHECK_S)
                 limits, missing, wait = self._limits, self._missing(), self._refill_wait()
+                if missing > 0 and limits is not None and wait <= 0:
+                    self._refill_at = None  # what is taken from now on waits for a refill of its own
             self._stop_idle()
             if missing > 0 and limits is not None and wait <= 0:
                 self._start(limits, missing)
@@ -127,9 +131,10 @@ class Pool:
         return self.size - len(self._ready) if self._limits is not None else 0
 
     def _refill_wait(self) -> float:
-        """Seconds until the pool may boot workers: after a failed start, and just after a take."""
+        """Seconds until the pool may boot workers: after a failed start, and a moment after the first take
+        since the last refill."""
         now = time.monotonic()
-        return max(0.0, self._failed_at + RETRY_S - now, self._taken_at + REFILL_DELAY_S - now)
+        return max(0.0, self._failed_at + RETRY_S - now, (self._refill_at or now) - now)
 
     def _start(self, limits: SandboxLimits, count: int) -> None:
         """Start ``count`` workers together (they boot in parallel, on every core), then keep the ready ones."""
