@@ -511,9 +511,13 @@ class ProcessSession(PipeSession):
 
 
 def _said_saved(fd: int, timeout: float) -> bool:
-    """Whether the stage wrote "saved" on ``fd`` within ``timeout`` (false if it exited without)."""
-    ready, _, _ = select.select([fd], [], [], timeout)
-    return bool(ready) and os.read(fd, 16).startswith(b"saved")
+    """Whether the stage wrote "saved" on ``fd`` within ``timeout`` (false if it exited without).
+
+    ``poll``, not ``select``: a server's descriptors can number above select's 1024.
+    """
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(timeout * 1000)) and os.read(fd, 16).startswith(b"saved")
 
 
 @atexit.register
