@@ -45,6 +45,9 @@ from fleet_kernel.store import Store
 
 ITERATIONS = (1, 5, 20)
 LOAD_SESSIONS, LOAD_ITERATIONS = 8, 20
+# Between the samples of the turns and traces tables: the pools refill (0.3 s after a take, then a boot),
+# so each turn meets a ready sandbox, as notebook cells seconds apart do. The load table has no pause.
+SETTLE_S = pool.REFILL_DELAY_S + 0.3
 BIG = "x" * (1 << 20)
 
 
@@ -249,6 +252,7 @@ def turns_table(raw: Raw, inproc: InProcess, apis: dict[str, Api], repeat: int) 
                 wall, first = api.run(lambda c, api=api, n=n, i=i, name=name: api.turn(c, n, f"api {name} {n} {i}"))
                 walls.setdefault((n, f"API {name}"), []).append(wall)
                 firsts.setdefault((n, f"API {name}"), []).append(first)
+            time.sleep(SETTLE_S)
     print(f"\nTurns, whole turn in ms (median of {repeat}; API: a new session per turn; load average {load()})\n")
     print(f"{'iters':>5} | " + " | ".join(f"{c:>16}" for c in columns))
     print("-" * (8 + 19 * len(columns)))
@@ -435,7 +439,9 @@ def tracing_table(env: dict[str, str], server: Server, untraced: InProcess, repe
         try:
             for _ in range(repeat):
                 off.append(untraced.turn(20)[0])
+                time.sleep(SETTLE_S)
                 on.append(traced.turn(20)[0])
+                time.sleep(SETTLE_S)
         finally:
             traced.close()
             del os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
