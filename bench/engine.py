@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -96,32 +97,47 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class LMProcess:
-    """The scripted LM in a process of its own, as a provider is: a client reading a stream in the bench's
-    process does not slow its answers, and raw dspy.RLM does not share its GIL with the server."""
+class Helper:
+    """A function in a spawned process of its own, asked over a pipe: it sends one greeting, then answers
+    each message until it gets ``None``."""
 
-    def __init__(self) -> None:
+    def __init__(self, target) -> None:  # type: ignore[no-untyped-def]
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
-        self._process = context.Process(target=_serve_lm, args=(child,), daemon=True)
-        self._lock = threading.Lock()
+        self._process = context.Process(target=target, args=(child,), daemon=True)
+        self._lock = threading.Lock()  # the load table asks from 8 threads
 
-    def __enter__(self) -> LMProcess:
+    def start(self) -> Any:
+        """Start it; returns its greeting."""
         self._process.start()
-        self.base_url, self._env = self._conn.recv()
-        return self
+        return self._conn.recv()
+
+    def ask(self, message: Any) -> Any:
+        with self._lock:
+            self._conn.send(message)
+            return self._conn.recv()
 
     def __exit__(self, *exc: object) -> None:
         self._conn.send(None)
         self._process.join(10)
 
+
+class LMProcess(Helper):
+    """The scripted LM in a process of its own, as a provider is: a client reading a stream in the bench's
+    process does not slow its answers, and raw dspy.RLM does not share its GIL with the server."""
+
+    def __init__(self) -> None:
+        super().__init__(_serve_lm)
+
+    def __enter__(self) -> LMProcess:
+        self.base_url, self._env = self.start()
+        return self
+
     def env(self) -> dict[str, str]:
         return dict(self._env)
 
     def add(self, key: str, steps: list[dict]) -> None:
-        with self._lock:  # the load table adds from 8 threads
-            self._conn.send((key, steps))
-            self._conn.recv()
+        self.ask((key, steps))
 
 
 def _serve_lm(conn) -> None:  # type: ignore[no-untyped-def]
@@ -427,27 +443,19 @@ def load_table(raw: Raw, api: Api, repeat: int) -> None:
     )
 
 
-class CollectorProcess:
+class CollectorProcess(Helper):
     """A loopback OTLP receiver in a process of its own, as a collector is: decoding the spans it is sent
     does not take the GIL of the traced turns."""
 
     def __init__(self) -> None:
-        context = multiprocessing.get_context("spawn")
-        self._conn, child = context.Pipe()
-        self._process = context.Process(target=_collect, args=(child,), daemon=True)
+        super().__init__(_collect)
 
     def __enter__(self) -> CollectorProcess:
-        self._process.start()
-        self.endpoint = self._conn.recv()
+        self.endpoint = self.start()
         return self
 
     def spans(self) -> int:
-        self._conn.send("count")
-        return int(self._conn.recv())
-
-    def __exit__(self, *exc: object) -> None:
-        self._conn.send(None)
-        self._process.join(10)
+        return int(self.ask("count"))
 
 
 def _collect(conn) -> None:  # type: ignore[no-untyped-def]

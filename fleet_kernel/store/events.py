@@ -114,7 +114,7 @@ class EventStore(Database):
 
         Per commit this spends a quarter of the CPU of the same statements through SQLAlchemy Core
         (0.1 ms against 0.45 ms, measured), and that CPU competes with the turn for the GIL. An
-        ending's values are bound as SQLAlchemy binds them (``_bind``).
+        ending's values are bound as SQLAlchemy binds them (``_binders``).
         """
         assert self._file_engine is not None
         rows = [(e.turn_id, e.seq, e.session_id, e.type, e.agent_id, e.parent_agent_id, e.ts, json.dumps(e.data))

@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session
 
 from fleet_kernel.errors import NotFoundError, ValidationError
 from fleet_kernel.store.connection import Database
-from fleet_kernel.store.models import MemoryRow, SessionRow, new_id, utcnow
+from fleet_kernel.store.models import MemoryRow, new_id, utcnow
+from fleet_kernel.store.sessions import session_of
 
 _WORDS = re.compile(r"\w+", re.UNICODE)
 _KIND = re.compile(r"[a-z][a-z0-9_-]{0,31}")
@@ -58,8 +59,7 @@ class MemoryStore(Database):
         now = utcnow()
 
         def put(s: Session) -> MemoryRow:
-            if s.get(SessionRow, session_id) is None:
-                raise NotFoundError(f"no session {session_id!r}; list sessions with GET /api/sessions")
+            session_of(s, session_id)
             row = s.get(MemoryRow, memory_id) if memory_id is not None else None
             if row is not None and row.session_id != session_id:
                 raise ValidationError(f"memory id {memory_id!r} is taken by another session: choose another")

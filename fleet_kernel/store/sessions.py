@@ -52,9 +52,7 @@ class SessionStore(Database):
         return row
 
     async def get_session(self, session_id: str) -> SessionRow:
-        return await self._get(
-            SessionRow, session_id, f"no session {session_id!r}; list sessions with GET /api/sessions"
-        )
+        return await self._read(lambda s: session_of(s, session_id))
 
     async def list_sessions(self, limit: int = 200) -> list[SessionRow]:
         query = select(SessionRow).order_by(SessionRow.updated_at.desc()).limit(limit)
@@ -127,20 +125,10 @@ class SessionStore(Database):
 
     async def running_turn_id(self, session_id: str) -> str | None:
         """The turn running in the session now, if any."""
-        query = select(TurnRow.turn_id).where(TurnRow.session_id == session_id, TurnRow.status == "running")
-        return await self._read(lambda s: s.scalar(query))
+        return await self._read(lambda s: _running_turn_id(s, session_id))
 
     async def rename_session(self, session_id: str, title: str) -> SessionRow:
-
-        def rename(s: Session) -> SessionRow:
-            row = s.get(SessionRow, session_id)
-            if row is None:
-                raise NotFoundError(f"no session {session_id!r}")
-            row.title = title[:200]
-            row.updated_at = utcnow()
-            return row
-
-        return await self._write(rename)
+        return await self.update_session(session_id, title=title)
 
     async def delete_session(self, session_id: str) -> None:
         """Delete a session with its turns, events, attachments and artifacts.
@@ -151,11 +139,23 @@ class SessionStore(Database):
         await self._write(lambda s: _delete_session(s, session_id))
 
 
+def session_of(s: Session, session_id: str) -> SessionRow:
+    """The session, in the caller's transaction. Raises ``NotFoundError``."""
+    row = s.get(SessionRow, session_id)
+    if row is None:
+        raise NotFoundError(f"no session {session_id!r}; list sessions with GET /api/sessions")
+    return row
+
+
+def _running_turn_id(s: Session, session_id: str) -> str | None:
+    return s.scalar(select(TurnRow.turn_id).where(TurnRow.session_id == session_id, TurnRow.status == "running"))
+
+
 def _delete_session(s: Session, session_id: str) -> None:
     row = s.get(SessionRow, session_id)
     if row is None:
         raise NotFoundError(f"no session {session_id!r}")
-    running = s.scalar(select(TurnRow.turn_id).where(TurnRow.session_id == session_id, TurnRow.status == "running"))
+    running = _running_turn_id(s, session_id)
     if running:
         raise ConflictError(
             f"turn {running} is running in this session; cancel it or wait for it to finish",

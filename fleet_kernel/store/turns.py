@@ -27,7 +27,7 @@ from fleet_kernel.errors import ConflictError, NotFoundError, ValidationError
 from fleet_kernel.events import TERMINAL_TYPES
 from fleet_kernel.store.cells import Lineage, TurnLine
 from fleet_kernel.store.models import EventRow, SessionRow, TurnRow, new_id, utcnow
-from fleet_kernel.store.sessions import SessionStore
+from fleet_kernel.store.sessions import SessionStore, session_of
 
 # The lease of a running turn: its owner beats every 0.5 s, and a turn whose owner has not beaten for
 # this long is taken for dead (a process on another machine, or one whose liveness cannot be checked).
@@ -235,7 +235,7 @@ class TurnStore(SessionStore):
 
     async def list_turns(self, session_id: str) -> list[TurnRow]:
         def read(s: Session) -> list[TurnRow]:
-            _session_of(s, session_id)
+            session_of(s, session_id)
             return list(s.scalars(select(TurnRow).where(TurnRow.session_id == session_id).order_by(TurnRow.position)))
 
         return await self._read(read)
@@ -377,13 +377,6 @@ class TurnStore(SessionStore):
         return await self._write(fail)
 
 
-def _session_of(s: Session, session_id: str) -> SessionRow:
-    row = s.get(SessionRow, session_id)
-    if row is None:
-        raise NotFoundError(f"no session {session_id!r}; list sessions with GET /api/sessions")
-    return row
-
-
 def _turn_of(s: Session, turn_id: str, session_id: str | None) -> TurnRow:
     row = s.get(TurnRow, turn_id)
     if row is None or (session_id is not None and row.session_id != session_id):
@@ -392,7 +385,7 @@ def _turn_of(s: Session, turn_id: str, session_id: str | None) -> TurnRow:
 
 
 def _lineage(s: Session, session_id: str, before_position: int | None = None) -> Lineage:
-    _session_of(s, session_id)
+    session_of(s, session_id)
     query = select(
         TurnRow.turn_id, TurnRow.position, TurnRow.status, TurnRow.cell_id,
         TurnRow.supersedes_turn_id, TurnRow.forgotten_at,
