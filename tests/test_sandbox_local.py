@@ -113,6 +113,16 @@ def test_fd_level_output_and_stderr_are_captured(factory: SandboxFactory, record
     assert any(stream == "stderr" for _, stream, _ in recorder.output)
 
 
+def test_child_process_output_keeps_its_place_among_prints(factory: SandboxFactory) -> None:
+    """What a child wrote before a ``print`` comes out before it, as on a terminal, even on a busy machine."""
+    interp = factory()
+    code = (
+        "import os, sys\nfor i in range(30):\n    os.system(f'echo shell-{i}')\n    print(f'py-{i}', file=sys.stderr)"
+    )
+    expected = "\n".join(f"shell-{i}\npy-{i}" for i in range(30))
+    assert interp.execute(code) == expected
+
+
 def test_tools_round_trip_with_context_and_errors(factory: SandboxFactory, recorder: Recorder) -> None:
     interp = factory()
     seen_observer: list[Any] = []

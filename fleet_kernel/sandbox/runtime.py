@@ -22,6 +22,7 @@ import json
 import linecache
 import os
 import queue
+import select
 import selectors
 import signal
 import sys
@@ -37,6 +38,7 @@ FLUSH_INTERVAL_S = 0.05  # at most ~20 out messages per second while output tric
 BUFFER_CAP = 8 * 1024  # flush early when this much is pending
 MAX_CHUNK = 256 * 1024  # no single out message carries more text than this
 FLUSH_GAP_S = 0.005  # explicit flushes closer than this are coalesced (logging flushes every record)
+CATCH_UP_GAP_S = 50e-6  # prints check the fd pipes at most this often (a child process takes longer to start)
 
 
 def _spawn(target: Callable[[], None], name: str) -> None:
@@ -175,10 +177,14 @@ class Output:
 
 
 class Stream(io.TextIOBase):
-    """``sys.stdout``/``sys.stderr`` replacement feeding ``Output``; ``fileno`` is the captured fd."""
+    """``sys.stdout``/``sys.stderr`` replacement feeding ``Output``; ``fileno`` is the captured fd.
 
-    def __init__(self, output: Output, name: str, fd: int | None) -> None:
-        self._output, self._name, self._fd = output, name, fd
+    ``catch_up`` reads what is already in the fd pipes first, so text a child process wrote before this
+    ``print`` (``os.system('echo a'); print('b')``) comes out before it, as it would on a terminal.
+    """
+
+    def __init__(self, output: Output, name: str, fd: int | None, catch_up: Callable[[], None] | None = None) -> None:
+        self._output, self._name, self._fd, self._catch_up = output, name, fd, catch_up
 
     @property
     def encoding(self) -> str:  # type: ignore[override]
@@ -202,6 +208,8 @@ class Stream(io.TextIOBase):
     def write(self, text: str) -> int:
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        if self._catch_up is not None:
+            self._catch_up()
         self._output.write(self._name, text)
         return len(text)
 
@@ -228,6 +236,8 @@ class FdCapture:
         self._output = output
         self._lock = threading.Lock()
         self._selector = selectors.DefaultSelector()
+        self._ready = select.poll()  # a cheaper check than the selector's, for ``catch_up``
+        self._checked = 0.0
         for fd, stream in ((1, "stdout"), (2, "stderr")):
             read_end, write_end = os.pipe()
             os.dup2(write_end, fd)
@@ -235,6 +245,7 @@ class FdCapture:
             os.set_blocking(read_end, False)
             decoder = codecs.getincrementaldecoder("utf-8")("replace")
             self._selector.register(read_end, selectors.EVENT_READ, (stream, decoder))
+            self._ready.register(read_end, select.POLLIN)
         _spawn(self._read_loop, "fleet-fd-capture")
 
     def _read_loop(self) -> None:
@@ -257,6 +268,19 @@ class FdCapture:
         for key in self._selector.get_map().values():
             while self._read(key):
                 pass
+
+    def catch_up(self) -> None:
+        """``drain`` if a pipe holds data, checked at most every ``CATCH_UP_GAP_S``.
+
+        A child process takes far longer than the gap to start, write and exit, so the ``print`` after
+        ``os.system`` always checks; a loop of prints checks once per gap instead of twice per line.
+        """
+        now = time.monotonic()
+        if now - self._checked < CATCH_UP_GAP_S:
+            return
+        self._checked = now
+        if self._ready.poll(0):
+            self.drain()
 
 
 class _QueuedSender:
@@ -304,7 +328,11 @@ class Runtime:
         self.output = Output(self._send, max_output_bytes, flusher=threaded, sent=sender.wait if sender else None)
         self._capture = FdCapture(self.output) if capture_fds else None
         out_fd, err_fd = (1, 2) if capture_fds else (None, None)
-        self.streams = Stream(self.output, "stdout", out_fd), Stream(self.output, "stderr", err_fd)
+        catch_up = self._capture.catch_up if self._capture is not None else None
+        self.streams = (
+            Stream(self.output, "stdout", out_fd, catch_up),
+            Stream(self.output, "stderr", err_fd, catch_up),
+        )
         sys.stdout, sys.stderr = self.streams
         self.module = types.ModuleType("__main__")
         self.module.__dict__["__builtins__"] = builtins
