@@ -117,9 +117,9 @@ def test_child_process_output_keeps_its_place_among_prints(factory: SandboxFacto
     """What a child wrote before a ``print`` comes out before it, as on a terminal, even on a busy machine."""
     interp = factory()
     code = (
-        "import os, sys\nfor i in range(30):\n    os.system(f'echo shell-{i}')\n    print(f'py-{i}', file=sys.stderr)"
+        "import os, sys\nfor i in range(300):\n    os.system(f'echo shell-{i}')\n    print(f'py-{i}', file=sys.stderr)"
     )
-    expected = "\n".join(f"shell-{i}\npy-{i}" for i in range(30))
+    expected = "\n".join(f"shell-{i}\npy-{i}" for i in range(300))
     assert interp.execute(code) == expected
 
 

@@ -274,11 +274,15 @@ class FdCapture:
 
         A child process takes far longer than the gap to start, write and exit, so the ``print`` after
         ``os.system`` always checks; a loop of prints checks once per gap instead of twice per line.
+        The reader thread may have taken the child's text from the pipe and not written it yet: taking
+        the lock first waits for that write, so the pipe looks empty only when its text is out.
         """
         now = time.monotonic()
         if now - self._checked < CATCH_UP_GAP_S:
             return
         self._checked = now
+        with self._lock:
+            pass
         if self._ready.poll(0):
             self.drain()
 
