@@ -275,7 +275,7 @@ class Event(BaseModel):
 def utc_timestamp(moment: datetime | None = None) -> str:
     """ISO 8601 UTC with milliseconds and a ``Z``, as in the contract."""
     moment = moment or datetime.now(UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    return moment.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"  # strftime: 5x the time
 
 
 def data_of(type_: str, fields: dict[str, Any]) -> EventData:

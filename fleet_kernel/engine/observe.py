@@ -4,11 +4,12 @@
 (output chunks, host tool calls). Which agent (root or a child RLM built by model code) an event
 belongs to is carried by a context variable that flows into dspy's tool threads.
 
-It watches (``observe``) the root RLM's action and extract predictors (as an *instance* callback),
-the turn's LMs and every interpreter the turn's factory makes (which call it themselves). A global
-callback would cost every decorated dspy call (adapters, modules) an ``inspect.getcallargs`` and a
-handler lookup, ~0.1 ms each, several per iteration. Only host tools run with a global callback,
-for module events alone (``tool_scope``): that is where dspy's bridge runs a child RLM built by model
+It watches (``observe``) the root RLM's action and extract predictors (``WatchedPredict``), the
+turn's LMs and every interpreter the turn's factory makes: all of them call it themselves. A dspy
+callback, global or on an instance, costs each call it sees an ``inspect.getcallargs``, a call id and
+a handler lookup through ``isinstance`` checks on a ``Protocol`` (~0.1 ms an iteration on the
+predictor alone, a global one several times that). Only host tools run with a global callback, for
+module events alone (``tool_scope``): that is where dspy's bridge runs a child RLM built by model
 code, whose predictors nobody could register beforehand.
 """
 
@@ -62,6 +63,36 @@ class AgentFrame:
 
 
 _current_agent: ContextVar[AgentFrame | None] = ContextVar("fleet_current_agent", default=None)
+_predict_calls = itertools.count(1)
+
+
+class WatchedPredict(dspy.Predict):
+    """A ``dspy.Predict`` that tells its ``watcher`` of each call as a module callback would be told,
+    without dspy's callback wrapper. ``watching`` puts one in place of an RLM's predictor (dspy.RLM
+    allows its ``generate_action`` to be replaced). Fleet's turns call their root RLM synchronously;
+    ``acall`` is left to dspy's callbacks."""
+
+    watcher: BaseCallback | None = None
+
+    @classmethod
+    def watching(cls, predict: dspy.Predict) -> WatchedPredict:
+        watched = cls(predict.signature, callbacks=predict.callbacks, **predict.config)
+        watched.demos, watched.lm = predict.demos, predict.lm
+        return watched
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        watcher = self.watcher
+        if watcher is None:
+            return super().__call__(*args, **kwargs)
+        call_id = f"predict-{next(_predict_calls)}"
+        watcher.on_module_start(call_id, self, {"args": args, "kwargs": kwargs})
+        try:
+            outputs = super().__call__(*args, **kwargs)
+        except BaseException as exc:
+            watcher.on_module_end(call_id, None, exc)
+            raise
+        watcher.on_module_end(call_id, outputs, None)
+        return outputs
 
 
 def preview(value: Any, limit: int = PREVIEW_CHARS) -> str:
@@ -135,8 +166,9 @@ class TurnObserver(BaseCallback):
         self._frames_by_predict[id(self.root_rlm.generate_action)] = self.root
 
     def observe(self, *watched: Any) -> None:
-        """Watch each of ``watched`` (predictors, LMs, interpreters): Fleet's own LMs and interpreters
-        call this observer themselves (``watcher``), anything else gets it as an instance callback."""
+        """Watch each of ``watched`` (predictors, LMs, interpreters): Fleet's own (``WatchedPredict``,
+        ``MeteredLM``, the sandbox's interpreters) call this observer themselves (``watcher``), anything
+        else gets it as an instance callback."""
         for target in watched:
             if hasattr(target, "watcher"):
                 target.watcher = self

@@ -23,7 +23,7 @@ from fleet_kernel.config import Settings
 from fleet_kernel.engine.budget import TurnBudget
 from fleet_kernel.engine.choices import TurnChoices, files_prompt, result_type, schema_prompt
 from fleet_kernel.engine.lm import build_lms, explain_lm_error, scrub
-from fleet_kernel.engine.observe import TurnObserver
+from fleet_kernel.engine.observe import TurnObserver, WatchedPredict
 from fleet_kernel.engine.sink import TurnEmitter
 from fleet_kernel.errors import FleetError, LMError, TurnCancelled
 from fleet_kernel.events import LMFinished
@@ -231,6 +231,8 @@ def run_turn(job: TurnJob) -> Outcome:
             max_depth=limits.max_depth,
             max_children=limits.max_children,
         )
+        rlm.generate_action = WatchedPredict.watching(rlm.generate_action)
+        rlm.extract = WatchedPredict.watching(rlm.extract)
         observer.observe(rlm.generate_action, rlm.extract, root_lm, sub_lm)
         factory.observer = observer
         sandbox_base.observer.set(observer)
