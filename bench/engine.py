@@ -137,18 +137,32 @@ class LMProcess(Helper):
         return dict(self._env)
 
     def add(self, key: str, steps: list[dict]) -> None:
-        self.ask((key, steps))
+        self.ask(("add", key, steps))
+
+    def asked(self, key: str) -> list[float]:
+        return self.ask(("asked", key))
 
 
 def _serve_lm(conn) -> None:  # type: ignore[no-untyped-def]
     with ScriptedLM() as server:
         conn.send((server.base_url, server.env()))
         while (message := conn.recv()) is not None:
-            server.add(*message)
-            conn.send(True)
+            if message[0] == "add":
+                server.add(*message[1:])
+                conn.send(True)
+            else:
+                conn.send(server.asked[message[1]])
 
 
 Server = ScriptedLM | LMProcess  # what the columns need: add(), env(), base_url
+
+
+def per_iteration(server: Server, key: str) -> float:
+    """Seconds per iteration of the finished turn scripted under ``key``: from its first LM request to
+    its last, over the iterations between. Every step of an iteration is in it (the reply's parse, the
+    code's execution and events, the next prompt) and none of the turn's fixed costs."""
+    asked = server.asked[key] if isinstance(server, ScriptedLM) else server.asked(key)
+    return (asked[-1] - asked[0]) / (len(asked) - 1)
 
 
 # ---------------------------------------------------------------------- the three ways to run a turn
@@ -190,10 +204,10 @@ class InProcess:
         self.runner = await TurnRunner(self.store, self.settings).open()
         self.session = await self.store.create_session()
 
-    async def _turn(self, n: int) -> tuple[float, float]:
-        self.server.add("in-process", script(n))
+    async def _turn(self, n: int, key: str) -> tuple[float, float]:
+        self.server.add(key, script(n))
         started = time.perf_counter()
-        handle = await self.runner.start(self.session.session_id, "in-process")
+        handle = await self.runner.start(self.session.session_id, key)
         first, types = None, []
         async for event in handle.events():
             first = first or time.perf_counter()
@@ -202,8 +216,8 @@ class InProcess:
         ran(types, n, "Fleet in-process")
         return elapsed, (first or started) - started
 
-    def turn(self, n: int) -> tuple[float, float]:
-        return self._call(self._turn(n))
+    def turn(self, n: int, key: str = "in-process") -> tuple[float, float]:
+        return self._call(self._turn(n, key))
 
     def close(self) -> None:
         async def shut() -> None:
@@ -254,20 +268,26 @@ class Api:
 # ---------------------------------------------------------------------- tables
 
 
-def turns_table(raw: Raw, inproc: InProcess, apis: dict[str, Api], repeat: int) -> None:
+def turns_table(server: Server, raw: Raw, inproc: InProcess, apis: dict[str, Api], repeat: int) -> None:
     columns = ["raw RLM", "in-process", *(f"API {name}" for name in apis)]
     walls: dict[tuple[int, str], list[float]] = {}
     firsts: dict[tuple[int, str], list[float]] = {}
-    for n in ITERATIONS:
-        for i in range(repeat):  # interleaved: the columns share the load of each moment
-            walls.setdefault((n, columns[0]), []).append(raw.turn(n))
-            wall, first = inproc.turn(n)
+    steps: dict[str, list[float]] = {}  # per iteration in each 20-iteration turn, from its LM requests
+    for i in range(repeat):  # interleaved: the columns and the turn lengths share the load of each moment
+        for n in ITERATIONS:
+            keys = {c: f"{c} {n} {i}" for c in columns}
+            walls.setdefault((n, columns[0]), []).append(raw.turn(n, keys[columns[0]]))
+            wall, first = inproc.turn(n, keys[columns[1]])
             walls.setdefault((n, columns[1]), []).append(wall)
             firsts.setdefault((n, columns[1]), []).append(first)
             for name, api in apis.items():
-                wall, first = api.run(lambda c, api=api, n=n, i=i, name=name: api.turn(c, n, f"api {name} {n} {i}"))
+                key = keys[f"API {name}"]
+                wall, first = api.run(lambda c, api=api, n=n, key=key: api.turn(c, n, key))
                 walls.setdefault((n, f"API {name}"), []).append(wall)
                 firsts.setdefault((n, f"API {name}"), []).append(first)
+            if n == ITERATIONS[-1]:
+                for c in columns:
+                    steps.setdefault(c, []).append(per_iteration(server, keys[c]))
             time.sleep(SETTLE_S)
     print(f"\nTurns, whole turn in ms (median of {repeat}; API: a new session per turn; load average {load()})\n")
     print(f"{'iters':>5} | " + " | ".join(f"{c:>16}" for c in columns))
@@ -283,12 +303,15 @@ def turns_table(raw: Raw, inproc: InProcess, apis: dict[str, Api], repeat: int) 
         )
         for c in columns
     }
-    base = slope[columns[0]]
-    print(
-        "per iteration (median slope 1 -> 20), ms: "
-        + ", ".join(f"{c} {slope[c]:.2f}" + ("" if c == columns[0] else f" ({slope[c] / base:.2f}x)") for c in columns)
-        + "   target <= 1.3x, goal 1.2x"
-    )
+    step = {c: ms(steps[c]) for c in columns}
+
+    def against_raw(per: dict[str, float]) -> str:
+        base = per[columns[0]]
+        return ", ".join(f"{c} {per[c]:.2f}" + ("" if c == columns[0] else f" ({per[c] / base:.2f}x)") for c in columns)
+
+    print("per iteration, ms (target <= 1.3x raw, goal 1.2x)")
+    print(f"  first to last LM request of a 20-iteration turn, median: {against_raw(step)}")
+    print(f"  slope of the whole turn 1 -> 20, median: {against_raw(slope)}")
     one = ms(walls[ITERATIONS[0], columns[0]])
     print(
         "1-iteration turn vs raw: "
@@ -523,7 +546,7 @@ def main() -> None:
                 f"LocalInterpreter; scripted OpenAI-compatible LM on loopback "
                 f"({'a thread of this process' if args.lm_in_process else 'its own process'}); {os.cpu_count()} cores"
             )
-            turns_table(raw, inproc, apis, args.repeat)
+            turns_table(server, raw, inproc, apis, args.repeat)
             interpreter_table(
                 settings,
                 home,

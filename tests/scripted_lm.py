@@ -50,7 +50,8 @@ class ScriptedLM:
     ``{"status": 401, "error": "..."}`` answers an HTTP error; ``{"delay": s, ...}`` waits first.
     When a script runs out, ``default`` (if set) is repeated, else the server answers HTTP 500.
     ``requests`` holds every request body; ``disconnects`` the bodies of requests whose client went
-    away before their response was written (a delay ends early when that happens).
+    away before their response was written (a delay ends early when that happens); ``asked`` when
+    (``time.perf_counter()``) each step of a keyed script was taken, by key.
     """
 
     def __init__(
@@ -68,6 +69,7 @@ class ScriptedLM:
         self.requests: list[dict[str, Any]] = []
         self.disconnects: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.asked: dict[str, list[float]] = {}
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -113,8 +115,10 @@ class ScriptedLM:
                 steps = self.scripts.get(key)
                 if steps:
                     step = steps.pop(0)
-                    if not steps and key != "*":
-                        del self.scripts[key]  # a spent script no longer costs every request a search
+                    if key != "*":
+                        self.asked.setdefault(key, []).append(time.perf_counter())
+                        if not steps:
+                            del self.scripts[key]  # a spent script no longer costs every request a search
                     return step
             return self.default
 
