@@ -73,11 +73,14 @@ def main() -> None:
             workspace = Path(home) / key.replace(" ", "-")
             workspace.mkdir()
             factory = open_sandbox(settings, workspace)
-            given = (signature, tools, inputs) if fleet_arguments else (FleetTask, {}, {"history": "", "workspace": ""})
-            rlm = dspy.RLM(given[0], max_iters=21, interpreter_factory=factory, **given[1])
+            if fleet_arguments:
+                task_signature, options, given = signature, tools, inputs
+            else:
+                task_signature, options, given = FleetTask, {}, {"history": "", "workspace": ""}
+            rlm = dspy.RLM(task_signature, max_iters=21, interpreter_factory=factory, **options)
             try:
                 with dspy.context(lm=raw.lm):
-                    rlm(task=key, **given[2])
+                    rlm(task=key, **given)
             finally:
                 factory.close()
 

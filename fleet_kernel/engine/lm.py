@@ -9,9 +9,11 @@ more than its ``max_tokens`` cap, and can close its requests in flight when the 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import socket
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import dspy
@@ -28,6 +30,26 @@ _TOKEN_KEYS = ("max_tokens", "max_completion_tokens")
 
 _last_call = threading.local()
 _call_ids = itertools.count(1)
+
+
+def reported(
+    call: Callable[[], Any],
+    call_id: str,
+    on_start: Callable[..., None],
+    on_end: Callable[..., None],
+    instance: Any,
+    inputs: dict[str, Any],
+) -> Any:
+    """``call()`` between a callback's start and end handlers, as dspy's callback wrapper runs them, for
+    Fleet's own LMs and predictors that tell their ``watcher`` without it."""
+    on_start(call_id, instance, inputs)
+    try:
+        result = call()
+    except BaseException as exc:
+        on_end(call_id, None, exc)
+        raise
+    on_end(call_id, result, None)
+    return result
 
 
 def take_last_usage() -> tuple[dict[str, Any], float | None]:
@@ -64,18 +86,11 @@ class MeteredLM(dspy.LM):
         return result
 
     def _watched(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        call = functools.partial(super().__call__, *args, **kwargs)
         watcher = self.watcher
         if watcher is None:
-            return super().__call__(*args, **kwargs)
-        call_id = f"lm-{next(_call_ids)}"
-        watcher.on_lm_start(call_id, self, kwargs)
-        try:
-            result = super().__call__(*args, **kwargs)
-        except BaseException as exc:
-            watcher.on_lm_end(call_id, None, exc)
-            raise
-        watcher.on_lm_end(call_id, result, None)
-        return result
+            return call()
+        return reported(call, f"lm-{next(_call_ids)}", watcher.on_lm_start, watcher.on_lm_end, self, kwargs)
 
     def update_history(self, entry: dict[str, Any]) -> None:
         """Meter the call, and keep it in this LM's own history only.

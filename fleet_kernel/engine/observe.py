@@ -15,6 +15,7 @@ code, whose predictors nobody could register beforehand.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import time
@@ -29,7 +30,7 @@ from dspy.primitives.code_interpreter import CodeExecutionError
 from dspy.utils.callback import BaseCallback
 
 from fleet_kernel.cancel import CancelToken
-from fleet_kernel.engine.lm import scrub, take_last_usage
+from fleet_kernel.engine.lm import reported, scrub, take_last_usage
 from fleet_kernel.engine.sink import TurnEmitter
 from fleet_kernel.errors import TurnCancelled
 from fleet_kernel.events import (
@@ -81,18 +82,14 @@ class WatchedPredict(dspy.Predict):
         return watched
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        call = functools.partial(super().__call__, *args, **kwargs)
         watcher = self.watcher
         if watcher is None:
-            return super().__call__(*args, **kwargs)
+            return call()
         call_id = f"predict-{next(_predict_calls)}"
-        watcher.on_module_start(call_id, self, {"args": args, "kwargs": kwargs})
-        try:
-            outputs = super().__call__(*args, **kwargs)
-        except BaseException as exc:
-            watcher.on_module_end(call_id, None, exc)
-            raise
-        watcher.on_module_end(call_id, outputs, None)
-        return outputs
+        return reported(
+            call, call_id, watcher.on_module_start, watcher.on_module_end, self, {"args": args, "kwargs": kwargs}
+        )
 
 
 def preview(value: Any, limit: int = PREVIEW_CHARS) -> str:
