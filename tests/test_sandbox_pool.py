@@ -136,7 +136,8 @@ def test_an_idle_sandbox_is_stopped_and_the_next_execution_has_the_workspace(tmp
         interpreter = factory()
         interpreter.execute("open('files/kept.txt', 'w').write('written before')\nx = 1")
         first = interpreter._session
-        wait_for(lambda: not first.alive())  # stopped once idle; its workspace was copied back
+        wait_for(first.saved.is_set)  # stopped once idle; its workspace was copied back
+        assert not first.alive()
         assert (root / "files" / "kept.txt").read_text() == "written before"
         with pytest.raises(CodeExecutionError, match="without running code.*files in /workspace are kept"):
             interpreter.execute("print(x)")

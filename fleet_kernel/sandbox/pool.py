@@ -29,7 +29,7 @@ from typing import Any
 from fleet_kernel.config import SandboxLimits
 from fleet_kernel.sandbox import _confine
 from fleet_kernel.sandbox._protocol import SessionClosed
-from fleet_kernel.sandbox.local import ProcessSession, _support_dir
+from fleet_kernel.sandbox.local import STOP_TIMEOUT_S, ProcessSession, _support_dir
 
 logger = logging.getLogger(__name__)
 
@@ -167,6 +167,14 @@ class Pool:
             self._failed_at = time.monotonic()
             logger.warning("could not pre-start a sandbox (retrying in %g s): %s", RETRY_S, exc)
 
+    def wait_saved(self, workspace: Path) -> None:
+        """Wait while an idle stop of ``workspace``'s sandbox is copying it back: a session starting on
+        it then sees the files the stopped one wrote (the stop runs on the pool thread)."""
+        with self._wake:
+            stopping = [s for s in self._bound if s._idle_stopped and s._workspace == workspace]
+        for session in stopping:
+            session.saved.wait(STOP_TIMEOUT_S)
+
     def _stop_idle(self) -> None:
         if self.idle_stop_s <= 0:
             return
@@ -211,9 +219,11 @@ class PooledSession:
         self._running = False  # an execution was sent and its ``done`` not yet received
         self._last_use = time.monotonic()
         self._idle_stopped = False
+        self.saved = threading.Event()  # an idle stop has copied the workspace back
         self.pooled = False  # the worker came ready from the pool
 
     def start(self) -> None:
+        self._pool.wait_saved(self._workspace)  # files an idle stop is still copying back come in too
         worker = self._pool.take(self._limits)
         if worker is not None:
             try:
@@ -272,7 +282,10 @@ class PooledSession:
                 return
             self._idle_stopped = True
         logger.info("stopping a sandbox idle for %g s (%s)", idle_s, self._workspace)
-        self._worker.kill()
+        try:
+            self._worker.kill()
+        finally:
+            self.saved.set()
 
 
 def sessions(workspace: Path, limits: SandboxLimits) -> PooledSession:
