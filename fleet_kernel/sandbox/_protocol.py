@@ -8,15 +8,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import queue
+import select
 import signal
 import subprocess
 import threading
-from collections.abc import Iterator
+import time
 from typing import IO, Any
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # longest protocol line a host reader holds in memory
-READ_AHEAD_BYTES = 16 * 1024 * 1024  # protocol bytes read but not yet taken by the host (past one message)
+READ_CHUNK_BYTES = 1 << 20  # read from the pipe at once (its size): big messages in few reads
+WAIT_SLICE_S = 0.1  # a wait for the pipe is cut into slices, so ``kill`` never waits long for the reader
 
 
 class SessionClosed(Exception):
@@ -27,34 +28,17 @@ class ProtocolError(Exception):
     """The sandbox sent something that is not a protocol message."""
 
 
-def protocol_lines(stream: IO[bytes], limit: int = MAX_MESSAGE_BYTES) -> Iterator[bytes]:
-    """The lines of a sandbox's protocol stream, never holding more than ``limit`` bytes of one.
-
-    Sandboxed code can write to its end of the channel; without a bound, a line without a newline
-    would grow in the host's memory until the host ran out of it.
-
-    Raises:
-        ProtocolError: a line is longer than ``limit`` bytes.
-    """
-    while line := stream.readline(limit + 1):
-        if len(line) > limit:
-            raise ProtocolError(f"sent a message larger than {limit // (1024 * 1024)} MiB")
-        yield line
-
-
-_EOF = object()
-
-
 class PipeSession:
     """A sandbox process speaking the runtime protocol as JSON lines on its stdin/stdout.
 
-    Shared by the ``local`` and ``pyodide`` backends: readers, send, receive, interrupt and kill.
-    A subclass starts the process, hands it to ``_attach`` and says why it died (``_death_reason``).
+    Shared by the ``local`` and ``pyodide`` backends: send, receive, interrupt and kill. A subclass
+    starts the process, hands it to ``_attach`` and says why it died (``_death_reason``).
 
-    The reader reads only while the host waits for something (``ready``, then from each ``execute``
-    to its ``done``) and keeps at most ``READ_AHEAD_BYTES`` beyond one message: code can write to
-    its end of the channel at any time (a background process, between executions too), and the
-    host must not queue whatever it writes. Between executions its writes fill the pipe and block.
+    The host reads the process's stdout on the thread that waits for a message (``receive``), not on
+    a reader thread: a reply reaches the turn without a hop between threads, and nothing is read while
+    nobody waits. Code can write to its end of the channel at any time (a background process, between
+    executions too); what it writes between executions fills the pipe and blocks. At most one line
+    and one read (``READ_CHUNK_BYTES``) are held, and a line is never longer than ``message_limit``.
     """
 
     start_timeout_s = 10.0
@@ -63,21 +47,19 @@ class PipeSession:
     def __init__(self) -> None:
         self._process: subprocess.Popen[bytes] | None = None
         self._cgroup: Any = None
-        self._messages: queue.SimpleQueue[tuple[Any, int]] = queue.SimpleQueue()  # (message, line bytes)
-        self._room = threading.Condition()
-        self._queued = 0  # line bytes in ``_messages``
-        self._listening = threading.Event()  # the host waits for a message: the reader may read
-        self._listening.set()  # the ``ready`` message
-        self._awaited: Any = None  # id of the execution whose ``done`` ends the wait
-        self._stopped = False
+        self._stdout_fd = -1
+        self._buffer = bytearray()  # read from stdout, not yet taken as messages
+        self._scanned = 0  # bytes of ``_buffer`` known to hold no newline
+        self._eof = False
+        self._read_lock = threading.Lock()  # one reader at a time; ``kill`` closes stdout under it
         self._send_lock = threading.Lock()
         self._stderr_tail = b""
         self._reason: str | None = None
 
     def _attach(self, process: subprocess.Popen[bytes], *, wait: bool = True) -> None:
-        """Read the new process's pipes and (``wait``) wait for its ``ready`` message."""
-        self._process = process
-        threading.Thread(target=self._read_stdout, args=(process.stdout,), daemon=True).start()
+        """Take the new process's pipes and (``wait``) wait for its ``ready`` message."""
+        assert process.stdout is not None
+        self._process, self._stdout_fd = process, process.stdout.fileno()
         threading.Thread(target=self._read_stderr, args=(process.stderr,), daemon=True).start()
         if wait:
             self.wait_ready()
@@ -93,38 +75,6 @@ class PipeSession:
             self.kill()
             raise SessionClosed(f"did not become ready within {self.start_timeout_s:g} s (got {ready!r})")
 
-    def _read_stdout(self, stream: IO[bytes]) -> None:
-        with contextlib.suppress(OSError, ValueError):  # ValueError: kill() closed the pipe
-            try:
-                for line in protocol_lines(stream, self.message_limit):  # bounded: code can write to this channel
-                    try:
-                        message = json.loads(line)
-                    except ValueError:
-                        self._put(ProtocolError(f"not a JSON message: {line[:200]!r}"), 0)
-                        return
-                    if not isinstance(message, dict):
-                        self._put(ProtocolError(f"not a message: {line[:200]!r}"), 0)
-                        return
-                    if message.get("type") == "ready" or (
-                        message.get("type") == "done" and message.get("id") == self._awaited
-                    ):
-                        self._listening.clear()  # before the host can see it and send the next execute
-                    self._put(message, len(line))
-                    self._listening.wait()
-                    with self._room:
-                        self._room.wait_for(lambda: self._queued < READ_AHEAD_BYTES or self._stopped)
-                    if self._stopped:
-                        return
-            except ProtocolError as exc:
-                self._put(exc, 0)
-                return
-        self._put(_EOF, 0)
-
-    def _put(self, item: Any, size: int) -> None:
-        with self._room:
-            self._queued += size
-        self._messages.put((item, size))
-
     def _read_stderr(self, stream: IO[bytes]) -> None:
         with contextlib.suppress(OSError, ValueError):
             for chunk in iter(lambda: stream.read1(65536), b""):  # type: ignore[attr-defined]
@@ -132,9 +82,6 @@ class PipeSession:
 
     def send(self, message: dict[str, Any]) -> None:
         data = json.dumps(message).encode() + b"\n"
-        if message.get("type") == "execute":
-            self._awaited = message.get("id")
-            self._listening.set()
         with self._send_lock:
             process = self._process
             if process is None or process.stdin is None:
@@ -146,39 +93,75 @@ class PipeSession:
                 raise SessionClosed(self._death_reason()) from exc
 
     def receive(self, timeout: float) -> dict[str, Any] | None:
-        try:
-            item, size = self._messages.get(timeout=timeout)
-        except queue.Empty:
+        """The next message, or ``None`` when none arrives within ``timeout`` seconds.
+
+        Raises:
+            SessionClosed: the process ended (or was killed).
+            ProtocolError: it sent something that is not a protocol message.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._read_lock:
+                line = self._next_line()
+                if line is None:
+                    if self._eof or self._stdout_fd < 0:
+                        raise SessionClosed(self._death_reason())
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return None
+                    self._read(min(remaining, WAIT_SLICE_S))
+                    continue
+            try:
+                message = json.loads(line)
+            except ValueError:
+                raise ProtocolError(f"not a JSON message: {line[:200]!r}") from None
+            if not isinstance(message, dict):
+                raise ProtocolError(f"not a message: {line[:200]!r}")
+            return message
+
+    def _next_line(self) -> bytes | None:
+        """Take one complete line from the buffer, if it holds one (caller holds ``_read_lock``)."""
+        end = self._buffer.find(b"\n", self._scanned)
+        if end < 0:
+            self._scanned = len(self._buffer)
+            if self._scanned > self.message_limit:
+                raise ProtocolError(f"sent a message larger than {self.message_limit // (1024 * 1024)} MiB")
             return None
-        with self._room:
-            self._queued -= size
-            self._room.notify_all()
-        if item is _EOF:
-            self._messages.put((_EOF, 0))
-            raise SessionClosed(self._death_reason())
-        if isinstance(item, ProtocolError):
-            raise item
-        return item
+        line = bytes(memoryview(self._buffer)[: end + 1])
+        del self._buffer[: end + 1]
+        self._scanned = 0
+        if len(line) > self.message_limit:
+            raise ProtocolError(f"sent a message larger than {self.message_limit // (1024 * 1024)} MiB")
+        return line
+
+    def _read(self, timeout: float) -> None:
+        """Read what stdout has within ``timeout`` (caller holds ``_read_lock``)."""
+        try:
+            readable, _, _ = select.select([self._stdout_fd], [], [], timeout)
+            if readable:
+                data = os.read(self._stdout_fd, READ_CHUNK_BYTES)
+                self._buffer += data
+                self._eof = not data
+        except (OSError, ValueError):  # the pipe is closed
+            self._eof = True
 
     def interrupt(self) -> None:
         with contextlib.suppress(SessionClosed):
             self.send({"type": "interrupt"})
 
     def kill(self) -> None:
-        with self._room:  # let a waiting reader see the closed pipe and end
-            self._stopped = True
-            self._room.notify_all()
-        self._listening.set()
         process, self._process = self._process, None
         if process is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=5)
-            for stream in (process.stdin, process.stdout, process.stderr):
-                with contextlib.suppress(OSError):
-                    if stream is not None:
-                        stream.close()
+            with self._read_lock:  # a waiting ``receive`` sees EOF and lets go within a slice
+                self._stdout_fd = -1
+                for stream in (process.stdin, process.stdout, process.stderr):
+                    with contextlib.suppress(OSError):
+                        if stream is not None:
+                            stream.close()
         cgroup, self._cgroup = self._cgroup, None
         if cgroup is not None:
             cgroup.remove()
