@@ -82,9 +82,10 @@ def test_an_instance_and_its_recorded_fields_make_the_same_envelope() -> None:
 
 def test_an_instance_changed_after_it_was_built_is_still_checked() -> None:
     data = Code(iteration=1, code="x = 1")
-    data.code = 5  # type: ignore[assignment]
     with pytest.raises(pydantic.ValidationError):
-        make_event(data, seq=1, session_id="s", turn_id="t")
+        data.code = 5  # type: ignore[assignment]
+    data.code = "x = 2"
+    assert make_event(data, seq=1, session_id="s", turn_id="t").data["code"] == "x = 2"
 
 
 def test_docs_table_is_generated_from_the_classes() -> None:
