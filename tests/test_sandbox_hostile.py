@@ -655,6 +655,23 @@ def test_a_line_without_end_on_the_protocol_channel_is_terminal_and_bounded(
     assert box.interpreter().execute("1 + 1") == "2"  # the next interpreter of the same factory works
 
 
+def test_a_message_written_in_pieces_arrives_whole(box: Box, interp: SandboxInterpreter, seen: Seen) -> None:
+    """The host reads the channel as the bytes come: half a line waits for its other half (a write cut
+    short, a pause in between), it is neither a message nor lost."""
+    if box.backend != "local":
+        pytest.skip("the Pyodide runner ends every write of the code's with a newline")
+    code = (
+        "send = _channel(newline=False)\n"
+        'send(\'{"type": "out", "stream": "stdout", \')\n'
+        "time.sleep(0.5)\n"
+        "send('\"text\": \"' + 'w' * 5000 + '\"}\\n')\n"
+        "'sent'"
+    )
+    assert run(interp, code) == "'sent'"
+    assert seen.chars == 5000
+    still_works(interp)
+
+
 # -- crashes ----------------------------------------------------------------------------------------------
 
 
