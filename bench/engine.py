@@ -46,8 +46,9 @@ from fleet_kernel.store import Store
 
 ITERATIONS = (1, 5, 20)
 LOAD_SESSIONS, LOAD_ITERATIONS = 8, 20
-# Between the samples of the turns and traces tables: the pools refill (0.3 s after a take, then a boot),
-# so each turn meets a ready sandbox, as notebook cells seconds apart do. The load table has no pause.
+# After each sample of the turns and traces tables: the pools refill (0.3 s after a take, then a boot),
+# so each turn meets a ready sandbox, as notebook cells seconds apart do, and no turn shares the cores
+# with the refill that follows another column's turn. The load table has no pause.
 SETTLE_S = pool.REFILL_DELAY_S + 0.3
 BIG = "x" * (1 << 20)
 
@@ -277,18 +278,20 @@ def turns_table(server: Server, raw: Raw, inproc: InProcess, apis: dict[str, Api
         for n in ITERATIONS:
             keys = {c: f"{c} {n} {i}" for c in columns}
             walls.setdefault((n, columns[0]), []).append(raw.turn(n, keys[columns[0]]))
+            time.sleep(SETTLE_S)  # after every turn: none pays for the one before it (its pool's refill)
             wall, first = inproc.turn(n, keys[columns[1]])
             walls.setdefault((n, columns[1]), []).append(wall)
             firsts.setdefault((n, columns[1]), []).append(first)
+            time.sleep(SETTLE_S)
             for name, api in apis.items():
                 key = keys[f"API {name}"]
                 wall, first = api.run(lambda c, api=api, n=n, key=key: api.turn(c, n, key))
                 walls.setdefault((n, f"API {name}"), []).append(wall)
                 firsts.setdefault((n, f"API {name}"), []).append(first)
+                time.sleep(SETTLE_S)
             if n == ITERATIONS[-1]:
                 for c in columns:
                     steps.setdefault(c, []).append(per_iteration(server, keys[c]))
-            time.sleep(SETTLE_S)
     print(f"\nTurns, whole turn in ms (median of {repeat}; API: a new session per turn; load average {load()})\n")
     print(f"{'iters':>5} | " + " | ".join(f"{c:>16}" for c in columns))
     print("-" * (8 + 19 * len(columns)))
