@@ -103,14 +103,14 @@ class PipeSession:
         while True:
             with self._read_lock:
                 line = self._next_line()
-                if line is None:
-                    if self._eof or self._stdout_fd < 0:
-                        raise SessionClosed(self._death_reason())
+                if line is None and not (self._eof or self._stdout_fd < 0):
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         return None
                     self._read(min(remaining, WAIT_SLICE_S))
                     continue
+            if line is None:  # outside the lock: the reason may wait for the process to exit
+                raise SessionClosed(self._death_reason())
             try:
                 message = json.loads(line)
             except ValueError:
