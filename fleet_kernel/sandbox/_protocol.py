@@ -50,7 +50,7 @@ class PipeSession:
         self._stdout_fd = -1
         self._buffer = bytearray()  # read from stdout, not yet taken as messages
         self._scanned = 0  # bytes of ``_buffer`` known to hold no newline
-        self._eof = False
+        self._eof = False  # the pipe ended, or ``kill`` closed it
         self._read_lock = threading.Lock()  # one reader at a time; ``kill`` closes stdout under it
         self._send_lock = threading.Lock()
         self._stderr_tail = b""
@@ -103,7 +103,7 @@ class PipeSession:
         while True:
             with self._read_lock:
                 line = self._next_line()
-                if line is None and not (self._eof or self._stdout_fd < 0):
+                if line is None and not self._eof:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         return None
@@ -122,16 +122,14 @@ class PipeSession:
     def _next_line(self) -> bytes | None:
         """Take one complete line from the buffer, if it holds one (caller holds ``_read_lock``)."""
         end = self._buffer.find(b"\n", self._scanned)
+        if (len(self._buffer) if end < 0 else end + 1) > self.message_limit:  # a line, finished or not
+            raise ProtocolError(f"sent a message larger than {self.message_limit // (1024 * 1024)} MiB")
         if end < 0:
             self._scanned = len(self._buffer)
-            if self._scanned > self.message_limit:
-                raise ProtocolError(f"sent a message larger than {self.message_limit // (1024 * 1024)} MiB")
             return None
         line = bytes(memoryview(self._buffer)[: end + 1])
         del self._buffer[: end + 1]
         self._scanned = 0
-        if len(line) > self.message_limit:
-            raise ProtocolError(f"sent a message larger than {self.message_limit // (1024 * 1024)} MiB")
         return line
 
     def _read(self, timeout: float) -> None:
@@ -157,7 +155,7 @@ class PipeSession:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=5)
             with self._read_lock:  # a waiting ``receive`` sees EOF and lets go within a slice
-                self._stdout_fd = -1
+                self._stdout_fd, self._eof = -1, True
                 for stream in (process.stdin, process.stdout, process.stderr):
                     with contextlib.suppress(OSError):
                         if stream is not None:
