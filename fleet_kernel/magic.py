@@ -31,6 +31,7 @@ from fleet_kernel.errors import FleetError
 from fleet_kernel.kernel import commands
 from fleet_kernel.kernel.context import KernelContext
 
+SIGNAL_POLL_S = 0.1  # how soon an interrupt taken by another thread reaches the waiting main thread
 USAGE = "%%fleet [--in a,b] [--out NAME] [--schema NAME] [--skills a,b] [--model NAME] [--max-iters N] [--timeout S]"
 
 
@@ -79,9 +80,16 @@ class Engine:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def wait(self, future: concurrent.futures.Future[Any], cancel: CancelToken | None = None) -> Any:
-        """The coroutine's result; an interrupt (Ctrl-C, the kernel's) cancels the turn and waits for its end."""
+        """The coroutine's result; an interrupt (Ctrl-C, the kernel's) cancels the turn and waits for its end.
+
+        The wait wakes every ``SIGNAL_POLL_S``: the kernel's SIGINT is sent to the process, the OS may hand
+        it to any thread, and Python runs the handler only when the main thread next runs Python code. A
+        wait that never woke would see that interrupt only once the turn had ended on its own.
+        """
         while True:
             try:
+                while not future.done():
+                    concurrent.futures.wait((future,), timeout=SIGNAL_POLL_S)
                 return future.result()
             except KeyboardInterrupt:
                 if cancel is None:

@@ -105,6 +105,31 @@ def test_interrupt_cancels_the_turn_and_python_lives_on(py: PythonKernel, script
     assert "back again" in py.ok("%%fleet\nagain please").result["data"]["text/plain"]
 
 
+def test_an_interrupt_the_os_hands_to_another_thread_still_cancels_the_turn(
+    py: PythonKernel, scripted_lm, tmp_path
+) -> None:
+    # The kernel's SIGINT goes to the process and the OS may give it to any thread that does not block
+    # it; Python runs the handler on the main thread only, next time that thread runs Python code.
+    go = tmp_path / "go"
+    py.ok(
+        "import os, signal, threading, time\n"
+        "bystander = threading.Thread(target=time.sleep, args=(120,), daemon=True)\n"
+        "bystander.start()\n"
+        "def deliver():\n"
+        f"    while not os.path.exists({str(go)!r}):\n"
+        "        time.sleep(0.05)\n"
+        "    signal.pthread_kill(bystander.ident, signal.SIGINT)\n"
+        "threading.Thread(target=deliver, daemon=True).start()"
+    )
+    scripted_lm.add("sleepy", [step("wait", "import time\nprint('sleeping', flush=True)\ntime.sleep(60)")])
+    msg_id = py.submit("%%fleet\na sleepy task")
+    py.wait_for_output(msg_id, "sleeping")
+    go.touch()
+    run = py.collect(msg_id, timeout=30)
+    assert run.reply["content"]["ename"] == "TurnCancelled", run.reply["content"]
+    assert run.result["metadata"]["fleet"]["status"] == "cancelled"
+
+
 def test_bad_options_and_unknown_names_say_what_to_do(py: PythonKernel, scripted_lm) -> None:
     run = py.run("%%fleet --in nowhere\ntask")
     assert run.reply["content"]["ename"] == "NameError" and "nowhere" in run.reply["content"]["evalue"]
