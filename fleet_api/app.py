@@ -114,7 +114,8 @@ def create_app(
     upload_paths = frozenset({UPLOAD_PATH})
     names = own_names(settings.allowed_hosts, bind_host)
     app.add_middleware(BodyLimit, upload_limit=upload_limit, upload_paths=upload_paths, raw_paths=RAW_PATHS)
-    app.add_middleware(SameOriginWrites, names=names, upload_paths=upload_paths, raw_paths=RAW_PATHS)
+    proxies = frozenset(settings.allowed_hosts)  # an Origin of a loopback or bind name must be this very origin
+    app.add_middleware(SameOriginWrites, names=proxies, upload_paths=upload_paths, raw_paths=RAW_PATHS)
     if settings.api_token is not None:
         app.add_middleware(BearerAuth, token=settings.api_token.get_secret_value())
     app.add_middleware(AllowedHosts, names=names)  # added last, so it runs first

@@ -17,7 +17,7 @@ from fleet_kernel.config import Settings, load_settings
 from fleet_kernel.errors import ConfigError
 
 EVIL = "rebind.evil.example"
-TOKEN = "s3cret-token-for-tests"
+TOKEN = "s3cret-token-for-tests-0123456789abcdef"
 
 
 def free_port() -> int:
