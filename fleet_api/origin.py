@@ -16,12 +16,14 @@ type-less body) without asking first; only the answer is hidden from the page. S
   ``PUT``), ``application/octet-stream``, which no form and no ``no-cors`` fetch can send, so a page
   can only send it after a CORS preflight this API never answers (415 otherwise).
 
-Clients that are not browsers send neither header and are unaffected.
+Clients that are not browsers send neither header and are unaffected. A path no route serves
+skips the media-type rule, so a mistyped URL answers 404 whatever its body is.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -49,18 +51,22 @@ class SameOriginWrites:
         names: frozenset[str],
         upload_paths: frozenset[str],
         raw_paths: re.Pattern[str] | None = None,
+        routed: Callable[[Scope], bool] | None = None,
     ) -> None:
         self.app = app
         self.names = names
         self.upload_paths = upload_paths
         self.raw_paths = raw_paths
+        self.routed = routed  # whether a route serves this method and path (the rest is the router's 404/405)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in UNSAFE_METHODS:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        response = self._cross_site(scope, headers) or self._wrong_media(scope["path"], headers)
+        response = self._cross_site(scope, headers)
+        if response is None and (self.routed is None or self.routed(scope)):
+            response = self._wrong_media(scope["path"], headers)
         if response is None:
             await self.app(scope, receive, send)
         else:

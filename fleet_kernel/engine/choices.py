@@ -236,7 +236,7 @@ def _validator(schema: dict[str, Any], should_stop: StopCheck | None) -> Draft20
         if json_key(instance) not in known[1]:
             yield SchemaViolation(f"{_short(instance)} is not one of {_short(enums)}")
 
-    cls = validators.extend(Draft202012Validator, {"uniqueItems": unique_items, "enum": enum})
+    cls = validators.extend(Draft202012Validator, {"uniqueItems": unique_items, "enum": enum})  # type: ignore[no-untyped-call]
     return cls(schema, format_checker=FormatChecker())  # type: ignore[no-any-return]
 
 
