@@ -251,14 +251,18 @@ def describe_errors(validator: Draft202012Validator, value: Any, should_stop: St
     A value longer than ``MAX_RESULT_CHARS`` or deeper than ``MAX_RESULT_DEPTH`` as JSON is refused
     before validation, which then costs time in proportion to it.
     """
-    if (deep := too_deep(value, MAX_RESULT_DEPTH)) is not None:
-        return f"the result nests deeper than {MAX_RESULT_DEPTH} levels at result{deep}: return a flatter value"
-    size = len(json.dumps(value, default=repr))
+    flatter = f"the result nests deeper than {MAX_RESULT_DEPTH} levels at result{{}}: return a flatter value"
+    try:
+        size = len(json.dumps(value, default=repr))  # first: the walk below then visits at most the cap's nodes
+    except RecursionError:
+        return flatter.format("")
     if size > MAX_RESULT_CHARS:
         return (
             f"the result is {size} characters of JSON; the limit is {MAX_RESULT_CHARS}: return a summary, "
             "and write the full data to a file under /workspace/artifacts/"
         )
+    if (deep := too_deep(value, MAX_RESULT_DEPTH)) is not None:
+        return flatter.format(deep)
     errors = []
     for error in validator.iter_errors(value):
         errors.append(error)
