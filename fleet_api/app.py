@@ -13,6 +13,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
+from starlette.routing import Match
+from starlette.types import Scope
 
 from fleet_api import routes
 from fleet_api.auth import BearerAuth
@@ -114,7 +116,12 @@ def create_app(
     upload_paths = frozenset({UPLOAD_PATH})
     names = own_names(settings.allowed_hosts, bind_host)
     app.add_middleware(BodyLimit, upload_limit=upload_limit, upload_paths=upload_paths, raw_paths=RAW_PATHS)
-    app.add_middleware(SameOriginWrites, names=names, upload_paths=upload_paths, raw_paths=RAW_PATHS)
+    proxies = frozenset(settings.allowed_hosts)  # an Origin of a loopback or bind name must be this very origin
+
+    def routed(scope: Scope) -> bool:
+        return any(route.matches(scope)[0] is Match.FULL for route in app.router.routes)
+
+    app.add_middleware(SameOriginWrites, names=proxies, upload_paths=upload_paths, raw_paths=RAW_PATHS, routed=routed)
     if settings.api_token is not None:
         app.add_middleware(BearerAuth, token=settings.api_token.get_secret_value())
     app.add_middleware(AllowedHosts, names=names)  # added last, so it runs first

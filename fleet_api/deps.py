@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from fleet_kernel.store import Store
 # Ids Fleet hands out (``ses_...``, ``turn_...``, ``run_...``); anything else cannot name a row.
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 SANDBOX_CHECK_TTL_S = 30.0
+# The store's ping and write probe run at most this often; health checks in between reuse the answer.
+STORE_CHECK_TTL_S = 1.0
 
 
 @dataclass
@@ -31,6 +34,33 @@ class FleetState:
     tail: StoreTail
     frames: FrameCache = field(default_factory=FrameCache)
     _sandbox: tuple[float, bool, str] | None = field(default=None, repr=False)
+    _store_check: tuple[float, str | None] | None = field(default=None, repr=False)
+    _store_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    _sandbox_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+
+    async def refresh_sandbox(self) -> None:
+        """Probe again once the answer has aged; one probe at a time, and callers meanwhile keep the old answer
+        (a flood of health checks would otherwise start a probe process each)."""
+        if not self.sandbox_stale() or self._sandbox_lock.locked():
+            return
+        async with self._sandbox_lock:
+            await asyncio.to_thread(self.probe_sandbox)
+
+    async def store_problem(self) -> str | None:
+        """What keeps the store from serving turns, or None.
+
+        The SQLite file and its disk are looked at on every call; the ping and the write probe (a
+        transaction) at most once per ``STORE_CHECK_TTL_S``, one at a time, so a flood of health
+        checks is not a flood of commits. The event writer's last error is always current.
+        """
+        problem = await self.store.check_writable(write=False)
+        if problem is not None:
+            return problem
+        async with self._store_lock:
+            if self._store_check is None or time.monotonic() - self._store_check[0] > STORE_CHECK_TTL_S:
+                found = None if await self.store.ping() else "unreachable"
+                self._store_check = (time.monotonic(), found or await self.store.check_writable())
+        return self._store_check[1] or self.runner.store_error
 
     def sandbox_status(self) -> tuple[bool, str]:
         """Which sandbox turns would use and whether it can start; ``(False, "checking ...")`` until known.

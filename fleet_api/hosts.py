@@ -27,8 +27,9 @@ LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARDS = frozenset({"0.0.0.0", "::"})
 
 
-def host_of(authority: str) -> str | None:
-    """The canonical host of a ``Host`` header or an origin's ``host[:port]``; None when malformed."""
+def split_authority(authority: str) -> tuple[str | None, int | None]:
+    """The canonical host and the port (None when not given) of a ``Host`` header or an origin's
+    ``host[:port]``; the host is None when it is malformed."""
     authority = authority.strip()
     if authority.startswith("["):
         host, closed, port = authority.partition("]")
@@ -37,8 +38,13 @@ def host_of(authority: str) -> str | None:
         host, _, port = authority.partition(":")
         port = f":{port}" if port else ""
     if port and not (port.startswith(":") and port[1:].isdigit()):
-        return None
-    return canonical_host(host)
+        return None, None
+    return canonical_host(host), int(port[1:]) if port else None
+
+
+def host_of(authority: str) -> str | None:
+    """The canonical host of a ``Host`` header or an origin's ``host[:port]``; None when malformed."""
+    return split_authority(authority)[0]
 
 
 def own_names(allowed_hosts: Iterable[str], bind_host: str | None) -> frozenset[str]:

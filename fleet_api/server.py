@@ -23,22 +23,35 @@ GRACEFUL_SHUTDOWN_S = 5
 KEEP_ALIVE_S = 30
 # A request head (line and headers) must arrive within this long; slower clients get 408 and are closed.
 HEADER_TIMEOUT_S = 10.0
-# Open connections beyond this are closed on accept; SSE watchers count, browsers open six per host.
+# Open connections beyond this close the longest-idle one; SSE watchers count, browsers open six per host.
 MAX_CONNECTIONS = 500
+# A token that guards a network bind is at least this long (secrets.token_urlsafe(32) gives 43 characters).
+MIN_TOKEN_CHARS = 32
+MAKE_TOKEN = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
 
 __all__ = ["build_server", "check_bind", "serve", "spawn_sidecar"]
 
 
 def check_bind(host: str, settings: Settings) -> None:
-    """Refuse a non-loopback bind without a token: anyone on the network could run code otherwise.
+    """Refuse a non-loopback bind without a token, or with one short enough to guess: anyone on the
+    network could run code otherwise.
 
     Raises:
-        ConfigError: ``host`` is reachable from other machines and ``FLEET_API_TOKEN`` is unset.
+        ConfigError: ``host`` is reachable from other machines and ``FLEET_API_TOKEN`` is unset or
+            shorter than ``MIN_TOKEN_CHARS``.
     """
-    if not is_loopback(host) and settings.api_token is None:
+    if is_loopback(host):
+        return
+    if settings.api_token is None:
         raise ConfigError(
             f"refusing to listen on {host}: other machines could run code through this API. "
-            "Set FLEET_API_TOKEN to require a bearer token, or bind 127.0.0.1"
+            f"Set FLEET_API_TOKEN to require a bearer token (make one with: {MAKE_TOKEN}), or bind 127.0.0.1"
+        )
+    length = len(settings.api_token.get_secret_value())
+    if length < MIN_TOKEN_CHARS:
+        raise ConfigError(
+            f"refusing to listen on {host}: FLEET_API_TOKEN is {length} characters, and a token that guards a "
+            f"network bind must have at least {MIN_TOKEN_CHARS} characters. Make one with: {MAKE_TOKEN}"
         )
 
 

@@ -136,8 +136,12 @@ def hash_file(
     dir_fd: int, name: str, *, max_bytes: int | None = None, should_stop: StopCheck | None = None
 ) -> tuple[int, str]:
     """``(size, sha256)`` as ``read_file`` would see it, without holding the content."""
+    return _digest(_chunks(dir_fd, name, max_bytes, should_stop))
+
+
+def _digest(chunks: Iterator[bytes]) -> tuple[int, str]:
     size, digest = 0, hashlib.sha256()
-    for chunk in _chunks(dir_fd, name, max_bytes, should_stop):
+    for chunk in chunks:
         size += len(chunk)
         digest.update(chunk)
     return size, digest.hexdigest()
@@ -171,6 +175,15 @@ def _at_path(
 
 
 def _chunks(dir_fd: int, name: str, max_bytes: int | None, should_stop: StopCheck | None) -> Iterator[bytes]:
+    fd = _open_regular(dir_fd, name, max_bytes)
+    try:
+        yield from _read_all(fd, name, max_bytes, should_stop)
+    finally:
+        os.close(fd)
+
+
+def _open_regular(dir_fd: int, name: str, max_bytes: int | None) -> int:
+    """A blocking descriptor of the regular file ``name`` (not a link, not over ``max_bytes``)."""
     try:
         fd = os.open(name, FILE_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
@@ -182,16 +195,63 @@ def _chunks(dir_fd: int, name: str, max_bytes: int | None, should_stop: StopChec
         if max_bytes is not None and st.st_size > max_bytes:
             raise Refused(f"{name!r} is {st.st_size} bytes, over the {max_bytes}-byte limit")
         os.set_blocking(fd, True)
-        read = 0
-        while chunk := os.read(fd, CHUNK):
-            read += len(chunk)
-            if max_bytes is not None and read > max_bytes:  # it grew while being read
-                raise Refused(f"{name!r} grew past the {max_bytes}-byte limit while being read")
-            if should_stop is not None and should_stop():
-                raise Refused(f"reading {name!r} was stopped")
-            yield chunk
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
+
+
+def _read_all(fd: int, name: str, max_bytes: int | None, should_stop: StopCheck | None) -> Iterator[bytes]:
+    read = 0
+    while chunk := os.read(fd, CHUNK):
+        read += len(chunk)
+        if max_bytes is not None and read > max_bytes:  # it grew while being read
+            raise Refused(f"{name!r} grew past the {max_bytes}-byte limit while being read")
+        if should_stop is not None and should_stop():
+            raise Refused(f"reading {name!r} was stopped")
+        yield chunk
+
+
+@dataclass
+class OpenFile:
+    """A regular file opened once (no link followed), its size and sha256 as read through that descriptor.
+
+    ``chunks`` reads it again from the start through the same descriptor, so the bytes served are those
+    of the file that was checked and hashed, in ``CHUNK`` pieces; ``close`` it when done.
+    """
+
+    fd: int
+    size: int
+    sha256: str
+
+    def chunk(self, offset: int) -> bytes:
+        """Up to ``CHUNK`` bytes at ``offset``, never past ``size`` (empty at the end or if it shrank)."""
+        return os.pread(self.fd, min(CHUNK, self.size - offset), offset) if offset < self.size else b""
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def open_path(root: Path, relative: str) -> OpenFile:
+    """Open the regular file at ``root/relative`` (no component followed through a link) and hash it.
+
+    Raises:
+        Refused: as ``read_path``.
+    """
+    folder, name = _folder_and_name(relative)
+    try:
+        with open_dir(root, folder) as dir_fd:
+            fd = _open_regular(dir_fd, name, None)
+    except OSError as exc:
+        raise Refused(f"{relative!r} cannot be opened as a plain file: {exc.strerror}") from exc
+    try:
+        size, digest = _digest(_read_all(fd, name, None, None))
+    except BaseException as exc:
+        os.close(fd)
+        if isinstance(exc, OSError):
+            raise Refused(f"{relative!r} cannot be read: {exc.strerror}") from exc
+        raise
+    return OpenFile(fd, size, digest)
 
 
 def _folder_and_name(relative: str) -> tuple[list[str], str]:

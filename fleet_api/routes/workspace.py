@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 
 from fastapi import APIRouter, Request, Response
 
 from fleet_api.deps import State, check_id
-from fleet_api.routes._content import content_response
+from fleet_api.routes._content import FileStream
 from fleet_api.routes._docs import errors
 from fleet_api.schemas import WorkspaceStat
 from fleet_kernel.engine.workspace_files import WorkspaceFiles
@@ -30,10 +29,8 @@ def _files(state: State, session_id: str) -> WorkspaceFiles:
     responses={200: {"description": "the file's bytes"}, **errors(404)},
 )
 async def get_workspace_file(session_id: str, path: str, state: State) -> Response:
-    rel, data = await _files(state, session_id).read(path)
-    response = content_response(
-        data, mime=guess_mime(rel), filename=rel.rsplit("/", 1)[-1], sha256=hashlib.sha256(data).hexdigest()
-    )
+    rel, opened = await _files(state, session_id).open(path)
+    response = FileStream(opened, mime=guess_mime(rel), filename=rel.rsplit("/", 1)[-1])
     response.headers["Cache-Control"] = "private, no-cache"  # a workspace file changes; its ETag says when
     return response
 

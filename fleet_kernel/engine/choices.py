@@ -8,6 +8,7 @@ become part of its instructions, the schema the type of its ``result`` output.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,13 @@ if TYPE_CHECKING:
 
 MAX_SCHEMA_CHARS = 16_000
 MAX_SCHEMA_DEPTH = 8
+# JSON nesting of the whole schema, values of default/enum/const/examples included: deeper values
+# break the recursive code that copies and compares them (RecursionError) long after submission.
+MAX_SCHEMA_JSON_DEPTH = 32
+# A model's result is refused before validation when its JSON is longer or deeper than this: the
+# check's cost grows with the result, and deep values break recursive comparison.
+MAX_RESULT_CHARS = 1_000_000
+MAX_RESULT_DEPTH = 64
 MAX_ATTACHMENTS = 20
 MAX_ERRORS_SHOWN = 5
 PLAIN_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
@@ -114,6 +122,11 @@ def check_output_schema(schema: Any) -> dict[str, Any]:
             "output_schema must be a JSON Schema object, such as "
             '{"type": "object", "properties": {"total": {"type": "number"}}}'
         )
+    if (deep := too_deep(schema, MAX_SCHEMA_JSON_DEPTH)) is not None:
+        raise ValidationError(
+            f"output_schema nests JSON deeper than {MAX_SCHEMA_JSON_DEPTH} levels at output_schema{deep}: "
+            "keep default, enum, const and examples values shallow"
+        )
     try:
         text = json.dumps(schema)
     except (TypeError, ValueError):
@@ -157,11 +170,107 @@ def _check_node(node: Any, where: str, depth: int) -> None:
         _check_node(node["additionalProperties"], f"{where}.additionalProperties", depth + 1)
 
 
-def describe_errors(validator: Draft202012Validator, value: Any) -> str | None:
-    """Why ``value`` does not satisfy the schema, in terms the model can act on; None when it does."""
-    errors = sorted(validator.iter_errors(value), key=lambda e: [str(p) for p in e.absolute_path])
+def too_deep(value: Any, limit: int) -> str | None:
+    """Where ``value`` (plain JSON) nests containers deeper than ``limit``, or None. Iterative, so a value
+    too deep for recursion is measured too."""
+    stack: list[tuple[Any, int, str]] = [(value, 0, "")]
+    while stack:
+        node, depth, where = stack.pop()
+        if depth > limit:
+            return where
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1, f"{where}.{k}") for k, v in node.items())
+        elif isinstance(node, list | tuple):
+            stack.extend((v, depth + 1, f"{where}[{i}]") for i, v in enumerate(node))
+    return None
+
+
+def json_key(value: Any) -> Hashable:
+    """A hashable stand-in for a JSON value with JSON Schema's equality: ``1 == 1.0``, ``true != 1``,
+    objects equal whatever their key order. Lets uniqueItems and enum use a set, not pairwise comparison."""
+    if isinstance(value, bool) or value is None:
+        return ("literal", value)
+    if isinstance(value, int | float):
+        return ("number", value)
+    if isinstance(value, str):
+        return ("string", value)
+    if isinstance(value, list | tuple):
+        return ("array", tuple(json_key(v) for v in value))
+    if isinstance(value, dict):
+        return ("object", frozenset((k, json_key(v)) for k, v in value.items()))
+    return ("other", repr(value))
+
+
+StopCheck = Callable[[], bool]
+
+
+def _validator(schema: dict[str, Any], should_stop: StopCheck | None) -> Draft202012Validator:
+    """Draft 2020-12 with ``uniqueItems`` and ``enum`` in linear time (jsonschema compares every pair,
+    which kept a core busy for minutes on a large result), stopping when ``should_stop`` says so."""
+    from jsonschema import Draft202012Validator, FormatChecker, validators  # seconds to import: only with a schema
+    from jsonschema.exceptions import ValidationError as SchemaViolation
+
+    enum_keys: dict[int, tuple[Any, frozenset[Hashable]]] = {}  # id of an enum list -> (the list, its keys)
+
+    def stop_if_asked() -> None:
+        if should_stop is not None and should_stop():
+            raise ValueError("checking the result was stopped: the turn ended")
+
+    def unique_items(validator: Any, unique: Any, instance: Any, _schema: Any) -> Iterator[SchemaViolation]:
+        if not unique or not validator.is_type(instance, "array"):
+            return
+        stop_if_asked()
+        seen: set[Hashable] = set()
+        for item in instance:
+            key = json_key(item)
+            if key in seen:
+                yield SchemaViolation(f"{_short(item)} appears more than once, but the items must be unique")
+                return
+            seen.add(key)
+
+    def enum(_validator: Any, enums: Any, instance: Any, _schema: Any) -> Iterator[SchemaViolation]:
+        stop_if_asked()
+        known = enum_keys.get(id(enums))
+        if known is None:
+            known = enum_keys[id(enums)] = (enums, frozenset(json_key(e) for e in enums))
+        if json_key(instance) not in known[1]:
+            yield SchemaViolation(f"{_short(instance)} is not one of {_short(enums)}")
+
+    cls = validators.extend(Draft202012Validator, {"uniqueItems": unique_items, "enum": enum})  # type: ignore[no-untyped-call]
+    return cls(schema, format_checker=FormatChecker())  # type: ignore[no-any-return]
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else f"{text[:200]}..."
+
+
+def describe_errors(validator: Draft202012Validator, value: Any, should_stop: StopCheck | None = None) -> str | None:
+    """Why ``value`` does not satisfy the schema, in terms the model can act on; None when it does.
+
+    A value longer than ``MAX_RESULT_CHARS`` or deeper than ``MAX_RESULT_DEPTH`` as JSON is refused
+    before validation, which then costs time in proportion to it.
+    """
+    flatter = f"the result nests deeper than {MAX_RESULT_DEPTH} levels at result{{}}: return a flatter value"
+    try:
+        size = len(json.dumps(value, default=repr))  # first: the walk below then visits at most the cap's nodes
+    except RecursionError:
+        return flatter.format("")
+    if size > MAX_RESULT_CHARS:
+        return (
+            f"the result is {size} characters of JSON; the limit is {MAX_RESULT_CHARS}: return a summary, "
+            "and write the full data to a file under /workspace/artifacts/"
+        )
+    if (deep := too_deep(value, MAX_RESULT_DEPTH)) is not None:
+        return flatter.format(deep)
+    errors = []
+    for error in validator.iter_errors(value):
+        errors.append(error)
+        if should_stop is not None and should_stop():
+            raise ValueError("checking the result was stopped: the turn ended")
     if not errors:
         return None
+    errors.sort(key=lambda e: [str(p) for p in e.absolute_path])
     lines = []
     for error in errors[:MAX_ERRORS_SHOWN]:
         where = "result" + "".join(f"[{p!r}]" for p in error.absolute_path)
@@ -171,18 +280,17 @@ def describe_errors(validator: Draft202012Validator, value: Any) -> str | None:
     return "the result does not match the output schema: " + "; ".join(lines)
 
 
-def result_type(schema: dict[str, Any]) -> type:
+def result_type(schema: dict[str, Any], *, should_stop: StopCheck | None = None) -> type:
     """The type of a turn's ``result`` output: a dict that must satisfy ``schema``.
 
     dspy.RLM parses each SUBMITted field with pydantic; a value this type rejects goes back to the model
     as a ``[Type Error]`` it can fix in its next step. The prompt shows the user's schema as the field's.
+    ``should_stop`` (the turn's cancel token) ends a check that outlives the turn.
     """
-    from jsonschema import Draft202012Validator, FormatChecker  # seconds to import: only for turns with a schema
-
-    validator = Draft202012Validator(schema, format_checker=FormatChecker())
+    validator = _validator(schema, should_stop)
 
     def check(value: dict[str, Any]) -> dict[str, Any]:
-        problem = describe_errors(validator, value)
+        problem = describe_errors(validator, value, should_stop)
         if problem:
             raise ValueError(problem)
         return value

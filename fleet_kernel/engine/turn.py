@@ -183,7 +183,8 @@ def turn_signature(job: TurnJob) -> type[dspy.Signature]:
     signature: type[Any] = FleetTask.with_instructions("\n\n".join(p for p in parts if p))
     if choices.output_schema is not None:
         desc = "the structured result, a dict that satisfies the output schema"
-        signature = signature.append("result", dspy.OutputField(desc=desc), type_=result_type(choices.output_schema))
+        typed = result_type(choices.output_schema, should_stop=lambda: job.cancel.cancelled)
+        signature = signature.append("result", dspy.OutputField(desc=desc), type_=typed)
     return signature
 
 

@@ -69,14 +69,14 @@ class WorkspaceFiles:
                 code="session_busy",
             )
 
-    async def read(self, path: str) -> tuple[str, bytes]:
+    async def open(self, path: str) -> tuple[str, safe_files.OpenFile]:
+        """The file opened and hashed, to be streamed in chunks (never held whole); the caller closes it."""
         rel = clean_path(path)
         workspace = await self._root()
         try:
-            data, _ = await asyncio.to_thread(safe_files.read_path, workspace.root, rel, max_bytes=None)
+            return rel, await asyncio.to_thread(safe_files.open_path, workspace.root, rel)
         except safe_files.Refused as exc:
             raise NotFoundError(f"no file {rel!r} in the workspace ({exc})") from exc
-        return rel, data
 
     async def stat(self, path: str) -> FileStat:
         rel = clean_path(path)

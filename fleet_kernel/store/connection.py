@@ -209,8 +209,11 @@ class Database:
         except Exception:  # noqa: BLE001 - health checks report, never raise
             return False
 
-    async def check_writable(self) -> str | None:
-        """``None`` if a write can be committed now, else what stops it (a full disk, a read-only or deleted file)."""
+    async def check_writable(self, *, write: bool = True) -> str | None:
+        """``None`` if a write can be committed now, else what stops it (a full disk, a read-only or deleted file).
+
+        ``write=False`` checks only the SQLite file and its disk, without the probe's write transaction.
+        """
         path = self.sqlite_file
         if path is not None:
             if not os.path.exists(path):
@@ -218,6 +221,8 @@ class Database:
             free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
             if free < MIN_FREE_BYTES:
                 return f"the disk holding the store ({path}) is full ({free} bytes free): free space there"
+        if not write:
+            return None
         try:  # a real write that changes nothing
             await self._write(lambda s: s.execute(text("UPDATE alembic_version SET version_num = version_num")))
         except Exception as exc:  # noqa: BLE001 - health checks report, never raise

@@ -33,4 +33,4 @@ def session_id(client: httpx.Client) -> str:
 
 @pytest.fixture
 def token_settings(fleet_env: dict[str, str], settings: Settings) -> Settings:
-    return load_settings({**fleet_env, "FLEET_API_TOKEN": "s3cret-token-for-tests"})
+    return load_settings({**fleet_env, "FLEET_API_TOKEN": "s3cret-token-for-tests-0123456789abcdef"})

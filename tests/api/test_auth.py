@@ -11,7 +11,7 @@ from fleet_api.server import check_bind
 from fleet_kernel.config import Settings
 from fleet_kernel.errors import ConfigError
 
-TOKEN = "s3cret-token-for-tests"
+TOKEN = "s3cret-token-for-tests-0123456789abcdef"
 
 
 def test_token_required(token_settings: Settings) -> None:

@@ -15,7 +15,7 @@ from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
 from fleet_api.auth import is_loopback
 from fleet_kernel.config import Settings
 
-TOKEN = "s3cret-token-for-tests"  # token_settings' token
+TOKEN = "s3cret-token-for-tests-0123456789abcdef"  # token_settings' token
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [
     "--no-sandbox",
