@@ -54,7 +54,7 @@ def test_trusted_project_cards_are_added_but_never_replace_a_bundled_or_home_car
     from fleet_kernel.skills import trust_project
 
     card(home / "skills" / "harbour-notes", "my own tide notes")
-    assert trust_project(home, repo) == (repo / ".fleet" / "skills", 2)
+    assert trust_project(home, repo) == (repo / ".fleet" / "skills", ["harbour-notes", "tabular-analysis"])
     catalogue = load_catalogue(home, repo)
     assert catalogue.get("tabular-analysis").source == "bundled"  # the clash: the bundled card wins
     assert catalogue.get("harbour-notes").source == "home"
@@ -71,6 +71,23 @@ def test_the_fleet_toml_switch_trusts_every_project(home: Path, repo: Path) -> N
     catalogue = load_catalogue(home, repo, project=True)
     assert catalogue.get("harbour-notes").source == "project"
     assert catalogue.get("tabular-analysis").source == "bundled"
+
+
+def test_fleet_toml_skills_project_reaches_the_catalogue(home: Path, repo: Path, tmp_path: Path) -> None:
+    from fleet_kernel.config import load_settings
+    from fleet_kernel.errors import ConfigError
+    from fleet_kernel.skills import catalogue_for
+
+    toml = tmp_path / "fleet.toml"
+    toml.write_text("[skills]\nproject = true\n")
+    settings = load_settings({"FLEET_HOME": str(home), "FLEET_CONFIG": str(toml)})
+    assert catalogue_for(settings, repo).get("harbour-notes").source == "project"
+    (tmp_path / "empty.toml").write_text("")
+    default = load_settings({"FLEET_HOME": str(home), "FLEET_CONFIG": str(tmp_path / "empty.toml")})
+    assert "harbour-notes" not in catalogue_for(default, repo).skills
+    toml.write_text('[skills]\nproject = "sure"\n')
+    with pytest.raises(ConfigError, match="skills.project"):
+        load_settings({"FLEET_HOME": str(home), "FLEET_CONFIG": str(toml)})
 
 
 def test_trust_is_for_that_folder_with_those_cards(home: Path, repo: Path, tmp_path: Path) -> None:

@@ -422,12 +422,12 @@ async def _skill_trust(ctx: KernelContext, args: list[str]) -> Reply:
         folder, was = await asyncio.to_thread(skills.distrust_project, home)
         done = "No longer trusted" if was else "Not trusted (it was not)"
         return _safe(Reply(f"{done}: {folder}. Its cards are not used."))
-    folder, count = await asyncio.to_thread(skills.trust_project, home)
+    folder, names = await asyncio.to_thread(skills.trust_project, home)
     return _safe(
         Reply(
-            f"Trusted {folder} with its {count} card(s) as they are now (kept in {home}); they are used in the next "
-            "turns, but never in place of a bundled or your own card of the same name. When a card changes, "
-            "read it and trust the folder again. %fleet skill trust off stops it."
+            f"Trusted {folder} with its cards as they are now ({', '.join(names)}; kept in {home}). The next turns "
+            "use them, never in place of a bundled card or your own of the same name. When a card changes, "
+            "read it and trust the folder again; %fleet skill trust off stops it."
         )
     )
 

@@ -150,17 +150,22 @@ class _Scan:
 
 
 def _read_folder(root: Path, source: str) -> list[_Scan]:
-    """The cards directly under ``root``; folders without a ``SKILL.md`` are not skills and are skipped."""
+    """The cards directly under ``root``, each read (or skipped with a warning)."""
+    return [_scan(root / name, name, source) for name in _card_folders(root)]
+
+
+def _card_folders(root: Path) -> list[str]:
+    """The folders directly under ``root`` with a ``SKILL.md`` (others are not skills), sorted, no link."""
     try:
         with safe_files.open_dir(root) as fd:
             entries = sorted(_list_some(fd, MAX_SCAN_ENTRIES))
     except OSError:
         return []  # no such folder (or a link): no skills from there
-    scans: list[_Scan] = []
+    names: list[str] = []
     for name, st in entries:
         if not stat.S_ISDIR(st.st_mode) or name.startswith("."):
             continue  # links to folders are not followed
-        if len(scans) >= MAX_SKILLS:
+        if len(names) >= MAX_SKILLS:
             _log_once(f"{safe_files.printable(str(root))}: only the first {MAX_SKILLS} skill folders are read")
             break
         try:
@@ -168,9 +173,9 @@ def _read_folder(root: Path, source: str) -> list[_Scan]:
         except FileNotFoundError:
             continue
         except OSError:
-            pass  # read_path says why
-        scans.append(_scan(root / name, name, source))
-    return scans
+            pass  # reading the card says why
+        names.append(name)
+    return names
 
 
 def _scan(folder: Path, name: str, source: str) -> _Scan:
@@ -376,39 +381,48 @@ def load_catalogue(home: Path, cwd: Path | None = None, *, project: bool = False
     card that cannot be used is left out and named in ``warnings``, so one bad card never stops a turn."""
     skills = {s.name: s for s in _bundled()}
     warnings: list[str] = []
-    for scan in _read_folder(home / "skills", "home"):
-        warnings += scan.warnings
-        if (skill := scan.skill) is None:
-            continue
-        if skill.name in skills:
-            warnings.append(f"your card {skill.name} ({_where(skill)}) replaces the bundled card of that name")
-        skills[skill.name] = skill
-    folder = trust.project_folder(cwd)
-    scans = _read_folder(folder, "project")
-    trusted = trust.trusted_digest(home, folder)
-    if scans and not project and trusted != cards_digest(scans):
-        why = "its cards changed since you trusted them" if trusted else "this folder is not trusted"
-        warnings.append(
-            f"{len(scans)} skill card(s) in {safe_files.printable(str(folder))} are not used: {why} (it may come "
-            "from a cloned repository). Read them, then `%fleet skill trust` to use them in this folder, or set "
-            "[skills] project = true in fleet.toml for every folder"
-        )
-        scans = []
+    _merge(skills, _read_folder(home / "skills", "home"), warnings, replace=True)
+    _merge(skills, _project_cards(home, trust.project_folder(cwd), project, warnings), warnings, replace=False)
+    for warning in warnings:
+        _log_once(warning)
+    return Catalogue(skills, tuple(warnings))
+
+
+def _merge(skills: dict[str, Skill], scans: Iterable[_Scan], warnings: list[str], *, replace: bool) -> None:
+    """Add the usable cards of ``scans``; one named like a card already there replaces it only when
+    ``replace`` (your own cards), and either way the clash is a warning."""
     for scan in scans:
         warnings += scan.warnings
         if (skill := scan.skill) is None:
             continue
-        if skill.name in skills:
-            owner = "the bundled card" if skills[skill.name].source == "bundled" else "your card"
+        if (taken := skills.get(skill.name)) is not None and not replace:
+            owner = "the bundled card" if taken.source == "bundled" else "your card"
             warnings.append(
                 f"project card {skill.name} ({_where(skill)}) is not used: {owner} of that name wins; "
                 "rename its folder (and its name) to use both"
             )
             continue
+        if taken is not None:
+            warnings.append(f"your card {skill.name} ({_where(skill)}) replaces the bundled card of that name")
         skills[skill.name] = skill
-    for warning in warnings:
-        _log_once(warning)
-    return Catalogue(skills, tuple(warnings))
+
+
+def _project_cards(home: Path, folder: Path, project: bool, warnings: list[str]) -> list[_Scan]:
+    """The project folder's cards when they may be used (``project``, or trusted as they are now); else
+    none, and a warning saying how many there are and how to use them (they are not even read when the
+    folder was never trusted)."""
+    trusted = None if project else trust.trusted_digest(home, folder)
+    scans = _read_folder(folder, "project") if project or trusted else []
+    if project or (scans and trusted == cards_digest(scans)):
+        return scans
+    if count := len(scans) or len(_card_folders(folder)):
+        why = "its cards changed since you trusted them" if trusted else "this folder is not trusted"
+        warnings.append(
+            f"{count} skill card(s) in {safe_files.printable(str(folder))} are not used: {why} (it may come "
+            "from a cloned repository). Read them, then `%fleet skill trust` to use them in this folder, or set "
+            "[skills] project = true in fleet.toml for every folder"
+        )
+    return []
 
 
 def cards_digest(scans: Iterable[_Scan]) -> str:
@@ -417,8 +431,8 @@ def cards_digest(scans: Iterable[_Scan]) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
-def trust_project(home: Path, cwd: Path | None = None) -> tuple[Path, int]:
-    """Trust the project's ``.fleet/skills`` with its cards as they are now: ``(folder, cards)``.
+def trust_project(home: Path, cwd: Path | None = None) -> tuple[Path, list[str]]:
+    """Trust the project's ``.fleet/skills`` with its cards as they are now: ``(folder, card folder names)``.
 
     Raises:
         NotFoundError: the folder has no cards (nothing to trust).
@@ -428,7 +442,7 @@ def trust_project(home: Path, cwd: Path | None = None) -> tuple[Path, int]:
     if not scans:
         raise NotFoundError(f"there are no skill cards in {safe_files.printable(str(folder))} to trust")
     trust.record(home, folder, cards_digest(scans))
-    return folder, len(scans)
+    return folder, [scan.name for scan in scans]
 
 
 def distrust_project(home: Path, cwd: Path | None = None) -> tuple[Path, bool]:

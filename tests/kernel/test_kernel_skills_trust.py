@@ -57,6 +57,7 @@ def test_a_clones_skills_wait_for_trust(start_kernel: Any, scripted_lm: Any, clo
 
     trusted = kernel.run("%fleet skill trust").text()
     assert "Trusted" in trusted and str(clone / ".fleet" / "skills") in trusted
+    assert "broken, harbour-notes, tabular-analysis" in trusted
     listing = kernel.run("%fleet skill list")
     text = listing.text()
     assert "harbour-notes (project): Tide tables.\\x1b]52;c;aGVsbG8=\\x07" in text
