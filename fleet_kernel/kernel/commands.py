@@ -420,7 +420,7 @@ async def _skill_trust(ctx: KernelContext, args: list[str]) -> Reply:
     home = ctx.settings.home
     if args == ["off"]:
         folder, was = await asyncio.to_thread(skills.distrust_project, home)
-        done = "No longer trusted" if was else "Not trusted (it was not)"
+        done = "No longer trusted" if was else "It was not trusted"
         return _safe(Reply(f"{done}: {folder}. Its cards are not used."))
     folder, names = await asyncio.to_thread(skills.trust_project, home)
     return _safe(
