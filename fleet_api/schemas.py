@@ -242,6 +242,11 @@ class Skill(BaseModel):
 
 class SkillList(BaseModel):
     skills: list[Skill]
+    warnings: list[str] = Field(
+        ...,
+        description="cards skipped (malformed, unreadable) or not used (an untrusted project folder, a name a "
+        "bundled or home card already has), and home cards replacing bundled ones",
+    )
 
 
 class ComponentHealth(BaseModel):

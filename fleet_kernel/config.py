@@ -129,6 +129,16 @@ class Memory(_Section):
     max_count: int = Field(500, ge=1, le=1_000_000, description="memories in one session")
 
 
+class Skills(_Section):
+    """Skill cards (see docs/kernel.md, Skills)."""
+
+    project: bool = Field(
+        False,
+        description="use the cards of ./.fleet/skills in every folder without %fleet skill trust (only for "
+        "folders whose files you vet)",
+    )
+
+
 OutputMode = Literal["rich", "text"]
 
 
@@ -149,6 +159,7 @@ class Policy(_Section):
     storage: Storage = Storage()
     memory: Memory = Memory()
     kernel: Kernel = Kernel()
+    skills: Skills = Skills()
 
 
 # Environment variables (DESIGN.md Part 2) and the Settings attribute each one sets.

@@ -9,7 +9,7 @@ import pytest
 
 from fleet_kernel.engine.choices import check_output_schema, result_type
 from fleet_kernel.errors import NotFoundError, ValidationError
-from fleet_kernel.skills import SkillFormatError, load_catalogue
+from fleet_kernel.skills import load_catalogue, trust_project
 
 
 def card(folder: Path, text: str) -> Path:
@@ -18,15 +18,17 @@ def card(folder: Path, text: str) -> Path:
     return folder
 
 
-def test_project_cards_replace_home_cards_which_replace_bundled_ones(tmp_path: Path) -> None:
+def test_home_cards_replace_bundled_ones_and_trusted_project_cards_only_add(tmp_path: Path) -> None:
     home, cwd = tmp_path / "home", tmp_path / "work"
     card(home / "skills" / "tides", "---\nname: tides\ndescription: home tides\n---\nhome body\n")
     card(cwd / ".fleet" / "skills" / "tides", "---\nname: tides\ndescription: 'project tides'\n---\nproject body\n")
+    card(cwd / ".fleet" / "skills" / "winds", "---\nname: winds\ndescription: 'project winds'\n---\nwinds body\n")
     card(home / "skills" / "tabular-analysis", "---\nname: tabular-analysis\ndescription: mine\n---\nmine\n")
     (home / "skills" / "not-a-skill").mkdir()  # no SKILL.md: ignored
+    trust_project(home, cwd)
     catalogue = load_catalogue(home, cwd)
-    assert catalogue.get("tides").source == "project" and catalogue.get("tides").description == "project tides"
-    assert catalogue.get("tides").body == "project body\n"
+    assert catalogue.get("tides").source == "home" and catalogue.get("tides").body == "home body\n"
+    assert catalogue.get("winds").source == "project" and catalogue.get("winds").description == "project winds"
     assert catalogue.get("tabular-analysis").source == "home"
     assert catalogue.get("long-context-search").source == "bundled"
     assert "not-a-skill" not in catalogue.skills
@@ -44,11 +46,11 @@ def test_project_cards_replace_home_cards_which_replace_bundled_ones(tmp_path: P
         ("---\nname bad\ndescription: x\n---\n", "is not 'key: value'"),
     ],
 )
-def test_a_malformed_card_names_its_file(tmp_path: Path, text: str, complaint: str) -> None:
+def test_a_malformed_card_is_skipped_naming_its_file(tmp_path: Path, text: str, complaint: str) -> None:
     folder = card(tmp_path / "home" / "skills" / "bad", text)
-    with pytest.raises(SkillFormatError, match=complaint) as caught:
-        load_catalogue(tmp_path / "home", tmp_path)
-    assert str(folder / "SKILL.md") in caught.value.message
+    catalogue = load_catalogue(tmp_path / "home", tmp_path)
+    (warning,) = catalogue.warnings
+    assert "bad" not in catalogue.skills and complaint in warning and str(folder / "SKILL.md") in warning
 
 
 def test_links_are_never_followed(tmp_path: Path) -> None:
@@ -60,14 +62,14 @@ def test_links_are_never_followed(tmp_path: Path) -> None:
     os.symlink(tmp_path / "elsewhere" / "remote", skills / "remote")  # a linked folder is not a skill here
     (skills / "linked").mkdir()
     os.symlink(secret, skills / "linked" / "SKILL.md")  # a linked card is refused, never read
-    with pytest.raises(SkillFormatError, match="cannot be read as a plain file") as caught:
-        load_catalogue(tmp_path / "home", tmp_path / "work")
-    assert "0000" not in caught.value.message
+    refused = load_catalogue(tmp_path / "home", tmp_path / "work", project=True)
+    (warning,) = refused.warnings
+    assert "cannot be read as a plain file" in warning and "0000" not in warning and "linked" not in refused.skills
     os.unlink(skills / "linked" / "SKILL.md")
     folder = card(skills / "linked", "---\nname: linked\ndescription: x\n---\nbody\n")
     (folder / "notes.md").write_text("notes")
     os.symlink(secret, folder / "leak.md")
-    catalogue = load_catalogue(tmp_path / "home", tmp_path / "work")
+    catalogue = load_catalogue(tmp_path / "home", tmp_path / "work", project=True)
     assert "remote" not in catalogue.skills
     skill = catalogue.get("linked")
     assert skill.resources == ("notes.md",) and skill.read_resource("./notes.md") == "notes"

@@ -40,7 +40,7 @@ from fleet_kernel.events import (
 )
 from fleet_kernel.lazy import import_module
 from fleet_kernel.sandbox import contract as sandbox_contract
-from fleet_kernel.skills import Catalogue, load_catalogue
+from fleet_kernel.skills import Catalogue, catalogue_for
 from fleet_kernel.store import AttachmentRow, EndedTurn, Store, TurnEnding, TurnRow
 from fleet_kernel.telemetry import Telemetry
 from fleet_kernel.workspace import Workspace, guess_mime
@@ -222,7 +222,6 @@ class TurnRunner:
                 unknown, invalid or above the policy, an unknown or extra skill, an attachment not of the
                 session, an output schema Fleet cannot use, a ``supersedes_turn_id`` that is not a turn of
                 the session, or a cell id over 200 characters.
-            SkillFormatError: a skill card is malformed.
             NotFoundError: unknown session.
             ConflictError: a turn is already running in the session.
         """
@@ -235,7 +234,7 @@ class TurnRunner:
         if cell_id is not None and not 0 < len(cell_id) <= MAX_CELL_ID_CHARS:
             raise ValidationError(f"a cell id has 1 to {MAX_CELL_ID_CHARS} characters; this one has {len(cell_id)}")
         settings = self.settings.for_turn(limits)
-        catalogue = await asyncio.to_thread(load_catalogue, self.settings.home)
+        catalogue = await asyncio.to_thread(catalogue_for, self.settings)  # a bad card is left out, with a warning
         selected = catalogue.select(skills)
         schema = turn_choices.check_output_schema(output_schema) if output_schema is not None else None
         attachments = await self._attachments(session_id, attachment_ids)

@@ -12,6 +12,7 @@
     %fleet serve [port]                              start the HTTP API on this kernel's store
     %fleet set [name [value]]                        show or set a parameter: {name} in later cells is its value
     %fleet skill [list | show N | use N... | clear]  list skill cards, read one, put up to 4 in the next turns' prompt
+    %fleet skill trust [off]                         use (or stop using) the cards of ./.fleet/skills of this folder
     %fleet history [forget|restore <turn_id>]        what the next turn sees of earlier turns; take one out or back
 
 A command raises ``FleetError`` with advice when it cannot do what was asked; the kernel renders it once.
@@ -26,11 +27,15 @@ import subprocess
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleet_kernel.errors import FleetError, NotFoundError, ValidationError
 from fleet_kernel.kernel.context import KernelContext
 from fleet_kernel.sandbox import contract as sandbox_contract
+from fleet_kernel.textsafe import terminal_safe
+
+if TYPE_CHECKING:
+    from fleet_kernel.skills import Catalogue
 
 PREFIX = "%fleet"
 PARAMETER = re.compile(r"\{\{([A-Za-z_]\w*)\}\}|\{([A-Za-z_]\w*)\}")
@@ -362,29 +367,26 @@ def _line(text: str, width: int = 60) -> str:
 
 
 async def cmd_skill(ctx: KernelContext, args: list[str]) -> Reply:
-    from fleet_kernel.skills import load_catalogue  # the skill loader reads cards from disk only when asked
+    from fleet_kernel import skills  # the skill loader reads cards from disk only when asked
 
     action, names = (args[0], args[1:]) if args else ("list", [])
-    catalogue = await asyncio.to_thread(load_catalogue, ctx.settings.home)
+    if action == "trust":
+        return await _skill_trust(ctx, names)
+    catalogue = await asyncio.to_thread(skills.catalogue_for, ctx.settings)
     if action == "list":
         if names:
             raise _usage_error("usage: %fleet skill list")
-        chosen = set(ctx.skills)
-        lines = [f"{'*' if s.name in chosen else ' '} {s.name} ({s.source}): {s.description}" for s in catalogue]
-        rows = [
-            f"| {'**' if s.name in chosen else ''}`{s.name}` | {s.source} | {_md(s.description)} |" for s in catalogue
-        ]
-        note = f"Selected for the next turns: {', '.join(ctx.skills)}" if ctx.skills else "None selected."
-        markdown = "| skill | source | description |\n|---|---|---|\n" + "\n".join(rows) + f"\n\n{note}"
-        return Reply("\n".join([*lines, note]), markdown)
+        return _skill_list(ctx, catalogue)
     if action == "show":
         if len(names) != 1:
             raise _usage_error("usage: %fleet skill show <name> (see %fleet skill list)")
         skill = catalogue.get(names[0])
         resources = f"\n\nResources: {', '.join(skill.resources)}" if skill.resources else ""
-        return Reply(
-            f"{skill.name} ({skill.source}): {skill.description}\n\n{skill.body}{resources}",
-            f"**{skill.name}** ({skill.source}): {_md(skill.description)}\n\n{skill.body}{resources}",
+        return _safe(
+            Reply(
+                f"{skill.name} ({skill.source}): {skill.description}\n\n{skill.body}{resources}",
+                f"**{skill.name}** ({skill.source}): {_md(skill.description)}\n\n{skill.body}{resources}",
+            )
         )
     if action == "use":
         if not names:
@@ -394,7 +396,45 @@ async def cmd_skill(ctx: KernelContext, args: list[str]) -> Reply:
     if action == "clear":
         ctx.skills = ()
         return Reply("No skills are preselected; every turn still sees the list and can load_skill(name).")
-    raise _usage_error(f"unknown skill action {action!r}: use list, show, use or clear")
+    raise _usage_error(f"unknown skill action {action!r}: use list, show, use, clear or trust")
+
+
+def _skill_list(ctx: KernelContext, catalogue: Catalogue) -> Reply:
+    """The cards (the selected ones marked), then every warning: skipped cards, name clashes, an untrusted folder."""
+    chosen = set(ctx.skills)
+    lines = [f"{'*' if s.name in chosen else ' '} {s.name} ({s.source}): {s.description}" for s in catalogue]
+    rows = [f"| {'**' if s.name in chosen else ''}`{s.name}` | {s.source} | {_md(s.description)} |" for s in catalogue]
+    note = f"Selected for the next turns: {', '.join(ctx.skills)}" if ctx.skills else "None selected."
+    warnings = [f"Warning: {w}" for w in catalogue.warnings]
+    markdown = "| skill | source | description |\n|---|---|---|\n" + "\n".join(rows) + f"\n\n{note}"
+    markdown += "".join(f"\n\n{_md(w)}" for w in warnings)
+    return _safe(Reply("\n".join([*lines, note, *warnings]), markdown))
+
+
+async def _skill_trust(ctx: KernelContext, args: list[str]) -> Reply:
+    """``%fleet skill trust [off]``: use (or stop using) the cards of this folder's ./.fleet/skills."""
+    from fleet_kernel import skills
+
+    if args not in ([], ["off"]):
+        raise _usage_error("usage: %fleet skill trust [off] (use, or stop using, the cards of ./.fleet/skills)")
+    home = ctx.settings.home
+    if args == ["off"]:
+        folder, was = await asyncio.to_thread(skills.distrust_project, home)
+        done = "No longer trusted" if was else "It was not trusted"
+        return _safe(Reply(f"{done}: {folder}. Its cards are not used."))
+    folder, names = await asyncio.to_thread(skills.trust_project, home)
+    return _safe(
+        Reply(
+            f"Trusted {folder} with its cards as they are now ({', '.join(names)}; kept in {home}). The next turns "
+            "use them, never in place of a bundled card or your own of the same name. When a card changes, "
+            "read it and trust the folder again; %fleet skill trust off stops it."
+        )
+    )
+
+
+def _safe(reply: Reply) -> Reply:
+    """A reply with card text in it, terminal escapes shown inert (a card may come from anywhere)."""
+    return Reply(terminal_safe(reply.text), None if reply.markdown is None else terminal_safe(reply.markdown))
 
 
 COMMANDS: dict[str, Handler] = {
@@ -420,7 +460,7 @@ SUBCOMMANDS = {
     "sandbox": SANDBOXES,
     "model": ("default",),
     "history": HISTORY_ACTIONS,
-    "skill": ("list", "show", "use", "clear"),
+    "skill": ("list", "show", "use", "clear", "trust"),
     "memory": ("search", "forget"),
 }
 
@@ -478,9 +518,9 @@ async def complete(ctx: KernelContext, code: str, cursor_pos: int) -> tuple[list
     elif done == ["set"]:
         options = list(ctx.params)
     elif done[:2] in (["skill", "show"], ["skill", "use"]) and (done[1] == "use" or len(done) == 2):
-        from fleet_kernel.skills import load_catalogue  # the skill loader reads cards from disk only when asked
+        from fleet_kernel.skills import catalogue_for  # the skill loader reads cards from disk only when asked
 
-        options = sorted((await asyncio.to_thread(load_catalogue, ctx.settings.home)).skills)
+        options = sorted((await asyncio.to_thread(catalogue_for, ctx.settings)).skills)
     elif done == ["attach"] or done == ["export"]:
         options = _paths(word)
     return [o for o in options if o.startswith(word)], word_start, cursor_pos

@@ -13,6 +13,8 @@ import pytest
 from live_api import Frame, assert_error, events_of
 from scripted_lm import ScriptedLM, step
 
+from fleet_kernel.skills import trust_project
+
 CARD = """---
 name: ship-facts
 description: Answer questions about the fleet's ships from the harbour register.
@@ -44,8 +46,9 @@ def prompts(lm: ScriptedLM, needle: str) -> list[str]:
 
 
 @pytest.fixture
-def project_skill(tmp_path: Path) -> Path:
-    """A card in ./.fleet/skills of the server's working directory, with a resource, a link and a secret."""
+def project_skill(tmp_path: Path, fleet_home: Path) -> Path:
+    """A card in ./.fleet/skills of the server's working directory, with a resource, a link and a secret;
+    the folder is trusted (``%fleet skill trust``: the trust kept in FLEET_HOME, which the server reads)."""
     folder = tmp_path / ".fleet" / "skills" / "ship-facts"
     (folder / "data").mkdir(parents=True)
     (folder / "SKILL.md").write_text(CARD)
@@ -53,6 +56,7 @@ def project_skill(tmp_path: Path) -> Path:
     secret = tmp_path / "secret.txt"
     secret.write_text("the launch code is 0000-PLUTO\n")
     os.symlink(secret, folder / "data" / "leak.txt")
+    trust_project(fleet_home, tmp_path)
     return folder
 
 
@@ -63,19 +67,31 @@ def test_skills_listed_with_source_and_resources(client: httpx.Client, project_s
     skills = {s["name"]: s for s in client.get("/api/skills").json()["skills"]}
     assert skills["ship-facts"]["source"] == "project"
     assert skills["ship-facts"]["resources"] == ["data/ports.txt"]  # the link is not listed
-    assert skills["tabular-analysis"]["source"] == "home"  # a home card replaces the bundled one
+    assert skills["tabular-analysis"]["source"] == "home"  # a home card replaces the bundled one, reported
+    (warning,) = client.get("/api/skills").json()["warnings"]
+    assert str(home_card) in warning and "replaces the bundled card" in warning
     assert skills["long-context-search"]["source"] == "bundled"
     one = client.get("/api/skills/ship-facts").json()
     assert one["body"].startswith("# Ship facts") and one["description"].startswith("Answer questions")
     assert_error(client.get("/api/skills/no-such-skill"), 404, "not_found")
 
 
-def test_a_malformed_card_is_an_error_naming_its_file(client: httpx.Client, tmp_path: Path) -> None:
-    folder = tmp_path / ".fleet" / "skills" / "broken"
+def test_a_malformed_card_is_skipped_with_a_warning_naming_its_file(
+    client: httpx.Client, tmp_path: Path, fleet_home: Path
+) -> None:
+    folder = fleet_home / "skills" / "broken"
     folder.mkdir(parents=True)
     (folder / "SKILL.md").write_text("---\nname: broken\n---\nno description\n")
-    error = assert_error(client.get("/api/skills"), 500, "skill_invalid")
-    assert str(folder / "SKILL.md") in error["message"] and "description" in error["message"]
+    body = client.get("/api/skills").json()
+    assert "broken" not in {s["name"] for s in body["skills"]} and "tabular-analysis" in str(body["skills"])
+    (warning,) = body["warnings"]
+    assert str(folder / "SKILL.md") in warning and "description" in warning
+    untrusted = tmp_path / ".fleet" / "skills" / "ship-facts"
+    untrusted.mkdir(parents=True)
+    (untrusted / "SKILL.md").write_text(CARD)
+    body = client.get("/api/skills").json()
+    assert "ship-facts" not in {s["name"] for s in body["skills"]}
+    assert any("not trusted" in w and str(untrusted.parent) in w for w in body["warnings"]), body["warnings"]
 
 
 def test_code_loads_a_skill_and_reads_a_resource(
