@@ -17,8 +17,9 @@ NO_MATH = "tex2jax_ignore mathjax_ignore"
 """Classes that MathJax 2 (nbconvert's HTML) and MathJax 3 (JupyterLab) do not typeset."""
 
 _CODE = (
-    r"(?P<code>^ {0,3}(?P<fence>`{3,}|~{3,})[^\n]*\n.*?(?:^ {0,3}(?P=fence)[`~]*[ \t]*$|\Z)"  # a fenced block (to the end if open)
-    r"|(?<![`\\])(?P<ticks>`+)(?!`).+?(?<!`)(?P=ticks)(?!`))"  # a code span
+    # a fenced block (to the end of the text if it is never closed), or a code span
+    r"(?P<code>^ {0,3}(?P<fence>`{3,}|~{3,})[^\n]*\n.*?(?:^ {0,3}(?P=fence)[`~]*[ \t]*$|\Z)"
+    r"|(?<![`\\])(?P<ticks>`+)(?!`).+?(?<!`)(?P=ticks)(?!`))"
 )
 _PROSE = re.compile(_CODE + r"|\\?\$|<", re.MULTILINE | re.DOTALL)
 _LITERAL = re.compile(r"[\\`*_\[\]~$<>&|]")

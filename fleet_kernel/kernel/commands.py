@@ -385,7 +385,8 @@ async def cmd_skill(ctx: KernelContext, args: list[str]) -> Reply:
         resources = f"\n\nResources: {', '.join(skill.resources)}" if skill.resources else ""
         return Reply(
             f"{skill.name} ({skill.source}): {skill.description}\n\n{skill.body}{resources}",
-            f"**{_md(skill.name)}** ({skill.source}): {_md(skill.description)}\n\n{md_escape(skill.body)}{_md(resources)}",
+            f"**{_md(skill.name)}** ({skill.source}): {_md(skill.description)}\n\n"
+            f"{md_escape(skill.body)}{_md(resources)}",
         )
     if action == "use":
         if not names:
