@@ -2,10 +2,10 @@
 
 Two things in text read as something else there. Two ``$`` make the text between them a TeX formula ("costs $5
 and ... $10" shows as "5and...10"), and ``<`` opens an HTML element (``<title>`` swallows the rest of a table).
-So outside code ``$`` is written ``\\$`` and ``<`` as ``&lt;``. The Markdown parser turns ``\\$`` back into ``$``,
-which MathJax (JupyterLab's and nbconvert's) would then typeset in the rendered page: every output is therefore
-also wrapped in ``md_block``, a ``<div>`` whose classes both MathJax versions skip. Code spans and fenced blocks are
-left as written: code is literal already, and an escape there would show.
+So outside code ``$`` is written ``\\$`` and ``<`` as ``&lt;`` (``md_escape``). The Markdown parser turns ``\\$``
+back into ``$``, which MathJax (JupyterLab's, nbconvert's) would then typeset in the rendered page, so an output
+with one is also wrapped in ``md_block``: a ``<div>`` whose classes both MathJax versions skip. Code spans and
+fenced blocks are left as written: code is literal already, and an escape there would show.
 """
 
 from __future__ import annotations
@@ -45,5 +45,7 @@ def md_code(text: str) -> str:
 
 
 def md_block(markdown: str) -> str:
-    """A whole Markdown output (or cell) in a block MathJax skips, so its ``$`` stay dollars once rendered."""
-    return f'<div class="{NO_MATH}">\n\n{markdown.strip(chr(10))}\n\n</div>\n'
+    """A whole Markdown output (or cell) with an escaped ``$`` in a block MathJax skips, so it stays a dollar once
+    rendered (a ``$`` in code needs nothing: MathJax skips code, JupyterLab's parser too)."""
+    markdown = markdown.strip("\n") + "\n"
+    return f'<div class="{NO_MATH}">\n\n{markdown}\n</div>\n' if "\\$" in markdown else markdown
