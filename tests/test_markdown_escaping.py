@@ -17,7 +17,7 @@ from nbconvert.filters.markdown_mistune import markdown2html_mistune
 
 from fleet_kernel.events import make_event
 from fleet_kernel.kernel import commands
-from fleet_kernel.kernel.display import show_reply
+from fleet_kernel.kernel.display import PlainLive, show_reply
 from fleet_kernel.markdown import md_escape
 from fleet_kernel.transcript import TurnView, render_markdown, session_notebook, transcript_bundle
 
@@ -100,13 +100,18 @@ def _view(reasoning: str, answer: str) -> TurnView:
 
 
 class _Pub:
-    """What ``show_reply`` sends, kept (the kernel's IOPub, without a kernel)."""
+    """What a live view or ``show_reply`` sends, kept (the kernel's IOPub, without a kernel)."""
 
     def __init__(self) -> None:
         self.data: dict[str, str] = {}
+        self.html: list[str] = []
 
-    def display(self, data: dict[str, str]) -> None:
+    def display(self, data: dict[str, str], metadata: object = None, **_: object) -> None:
         self.data = data
+        self.html.append(data.get("text/html", ""))
+
+    def stream(self, name: str, text: str) -> None:
+        pass
 
 
 def _help_bundle() -> dict[str, str]:
@@ -182,6 +187,17 @@ def test_a_transcript_shows_the_models_dollars_as_written_in_markdown_and_html()
         shown = assert_shown_as_written(page, f"I think {PRICES}, see <title>.", f"Yes: {PRICES}.", "$5 and $10")
         assert "price = '$5'  # <b>" in shown or "price = '$5' # <b>" in shown  # code as written, no escape showing
     assert "<strong>Yes</strong>" in markdown2html_mistune(render_markdown(view))
+
+
+async def test_the_plain_live_view_shows_the_models_dollars_as_written() -> None:
+    """What nbclient and frontends without widgets show while the turn runs."""
+    pub = _Pub()
+    live = PlainLive(pub, TurnView())  # type: ignore[arg-type]
+    for event in _events(_steps(f"I think {PRICES}.", PRICES)):
+        live.on_event(event)
+    await live.finish()
+    live.close()
+    assert_shown_as_written("".join(pub.html), f"I think {PRICES}.", "price = '$5'")
 
 
 def test_nbconvert_html_of_commands_and_a_transcript_shows_the_text_as_written() -> None:
