@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleet_kernel.events import Event
 from fleet_kernel.kernel import spec
+from fleet_kernel.markdown import NO_MATH, md_block, md_escape
 from fleet_kernel.render import (
     MONO,
     SHOW_OUTPUT_CHARS,
@@ -70,23 +71,29 @@ def _header(view: TurnView) -> str:
 
 
 def render_markdown(view: TurnView) -> str:
-    parts = [f"*{_header(view)}*"]
+    """The transcript as Markdown: the model's reasoning and answer render as it wrote them, maths and HTML aside."""
+    lit = _literal
+    parts = [f"*{lit(_header(view))}*"]
     for it in view.iterations:
-        parts.append(f"#### {it.label[0].upper()}{it.label[1:]}")
+        parts.append(f"#### {lit(it.label[0].upper() + it.label[1:])}")
         if it.reasoning:
-            parts.append("\n".join("> " + line for line in it.reasoning.splitlines()))
+            parts.append("\n".join("> " + line for line in md_escape(it.reasoning).splitlines()))
         if it.code:
             parts.append(fence(it.code, "python"))
         if it.output or it.output_dropped:
             parts.append(fence(clip(it.output, dropped=it.output_dropped), "text"))
         if it.error:
-            parts.append(f"**{it.error.get('type', 'Error')}**: {it.error.get('message', '')}")
-    parts += _artifact_lines(view, "- ")
+            parts.append(f"**{lit(it.error.get('type', 'Error'))}**: {lit(it.error.get('message', ''))}")
+    parts += ["- " + lit(line) for line in _artifact_lines(view, "")]
     if view.status == "completed":
-        parts += ["---", "### Answer", view.answer or "*(empty answer)*"]
+        parts += ["---", "### Answer", md_escape(view.answer) if view.answer else "*(empty answer)*"]
     elif view.outcome_text():
-        parts += ["---", f"**{view.outcome_text()}**"]
-    return "\n\n".join(parts) + "\n"
+        parts += ["---", f"**{lit(view.outcome_text())}**"]
+    return md_block("\n\n".join(parts))
+
+
+def _literal(text: str) -> str:
+    return md_escape(text, literal=True)
 
 
 def render_text(view: TurnView) -> str:
@@ -112,7 +119,10 @@ def render_text(view: TurnView) -> str:
 def render_html(view: TurnView) -> str:
     """The transcript as self-contained HTML; every model-written string is escaped."""
     esc = html.escape
-    out = [WRAP_PROMPTS, f'<div class="fleet-transcript"><p style="opacity:.75"><em>{esc(_header(view))}</em></p>']
+    out = [
+        WRAP_PROMPTS,
+        f'<div class="fleet-transcript {NO_MATH}"><p style="opacity:.75"><em>{esc(_header(view))}</em></p>',
+    ]
     opened = " open" if len(view.iterations) <= OPEN_ITERATIONS else ""
     for it in view.iterations:
         out.append(f"<details{opened}><summary><b>{esc(it.label)}</b>{esc(iteration_note(it))}</summary>")
@@ -249,7 +259,7 @@ def title_markdown(session: SessionRow, turns: list[TurnView]) -> str:
         f"updated {session.updated_at:%Y-%m-%d %H:%M} UTC",
     ]
     title = (session.title or "Untitled session").replace("\n", " ")
-    return f"# {_md_escape(title)}\n\n" + " · ".join(facts) + "\n"
+    return md_block(f"# {_literal(title)}\n\n" + " · ".join(facts))
 
 
 def notebook_filename(session: SessionRow) -> str:
@@ -258,8 +268,3 @@ def notebook_filename(session: SessionRow) -> str:
     slug = re.sub(r"[^a-z0-9]+", "-", ascii_title.lower()).strip("-")[:SLUG_CHARS].rstrip("-")
     short = session.session_id.partition("_")[2][:8] or session.session_id[:8]
     return "-".join(part for part in ("fleet", slug, short) if part) + ".ipynb"
-
-
-def _md_escape(text: str) -> str:
-    """Text shown literally in Markdown: its punctuation escaped, raw HTML impossible."""
-    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~])", r"\\\1", text)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleet_kernel.errors import FleetError, NotFoundError, ValidationError
 from fleet_kernel.kernel.context import KernelContext
+from fleet_kernel.markdown import md_code, md_escape
 from fleet_kernel.sandbox import contract as sandbox_contract
 from fleet_kernel.textsafe import terminal_safe
 
@@ -70,7 +71,7 @@ async def cmd_help(ctx: KernelContext, args: list[str]) -> Reply:
     rows = []
     for line in lines:
         usage, _, what = line.partition("  ")
-        rows.append(f"| `{usage.strip().replace('|', chr(92) + '|')}` | {what.strip()} |")
+        rows.append(f"| {md_code(usage.strip())} | {_md(what.strip())} |")
     markdown = (
         "**Fleet commands** (each cell is a turn; `%fleet` lines are commands)\n\n"
         "| command | what it does |\n|---|---|\n"
@@ -111,7 +112,7 @@ async def _list_sessions(ctx: KernelContext) -> Reply:
         mark = "*" if s.session_id == ctx.session_id else " "
         when = s.updated_at.strftime("%Y-%m-%d %H:%M")
         lines.append(f"{mark} {s.session_id}  {s.turn_count:>3} turns  {when}  {s.title}")
-        rows.append(f"| {'**' if mark == '*' else ''}`{s.session_id}` | {s.turn_count} | {when} | {_md(s.title)} |")
+        rows.append(f"| {_marked(f'`{s.session_id}`', mark == '*')} | {s.turn_count} | {when} | {_md(s.title)} |")
     markdown = "| session | turns | updated | title |\n|---|---|---|---|\n" + "\n".join(rows)
     return Reply("\n".join(lines), markdown)
 
@@ -385,7 +386,8 @@ async def cmd_skill(ctx: KernelContext, args: list[str]) -> Reply:
         return _safe(
             Reply(
                 f"{skill.name} ({skill.source}): {skill.description}\n\n{skill.body}{resources}",
-                f"**{skill.name}** ({skill.source}): {_md(skill.description)}\n\n{skill.body}{resources}",
+                f"**{_md(skill.name)}** ({skill.source}): {_md(skill.description)}\n\n"
+                f"{md_escape(skill.body)}{_md(resources)}",
             )
         )
     if action == "use":
@@ -403,7 +405,7 @@ def _skill_list(ctx: KernelContext, catalogue: Catalogue) -> Reply:
     """The cards (the selected ones marked), then every warning: skipped cards, name clashes, an untrusted folder."""
     chosen = set(ctx.skills)
     lines = [f"{'*' if s.name in chosen else ' '} {s.name} ({s.source}): {s.description}" for s in catalogue]
-    rows = [f"| {'**' if s.name in chosen else ''}`{s.name}` | {s.source} | {_md(s.description)} |" for s in catalogue]
+    rows = [f"| {_marked(f'`{s.name}`', s.name in chosen)} | {s.source} | {_md(s.description)} |" for s in catalogue]
     note = f"Selected for the next turns: {', '.join(ctx.skills)}" if ctx.skills else "None selected."
     warnings = [f"Warning: {w}" for w in catalogue.warnings]
     markdown = "| skill | source | description |\n|---|---|---|\n" + "\n".join(rows) + f"\n\n{note}"
@@ -538,4 +540,10 @@ def _paths(prefix: str) -> list[str]:
 
 
 def _md(text: str) -> str:
-    return text.replace("|", "\\|").replace("<", "&lt;")
+    """Our text or the user's in a Markdown output: shown as written (``md_escape``)."""
+    return md_escape(text, literal=True)
+
+
+def _marked(cell: str, marked: bool) -> str:
+    """A table cell in bold when it is the current or chosen one (``**`` around the whole cell, code and all)."""
+    return f"**{cell}**" if marked else cell

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleet_kernel.errors import NotFoundError
 from fleet_kernel.events import ROOT_AGENT, Event
+from fleet_kernel.markdown import NO_MATH, md_block
 from fleet_kernel.render import error_line, fence, head_html, iteration_note
 from fleet_kernel.transcript import error_content, image_bundle, inline_images, transcript_bundle
 from fleet_kernel.view import IterationView, TurnView
@@ -275,14 +276,17 @@ class PlainLive(_Live):
             + (f"{it.reasoning}\n" if it.reasoning else "")
             + (fence(it.code, "python") if it.code else "")
         )
-        body = f"<b>{html.escape(it.label)}</b>{html.escape(note)}" + head_html(it)
+        body = f'<div class="{NO_MATH}"><b>{html.escape(it.label)}</b>{html.escape(note)}{head_html(it)}</div>'
         return {"text/plain": text, "text/html": body}
 
     def _status_bundle(self) -> dict[str, str]:
         from fleet_kernel.kernel.widgets import status_line  # widgets load ipywidgets (~0.3 s)
 
         line = status_line(self.view, self.started)
-        return {"text/plain": f"Fleet · {line}", "text/html": f"<p><b>Fleet</b> · {html.escape(line)}</p>"}
+        return {
+            "text/plain": f"Fleet · {line}",
+            "text/html": f'<p class="{NO_MATH}"><b>Fleet</b> · {html.escape(line)}</p>',
+        }
 
     def flush(self) -> None:
         ops, dirty = self._ops, self._dirty
@@ -380,7 +384,7 @@ def show_reply(pub: Publisher, reply: Reply, *, text_mode: bool) -> None:
         return
     data = {"text/plain": reply.text}
     if reply.markdown:
-        data["text/markdown"] = reply.markdown
+        data["text/markdown"] = md_block(reply.markdown)
     pub.display(data)
 
 
