@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleet_kernel.lazy import import_module
+from fleet_kernel.redact import LOG_FORMAT, RedactingFormatter, Redactor, env_secrets
 
 if TYPE_CHECKING:
     from fleet_kernel.config import OutputMode, Settings
@@ -241,7 +242,7 @@ def route_output_to_log(home: Path | None = None) -> Path:
         os.dup2(stream.fileno(), fd)
     sys.stdout = sys.stderr = stream
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(RedactingFormatter(LOG_FORMAT, Redactor(env_secrets(os.environ))))  # no key in the log
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

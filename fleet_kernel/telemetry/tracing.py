@@ -13,7 +13,8 @@ spans with the events' own times:
             invoke_agent {agent_id}           agent.started … agent.finished: a child RLM, its iterations below
 
 Prompts and outputs (task, reasoning, code, printed output, tool arguments and results, answer) are attached
-only with ``FLEET_TRACE_CONTENT=1``, scrubbed of every configured secret. This module (and with it the
+only with ``FLEET_TRACE_CONTENT=1``, scrubbed of every configured secret; without it a failed step's error is
+only its type (its message is a traceback that often holds what the code printed). This module (and with it the
 OpenTelemetry SDK) is imported only when an endpoint is configured; export is batched on the
 SDK's own thread, and a collector that is slow or unreachable loses spans (counted, logged once) without
 touching the turn.
@@ -89,7 +90,7 @@ class TraceBuilder:
     def __init__(self, tracer: Tracer, settings: Settings) -> None:
         self._tracer = tracer
         self._content = settings.trace_content
-        self._secrets = settings.secrets()
+        self._redactor = settings.redactor
         self._agents: dict[str, _Agent] = {}
         self._root: Span | None = None
         self._started: TurnStarted | None = None
@@ -98,9 +99,12 @@ class TraceBuilder:
     # ------------------------------------------------------------------ helpers
 
     def _text(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text[:MAX_CONTENT_CHARS]
+        return self._redactor.text(text)[:MAX_CONTENT_CHARS]
+
+    def _code_error(self, kind: str, message: str) -> str:
+        """A failed step's error as the trace shows it: the message (the traceback, often with what the code
+        printed) only with content capture on, else its type alone."""
+        return self._text(message) if self._content else f"the code raised {kind}"
 
     def _start(self, name: str, parent: Span, ts: str | int, attributes: dict[str, Any]) -> Span:
         start = ts if isinstance(ts, int) else _ns(ts)
@@ -216,8 +220,9 @@ class TraceBuilder:
         if self._content and agent.output:
             span.set_attribute("fleet.output", self._text("".join(agent.output)))
         if data.error is not None:
-            span.set_attribute("fleet.error.message", data.error.message)
-            self._error(span, data.error.message, data.error.type)
+            message = self._code_error(data.error.type, data.error.message)
+            span.set_attribute("fleet.error.message", message)
+            self._error(span, message, data.error.type)
         span.end(end_time=end)
         agent.execution = None
 
@@ -271,10 +276,10 @@ class TraceBuilder:
                 root.set_attribute("fleet.answer", self._text(data.answer))
         elif isinstance(data, TurnFailed):
             root.set_attribute("fleet.status", "failed")
-            self._error(root, data.error.message, data.error.type)
+            self._error(root, self._text(data.error.message), data.error.type)
         else:
             root.set_attribute("fleet.status", "cancelled")
-            self._error(root, data.reason, "cancelled")
+            self._error(root, self._text(data.reason), "cancelled")
         root.end(end_time=end)
         self.done = True
 
