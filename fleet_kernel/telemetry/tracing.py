@@ -23,6 +23,7 @@ touching the turn.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -60,6 +61,8 @@ from fleet_kernel.telemetry import metrics
 log = logging.getLogger(__name__)
 
 MAX_CONTENT_CHARS = 8_000
+# An exception's class name at the start of a traceback line ("ValueError: ..."): code, not what it printed.
+_EXCEPTION_NAME = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Iteration))\b", re.M)
 # The SDK logs every failed export and every dropped span; Fleet counts those and logs the first (``lost``).
 _SDK_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter", "opentelemetry.sdk._shared_internal")
 
@@ -104,7 +107,10 @@ class TraceBuilder:
     def _code_error(self, kind: str, message: str) -> str:
         """A failed step's error as the trace shows it: the message (the traceback, often with what the code
         printed) only with content capture on, else its type alone."""
-        return self._text(message) if self._content else f"the code raised {kind}"
+        if self._content:
+            return self._text(message)
+        names = _EXCEPTION_NAME.findall(message)
+        return f"the code raised {names[-1] if names else kind}"
 
     def _start(self, name: str, parent: Span, ts: str | int, attributes: dict[str, Any]) -> Span:
         start = ts if isinstance(ts, int) else _ns(ts)
