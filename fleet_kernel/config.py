@@ -292,7 +292,7 @@ class Settings(BaseModel):
     def secrets(self) -> list[str]:
         """Every secret value in force, so outputs can be scrubbed of them."""
         keys = (self.lm_api_key, self.daytona_api_key, self.api_token, *self.provider_keys)
-        values = [s.get_secret_value() for s in keys if s]
+        values = dict.fromkeys(s.get_secret_value() for s in keys if s)  # FLEET_LM_API_KEY is both
         return [v for v in values if len(v) >= 4]
 
     @property

@@ -14,7 +14,7 @@ spans with the events' own times:
 
 Prompts and outputs (task, reasoning, code, printed output, tool arguments and results, answer) are attached
 only with ``FLEET_TRACE_CONTENT=1``, scrubbed of every configured secret; without it a failed step's error is
-only its type (its message is a traceback that often holds what the code printed). This module (and with it the
+only the exception's line (its message begins with what the code printed). This module (and with it the
 OpenTelemetry SDK) is imported only when an endpoint is configured; export is batched on the
 SDK's own thread, and a collector that is slow or unreachable loses spans (counted, logged once) without
 touching the turn.
@@ -61,8 +61,10 @@ from fleet_kernel.telemetry import metrics
 log = logging.getLogger(__name__)
 
 MAX_CONTENT_CHARS = 8_000
-# An exception's class name at the start of a traceback line ("ValueError: ..."): code, not what it printed.
-_EXCEPTION_NAME = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Iteration))\b", re.M)
+MAX_ERROR_CHARS = 500
+_TRACEBACK = "Traceback (most recent call last):"
+# The exception's line at the end of a traceback ("ValueError: bad row"), after the frames' indented lines.
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?::.*)?$", re.M)
 # The SDK logs every failed export and every dropped span; Fleet counts those and logs the first (``lost``).
 _SDK_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter", "opentelemetry.sdk._shared_internal")
 
@@ -105,12 +107,13 @@ class TraceBuilder:
         return self._redactor.text(text)[:MAX_CONTENT_CHARS]
 
     def _code_error(self, kind: str, message: str) -> str:
-        """A failed step's error as the trace shows it: the message (the traceback, often with what the code
-        printed) only with content capture on, else its type alone."""
+        """A failed step's error as the trace shows it. Its message is what the code printed, then the
+        traceback: with content capture off only the exception's own line goes (``ValueError: ...``)."""
         if self._content:
             return self._text(message)
-        names = _EXCEPTION_NAME.findall(message)
-        return f"the code raised {names[-1] if names else kind}"
+        _, marker, traceback = message.rpartition(_TRACEBACK)
+        raised = _EXCEPTION_LINE.findall(traceback) if marker else []
+        return self._text(raised[-1][:MAX_ERROR_CHARS]) if raised else f"the code raised {kind}"
 
     def _start(self, name: str, parent: Span, ts: str | int, attributes: dict[str, Any]) -> Span:
         start = ts if isinstance(ts, int) else _ns(ts)

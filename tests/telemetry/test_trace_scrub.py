@@ -43,7 +43,7 @@ async def test_no_key_reaches_events_or_traces(
 async def test_without_content_capture_a_failed_step_sends_no_printed_output(
     make_runner, store: Store, scripted_lm: ScriptedLM
 ) -> None:
-    code = "print('PRINTED-BY-THE-STEP')\nraise ValueError('RAISED-WITH-DATA')"
+    code = "import sys\nprint('PRINTED-BY-THE-STEP')\nprint('WARNED-BY-THE-STEP', file=sys.stderr)\nraise ValueError('on purpose')"
     scripted_lm.add("fail once", [step("Break.", code), step("Done.", "SUBMIT(answer='ok')")])
     with OTLPReceiver() as collector:
         runner = await make_runner(collector.endpoint)
@@ -51,8 +51,8 @@ async def test_without_content_capture_a_failed_step_sends_no_printed_output(
         events = await collect(runner, session.session_id, "fail once")
         spans = collector.wait_for(turn_done(events[0].turn_id))
     finished = [e for e in events if e.type == "execution.finished" and e.data["error"]]
-    assert finished and "RAISED-WITH-DATA" in finished[0].data["error"]["message"]  # the event keeps it
+    assert finished and "PRINTED-BY-THE-STEP" in finished[0].data["error"]["message"]  # the event keeps it
     failed = [s for s in by_name(spans, "fleet.execute_code") if s.status_code == 2]
-    assert failed and "ValueError" in failed[0].status_message
-    for marker in (b"PRINTED-BY-THE-STEP", b"RAISED-WITH-DATA"):
+    assert failed and failed[0].status_message == "ValueError: on purpose"
+    for marker in (b"PRINTED-BY-THE-STEP", b"WARNED-BY-THE-STEP", b"raise ValueError"):
         assert not any(marker in body for body in collector.bodies)
