@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic import ValidationError as PydanticValidationError
@@ -293,6 +294,8 @@ class Settings(BaseModel):
         """Every secret value in force, so outputs can be scrubbed of them."""
         keys = (self.lm_api_key, self.daytona_api_key, self.api_token, *self.provider_keys)
         values = dict.fromkeys(s.get_secret_value() for s in keys if s)  # FLEET_LM_API_KEY is both
+        if self.lm_base_url and (password := urlsplit(self.lm_base_url).password):  # https://user:key@host
+            values[password] = None
         return [v for v in values if len(v) >= 4]
 
     @property

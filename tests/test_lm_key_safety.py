@@ -60,10 +60,11 @@ def test_the_operators_cassette_is_read_where_it_is_a_sessions_only_from_the_fol
 
 
 def test_provider_key_variables_are_secrets_too(tmp_path: Path) -> None:
-    env = hosted(tmp_path, OPENAI_API_KEY=PROVIDER_KEY, AWS_SECRET_ACCESS_KEY="aws-secret-value-1234", DEBUG="1")
+    env = hosted(tmp_path, OPENAI_API_KEY=PROVIDER_KEY, AWS_SECRET_ACCESS_KEY="aws-secret-value-1234", DEBUG="1",
+                 FLEET_LM_BASE_URL="https://user:url-password-555@llm.example/v1")  # fmt: skip
     redactor = load_settings(env).redactor
-    text = f"a {FLEET_KEY} b {PROVIDER_KEY} c aws-secret-value-1234 d 1"
-    assert redactor.text(text) == "a *** b *** c *** d 1"
+    text = f"a {FLEET_KEY} b {PROVIDER_KEY} c aws-secret-value-1234 d 1 e url-password-555"
+    assert redactor.text(text) == "a *** b *** c *** d 1 e ***"
 
 
 def test_the_kernel_log_has_no_key(tmp_path: Path) -> None:

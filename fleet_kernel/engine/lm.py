@@ -245,9 +245,10 @@ def explain_lm_error(exc: BaseException, settings: Settings) -> LMError:
         )
     elif "timed out" in lowered or code == "timeout":
         timeout = settings.policy.lm.request_timeout_s
+        check = "that the server at FLEET_LM_BASE_URL is running" if settings.lm_base_url else "the network"
         message = (
-            f"{where} did not answer {model} within {timeout:g} s: check that the server at FLEET_LM_BASE_URL is "
-            "running and answering, or raise [lm] request_timeout_s in fleet.toml"
+            f"{where} did not answer {model} within {timeout:g} s: check {check}, or raise "
+            "[lm] request_timeout_s in fleet.toml for a model that needs longer"
         )
     elif code == "transport" or "connect" in lowered:
         message = f"cannot reach {where} for {model}: check FLEET_LM_BASE_URL and that the server is running ({detail})"
