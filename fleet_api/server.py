@@ -17,6 +17,7 @@ from fleet_api.connections import bounded_h11
 from fleet_kernel.config import Settings, load_settings
 from fleet_kernel.errors import ConfigError
 from fleet_kernel.kernel.sidecar import spawn_sidecar
+from fleet_kernel.redact import LOG_FORMAT, RedactingFormatter
 from fleet_kernel.store import Store
 
 GRACEFUL_SHUTDOWN_S = 5
@@ -94,8 +95,10 @@ def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
         ConfigError: a non-loopback bind without ``FLEET_API_TOKEN``, or invalid settings.
         StoreUnavailableError: the store cannot be opened (checked before binding, to fail in one line).
     """
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     settings = load_settings()
+    for handler in logging.getLogger().handlers:  # no key in the log (the LM key, provider keys, the API token)
+        handler.setFormatter(RedactingFormatter(LOG_FORMAT, settings.redactor))
     check_bind(host, settings)
     asyncio.run(_check_store(settings))
     server = build_server(host, port, settings)

@@ -15,12 +15,14 @@ from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic import ValidationError as PydanticValidationError
 from pydantic_core import PydanticCustomError
 
 from fleet_kernel.errors import ConfigError, ValidationError
+from fleet_kernel.redact import Redactor, env_secrets
 
 
 def _registered_sandbox(name: str) -> str:
@@ -81,6 +83,17 @@ class LMPolicy(_Section):
     max_tokens: int = Field(4096, ge=1, le=1_000_000, description="completion cap sent with every root LM call")
     sub_max_tokens: int | None = Field(
         None, ge=1, le=1_000_000, description="the cap for llm_query and child RLM calls; default max_tokens"
+    )
+    allowed_models: tuple[str, ...] | None = Field(
+        None,
+        description="patterns (fnmatch) of the models a session may switch to; default: the configured models' "
+        "providers (openai/*, ...)",
+    )
+    cassettes_dir: Path | None = Field(
+        None, description="the folder replay/<file> models of a session are read from; default $FLEET_HOME/cassettes"
+    )
+    request_timeout_s: float = Field(
+        120, gt=0, le=3_600, description="how long one LM request may wait for the model server"
     )
 
     @property
@@ -225,6 +238,20 @@ class Settings(BaseModel):
     and ``OTEL_SDK_DISABLED`` is not true; the OpenTelemetry SDK reads those variables itself."""
     policy: Policy = Policy()
     config_path: Path | None = None
+    configured_models: tuple[str, ...] = ()
+    """The models the operator configured (``FLEET_LM_MODEL``, ``FLEET_SUB_LM_MODEL``), kept when a session or
+    ``%fleet model`` chooses another: they are always allowed, and their providers are by default."""
+    provider_keys: tuple[SecretStr, ...] = ()
+    """The key variables dspy/LiteLLM and provider SDKs read themselves (``OPENAI_API_KEY``, ...;
+    ``redact.SECRET_VAR``): scrubbed like Fleet's own."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _remember_models(cls, values: Any) -> Any:
+        if isinstance(values, dict) and "configured_models" not in values:
+            models = (values.get("lm_model"), values.get("sub_lm_model"))
+            values = {**values, "configured_models": tuple(m for m in models if m)}
+        return values
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod
@@ -268,10 +295,24 @@ class Settings(BaseModel):
     def logs_dir(self) -> Path:
         return self.home / "logs"
 
+    @property
+    def cassettes_dir(self) -> Path:
+        """Where a session's ``replay/<file>`` models are read from (``[lm] cassettes_dir``)."""
+        folder = self.policy.lm.cassettes_dir
+        return folder.expanduser().absolute() if folder is not None else self.home / "cassettes"
+
     def secrets(self) -> list[str]:
         """Every secret value in force, so outputs can be scrubbed of them."""
-        values = [s.get_secret_value() for s in (self.lm_api_key, self.daytona_api_key, self.api_token) if s]
+        keys = (self.lm_api_key, self.daytona_api_key, self.api_token, *self.provider_keys)
+        values = dict.fromkeys(s.get_secret_value() for s in keys if s)  # FLEET_LM_API_KEY is both
+        if self.lm_base_url and (password := urlsplit(self.lm_base_url).password):  # https://user:key@host
+            values[password] = None
         return [v for v in values if len(v) >= 4]
+
+    @property
+    def redactor(self) -> Redactor:
+        """Replaces every secret in force with ``***`` (events, traces, logs, error messages)."""
+        return Redactor.of(tuple(self.secrets()))
 
 
 def _format_validation_error(source: str, exc: PydanticValidationError) -> str:
@@ -345,6 +386,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
     if not values.get("lm_api_key"):
         # dspy/LiteLLM read the provider's own variable (OPENAI_API_KEY, ...) themselves.
         values.pop("lm_api_key", None)
+    values["provider_keys"] = env_secrets(env)
     try:
         return Settings.model_validate(values)
     except PydanticValidationError as exc:

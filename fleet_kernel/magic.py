@@ -193,12 +193,12 @@ async def _turn(
         start["output_schema"] = schema
     previous = ctx.settings
     if opts.model:
-        ctx.update_settings(lm_model=opts.model)
+        ctx.choose_model(opts.model)
     try:
         view, error = await run_and_show(ctx, pub, task, cancel, count, report_error=False, stop_button=False, **start)
     finally:
         if opts.model:
-            ctx.update_settings(lm_model=previous.lm_model)
+            ctx.update_settings(lm_model=previous.lm_model, configured_models=previous.configured_models)
     result = None
     if error is None and schema is not None:
         assert ctx.store is not None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import os
 import socket
 import threading
 from collections.abc import Callable
@@ -21,7 +22,8 @@ from dspy.utils.callback import BaseCallback
 from dspy.utils.exceptions import LMConfigurationError
 
 from fleet_kernel.config import Settings
-from fleet_kernel.errors import LMError
+from fleet_kernel.engine.session_config import REPLAY, cassette_path, check_model, provider_of
+from fleet_kernel.errors import LMError, ValidationError
 
 if TYPE_CHECKING:
     from fleet_kernel.engine.budget import TurnBudget
@@ -134,11 +136,21 @@ class MeteredLM(dspy.LM):
 
 
 def _make_lm(model: str, settings: Settings, max_tokens: int) -> dspy.LM:
-    if model.startswith("replay/"):
+    try:
+        check_model(model, settings)  # a session's model chosen before a fleet.toml change, too
+    except ValidationError as exc:
+        raise LMError(exc.message, code=exc.code) from None
+    if model.startswith(REPLAY):
         from fleet_kernel.engine.replay import replay_lm  # replay imports this module (MeteredLM)
 
-        return with_max_tokens(replay_lm(model.removeprefix("replay/")), max_tokens)
-    kwargs: dict[str, Any] = {"cache": False, "num_retries": 2, "max_tokens": max_tokens}
+        trusted = model in settings.configured_models  # the operator's own file: its errors may show it
+        return with_max_tokens(replay_lm(cassette_path(model, settings), trusted=trusted), max_tokens)
+    kwargs: dict[str, Any] = {
+        "cache": False,
+        "num_retries": 2,
+        "max_tokens": max_tokens,
+        "timeout": settings.policy.lm.request_timeout_s,  # a server that accepts and never answers
+    }
     if settings.lm_base_url:
         kwargs["api_base"] = settings.lm_base_url
     if settings.lm_api_key:
@@ -168,15 +180,10 @@ def build_lms(settings: Settings) -> tuple[dspy.LM, dspy.LM]:
     """The root LM and the sub-LM (``llm_query`` and child RLMs; the root model unless set).
 
     Raises:
-        LMError: no model is configured.
+        LMError: no model is configured, or a session's model is not allowed.
     """
     if not settings.lm_model:
-        raise LMError(
-            "no language model is configured: set FLEET_LM_MODEL (for example openai/gpt-4.1-mini, with "
-            "FLEET_LM_API_KEY), point FLEET_LM_BASE_URL at an OpenAI-compatible server, or use "
-            "FLEET_LM_MODEL=replay/<cassette.json> to replay a recorded session",
-            code="lm_not_configured",
-        )
+        raise LMError(not_configured_message(settings), code="lm_not_configured")
     caps = settings.policy.lm
     root = _make_lm(settings.lm_model, settings, caps.max_tokens)
     if settings.sub_lm_model:
@@ -186,23 +193,68 @@ def build_lms(settings: Settings) -> tuple[dspy.LM, dspy.LM]:
     return root, sub
 
 
+def not_configured_message(settings: Settings) -> str:
+    """Why no model is configured, with what was seen: FLEET_LM_BASE_URL alone does not name a model."""
+    seen = f"FLEET_LM_BASE_URL is {settings.lm_base_url}, but " if settings.lm_base_url else ""
+    return (
+        f"no language model is configured: {seen}FLEET_LM_MODEL is not set. Set FLEET_LM_MODEL to provider/model "
+        "(for example openai/gpt-4.1-mini, with its key in FLEET_LM_API_KEY; for an OpenAI-compatible server at "
+        "FLEET_LM_BASE_URL, openai/<the server's model name>), or FLEET_LM_MODEL=replay/<cassette.json> to replay "
+        "a recorded session"
+    )
+
+
+def _key_seen(settings: Settings, provider: str) -> str:
+    """Which key variable is set, never its value."""
+    variable = f"{provider.upper().replace('-', '_')}_API_KEY"
+    if settings.lm_api_key is not None:
+        return "FLEET_LM_API_KEY is set"
+    if os.environ.get(variable):
+        return f"{variable} is set"
+    return f"neither FLEET_LM_API_KEY nor {variable} is set"
+
+
 def explain_lm_error(exc: BaseException, settings: Settings) -> LMError:
-    """Turn a provider failure into a message that says what to set or check, with no secret in it."""
+    """Turn a provider failure into Fleet's words: what to set or check, with the value seen (never a key).
+
+    dspy's and LiteLLM's own advice (``api_key=`` on ``dspy.LM``, Huggingface endpoints) is for their
+    callers; a Fleet user sets environment variables and fleet.toml keys.
+    """
     code = getattr(exc, "code", None) or "lm_error"
-    where = settings.lm_base_url or "the provider"
-    model = settings.lm_model
+    model = settings.lm_model or "(none)"
+    provider = provider_of(model)
+    where = settings.lm_base_url or f"the {provider} provider"
     detail = scrub(str(exc), settings)
+    lowered = detail.lower()
     if len(detail) > 500:
         detail = detail[:500] + "..."
-    if code == "auth":
+    if code == "not_configured" and "api key" in lowered:
         message = (
-            f"{where} rejected the API key for {model}: check FLEET_LM_API_KEY (or the provider's own key variable)"
+            f"no API key for {model} ({_key_seen(settings, provider)}): set FLEET_LM_API_KEY, or "
+            f"{provider.upper().replace('-', '_')}_API_KEY, in the environment Fleet runs in"
         )
-    elif code in ("transport", "timeout") or "connect" in detail.lower():
+    elif "provider not provided" in lowered or code == "unsupported_model":
+        message = (
+            f"FLEET_LM_MODEL (or the session's model) is {model}, whose provider {provider!r} is not one Fleet's LM "
+            "library knows: write it as provider/model, such as openai/gpt-4.1-mini or anthropic/claude-sonnet-4-5"
+        )
+    elif code == "auth":
+        message = (
+            f"{where} rejected the API key for {model} ({_key_seen(settings, provider)}): check FLEET_LM_API_KEY "
+            "(or the provider's own key variable)"
+        )
+    elif "timed out" in lowered or code == "timeout":
+        timeout = settings.policy.lm.request_timeout_s
+        check = "that the server at FLEET_LM_BASE_URL is running" if settings.lm_base_url else "the network"
+        message = (
+            f"{where} did not answer {model} within {timeout:g} s: check {check}, or raise "
+            "[lm] request_timeout_s in fleet.toml for a model that needs longer"
+        )
+    elif code == "transport" or "connect" in lowered:
         message = f"cannot reach {where} for {model}: check FLEET_LM_BASE_URL and that the server is running ({detail})"
     elif code == "rate_limit":
         message = f"{where} is rate limiting {model}: wait and retry, or lower limits.max_llm_calls ({detail})"
-    elif code in ("not_configured", "configuration", "unsupported_model"):
+    elif code in ("not_configured", "configuration"):
         message = f"the model {model} cannot be used as configured: check FLEET_LM_MODEL ({detail})"
     else:
         message = f"the language model {model} failed: {detail}"
@@ -210,7 +262,5 @@ def explain_lm_error(exc: BaseException, settings: Settings) -> LMError:
 
 
 def scrub(text: str, settings: Settings) -> str:
-    """Remove every configured secret from ``text``."""
-    for secret in settings.secrets():
-        text = text.replace(secret, "***")
-    return text
+    """Remove every secret in force (Fleet's and the provider key variables') from ``text``."""
+    return settings.redactor.text(text)

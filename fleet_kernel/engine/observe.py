@@ -288,7 +288,7 @@ class TurnObserver(BaseCallback):
         frame, started = entry
         error = None
         if exception is not None and not isinstance(exception, TurnCancelled):
-            error = {"type": type(exception).__name__, "message": scrub(preview(str(exception), 2000), self.settings)}
+            error = {"type": type(exception).__name__, "message": self._shown(str(exception), 2000)}
         duration_ms = round((time.perf_counter() - started) * 1000, 3)
         self._emit(ExecutionFinished(iteration=frame.iteration, duration_ms=duration_ms, error=error), frame)
 
@@ -298,11 +298,19 @@ class TurnObserver(BaseCallback):
         frame = self._frame()
         self._emit(Output(iteration=frame.iteration, stream=stream, text=scrub(text, self.settings)), frame)
 
+    def _shown(self, value: Any, limit: int = PREVIEW_CHARS) -> str:
+        """A preview without secrets, scrubbed before it is cut so that no key is left half shown (every
+        event is scrubbed again when emitted)."""
+        text = value if isinstance(value, str) else repr(value)
+        return preview(scrub(text[: limit + 1024], self.settings), limit)  # what can be shown, plus a key's length
+
     def on_tool_start(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         self.check_cancelled()
         call_id = f"call-{next(self._ids)}"
         self._tool_calls[call_id] = time.perf_counter()
-        shown = ", ".join([preview(a, 120) for a in args] + [f"{k}={preview(v, 120)}" for k, v in kwargs.items()])
+        shown = ", ".join(
+            [self._shown(a, 120) for a in args] + [f"{k}={self._shown(v, 120)}" for k, v in kwargs.items()]
+        )
         self._emit(ToolStarted(call_id=call_id, name=name, args_preview=preview(shown)))
         return call_id
 
@@ -312,7 +320,7 @@ class TurnObserver(BaseCallback):
             ToolFinished(
                 call_id=call_id,
                 ok=ok,
-                result_preview=scrub(preview(result), self.settings),
+                result_preview=self._shown(result),
                 duration_ms=round((time.perf_counter() - started) * 1000, 3),
             )
         )

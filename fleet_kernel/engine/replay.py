@@ -99,8 +99,9 @@ class Cassette:
         self._lock = threading.Lock()
 
     @classmethod
-    def load(cls, path: str | Path) -> Cassette:
-        """Raises ``LMError`` when the file is missing or not a cassette."""
+    def load(cls, path: str | Path, *, trusted: bool = True) -> Cassette:
+        """Raises ``LMError`` when the file is missing or not a cassette; only a ``trusted`` one (the
+        operator's) has the reader's error (bytes, offsets) in the message."""
         path = Path(path).expanduser()
         record = f"record one with FLEET_LM_RECORD={path} and a real FLEET_LM_MODEL"
         try:
@@ -111,7 +112,8 @@ class Cassette:
                 code="lm_replay_missing",
             ) from exc
         except (OSError, ValueError) as exc:
-            message = f"cannot read the replay cassette {path} ({exc}): {record}"
+            reason = f" ({exc})" if trusted else ""
+            message = f"cannot read the replay cassette {path}{reason}: {record}"
             raise LMError(message, code="lm_replay_invalid") from exc
         problem = _shape_problem(data)
         if problem:
@@ -186,17 +188,18 @@ class ReplayEngine:
 
     def _miss_message(self, messages: list[dict[str, str]]) -> str:
         text = "\n".join(m["content"] for m in messages)
-        best, best_ratio = None, 0.0
-        for entry in self.cassette.exchanges:
+        best, best_number, best_ratio = None, 0, 0.0
+        for number, entry in enumerate(self.cassette.exchanges, 1):
             other = "\n".join(m["content"] for m in entry["messages"])
             ratio = difflib.SequenceMatcher(None, text[-4000:], other[-4000:], autojunk=False).quick_ratio()
             if ratio > best_ratio:
-                best, best_ratio = other, ratio
+                best, best_number, best_ratio = other, number, ratio
         hint = ""
-        if best is not None:
-            for ours, theirs in zip(text.splitlines(), best.splitlines(), strict=False):
+        if best is not None:  # where, and this request's own line: the recorded prompts stay in the file
+            for line, (ours, theirs) in enumerate(zip(text.splitlines(), best.splitlines(), strict=False), 1):
                 if ours != theirs:
-                    hint = f"; the nearest recorded request differs at: {ours[:160]!r} (recorded: {theirs[:160]!r})"
+                    where = f"exchange {best_number}, line {line}"
+                    hint = f"; the nearest recorded request differs ({where}) at: {ours[:160]!r}"
                     break
         return (
             f"the replay cassette {self.cassette.path} has no answer for this request{hint}. Replays only answer "
@@ -242,13 +245,14 @@ class CassetteLM(MeteredLM):
         super().update_history(entry)
 
 
-def replay_lm(path: str) -> dspy.LM:
-    """An LM answering from the cassette at ``path`` (``FLEET_LM_MODEL=replay/<path>``).
+def replay_lm(path: str | Path, *, trusted: bool = True) -> dspy.LM:
+    """An LM answering from the cassette at ``path`` (``FLEET_LM_MODEL=replay/<path>``); ``trusted``: the
+    operator chose it (see ``Cassette.load``).
 
     Raises:
         LMError: the cassette is missing or invalid.
     """
-    cassette = Cassette.load(path)
+    cassette = Cassette.load(path, trusted=trusted)
     return CassetteLM(f"replay/{cassette.path.name}", engine=ReplayEngine(cassette), cache=False, num_retries=0)
 
 

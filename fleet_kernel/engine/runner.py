@@ -234,6 +234,7 @@ class TurnRunner:
         if cell_id is not None and not 0 < len(cell_id) <= MAX_CELL_ID_CHARS:
             raise ValidationError(f"a cell id has 1 to {MAX_CELL_ID_CHARS} characters; this one has {len(cell_id)}")
         settings = self.settings.for_turn(limits)
+        task = settings.redactor.text(task)  # a key in the task is kept nowhere: turn row, events, history
         catalogue = await asyncio.to_thread(catalogue_for, self.settings)  # a bad card is left out, with a warning
         selected = catalogue.select(skills)
         schema = turn_choices.check_output_schema(output_schema) if output_schema is not None else None
@@ -258,7 +259,7 @@ class TurnRunner:
             return handle
         assert claim.session is not None
         settings = session_settings(settings, claim.session)  # its own models
-        emitter = TurnEmitter(self._writer, session_id=session_id, turn_id=turn.turn_id)
+        emitter = TurnEmitter(self._writer, session_id=session_id, turn_id=turn.turn_id, redactor=settings.redactor)
         choices = TurnChoices(skills=selected, output_schema=schema)
         setup_error = None
         try:

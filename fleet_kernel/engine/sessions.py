@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleet_kernel import sandbox
 from fleet_kernel.config import Settings
-from fleet_kernel.engine.session_config import effective_config
+from fleet_kernel.engine.session_config import check_model, effective_config
 from fleet_kernel.errors import NotFoundError, PayloadTooLargeError, ValidationError
 from fleet_kernel.store import AttachmentRow, SessionRow, Store
 from fleet_kernel.store.sessions import Archived, SessionPage
@@ -103,7 +103,8 @@ class Sessions:
         """Apply ``title``, ``archived``, ``model`` and ``sub_model`` (``None`` model: the configured one).
 
         Raises:
-            ValidationError: nothing to change, a null title or archived flag, or an unknown field.
+            ValidationError: nothing to change, a null title or archived flag, an unknown field, or a model
+                the operator did not allow (``session_config.check_model``).
             NotFoundError: unknown session.
         """
         if not changes:
@@ -114,6 +115,9 @@ class Sessions:
         for key in ("title", "archived"):
             if key in changes and changes[key] is None:
                 raise ValidationError(f"{key} cannot be null")
+        for key in ("model", "sub_model"):
+            if isinstance(changes.get(key), str):
+                check_model(changes[key], self.settings)
         return await self.store.update_session(session_id, **changes)
 
     async def config(self, session_id: str, sandbox_name: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from contextlib import aclosing
 from typing import Any
 
 from fleet_kernel.events import ROOT_AGENT, Event, EventData, TurnFailed, TurnStarted, make_event
+from fleet_kernel.redact import Redactor
 from fleet_kernel.store import Store, TurnEnding, describe_write_error
 from fleet_kernel.telemetry import Telemetry
 
@@ -269,10 +270,19 @@ class EventWriter:
 
 
 class TurnEmitter:
-    """Assigns ``seq`` and builds envelopes for one turn; thread-safe."""
+    """Assigns ``seq`` and builds envelopes for one turn, without the ``redactor``'s secrets; thread-safe."""
 
-    def __init__(self, writer: EventWriter, *, session_id: str, turn_id: str, first_seq: int = 1) -> None:
+    def __init__(
+        self,
+        writer: EventWriter,
+        *,
+        session_id: str,
+        turn_id: str,
+        first_seq: int = 1,
+        redactor: Redactor | None = None,
+    ) -> None:
         self._writer = writer
+        self._redactor = redactor  # every event loses the secrets in force (task, code, output, errors...)
         self.session_id = session_id
         self.turn_id = turn_id
         self._next_seq = first_seq
@@ -303,6 +313,8 @@ class TurnEmitter:
                 parent_agent_id=parent_agent_id,
             )
             self._next_seq += 1
+            if self._redactor is not None:
+                event = event.model_copy(update={"data": self._redactor.data(event.data)})
             if event.terminal:
                 self.closed = True
             self._writer.put(event, ending)

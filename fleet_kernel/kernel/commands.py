@@ -126,7 +126,7 @@ async def cmd_model(ctx: KernelContext, args: list[str]) -> Reply:
             return Reply(f"The next turns use {ctx.settings.lm_model} (the configured model; {args[1]} is not needed).")
         args = args[1:]
     if args:
-        settings = ctx.update_settings(lm_model=args[0])
+        settings = ctx.choose_model(args[0])
         await ctx.open()
         assert ctx.store is not None
         await ctx.store.update_session(await ctx.ensure_session(), model=args[0])  # the API shows it too

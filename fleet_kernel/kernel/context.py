@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleet_kernel.lazy import import_module
+from fleet_kernel.redact import LOG_FORMAT, RedactingFormatter, Redactor, env_secrets
 
 if TYPE_CHECKING:
     from fleet_kernel.config import OutputMode, Settings
@@ -119,6 +120,25 @@ class KernelContext:
 
             self._settings = load_settings()
         return self._settings
+
+    def choose_model(self, model: str) -> Settings:
+        """Use ``model`` for this kernel's next turns (``%fleet model``, ``%%fleet --model``), if the engine
+        allows it (``session_config.check_model``: the LM key goes only to the configured endpoints).
+
+        A ``replay/<path>`` model is this kernel user's own choice of their own file, so it is read where it
+        is (relative to the notebook), as ``FLEET_LM_MODEL`` is; over HTTP a session's cassette must be in
+        ``[lm] cassettes_dir``.
+
+        Raises:
+            ValidationError: the model is not allowed.
+        """
+        from fleet_kernel.engine.session_config import REPLAY, check_model  # the engine loads after start
+
+        settings = self.settings
+        if model.startswith(REPLAY):
+            return self.update_settings(lm_model=model, configured_models=(*settings.configured_models, model))
+        check_model(model, settings)
+        return self.update_settings(lm_model=model)
 
     def update_settings(self, **changes: object) -> Settings:
         """Change settings for this kernel's next turns (``%fleet model``, ``%fleet sandbox``)."""
@@ -241,7 +261,7 @@ def route_output_to_log(home: Path | None = None) -> Path:
         os.dup2(stream.fileno(), fd)
     sys.stdout = sys.stderr = stream
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(RedactingFormatter(LOG_FORMAT, Redactor(env_secrets(os.environ))))  # no key in the log
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

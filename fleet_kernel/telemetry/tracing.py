@@ -13,7 +13,8 @@ spans with the events' own times:
             invoke_agent {agent_id}           agent.started … agent.finished: a child RLM, its iterations below
 
 Prompts and outputs (task, reasoning, code, printed output, tool arguments and results, answer) are attached
-only with ``FLEET_TRACE_CONTENT=1``, scrubbed of every configured secret. This module (and with it the
+only with ``FLEET_TRACE_CONTENT=1``, scrubbed of every configured secret; without it a failed step's error is
+only the exception's line (its message begins with what the code printed). This module (and with it the
 OpenTelemetry SDK) is imported only when an endpoint is configured; export is batched on the
 SDK's own thread, and a collector that is slow or unreachable loses spans (counted, logged once) without
 touching the turn.
@@ -22,6 +23,7 @@ touching the turn.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -59,6 +61,10 @@ from fleet_kernel.telemetry import metrics
 log = logging.getLogger(__name__)
 
 MAX_CONTENT_CHARS = 8_000
+MAX_ERROR_CHARS = 500
+_TRACEBACK = "Traceback (most recent call last):"
+# The exception's line at the end of a traceback ("ValueError: bad row"), after the frames' indented lines.
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?::.*)?$", re.M)
 # The SDK logs every failed export and every dropped span; Fleet counts those and logs the first (``lost``).
 _SDK_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter", "opentelemetry.sdk._shared_internal")
 
@@ -89,7 +95,7 @@ class TraceBuilder:
     def __init__(self, tracer: Tracer, settings: Settings) -> None:
         self._tracer = tracer
         self._content = settings.trace_content
-        self._secrets = settings.secrets()
+        self._redactor = settings.redactor
         self._agents: dict[str, _Agent] = {}
         self._root: Span | None = None
         self._started: TurnStarted | None = None
@@ -98,9 +104,16 @@ class TraceBuilder:
     # ------------------------------------------------------------------ helpers
 
     def _text(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text[:MAX_CONTENT_CHARS]
+        return self._redactor.text(text)[:MAX_CONTENT_CHARS]
+
+    def _code_error(self, kind: str, message: str) -> str:
+        """A failed step's error as the trace shows it. Its message is what the code printed, then the
+        traceback: with content capture off only the exception's own line goes (``ValueError: ...``)."""
+        if self._content:
+            return self._text(message)
+        _, marker, traceback = message.rpartition(_TRACEBACK)
+        raised = _EXCEPTION_LINE.findall(traceback) if marker else []
+        return self._text(raised[-1][:MAX_ERROR_CHARS]) if raised else f"the code raised {kind}"
 
     def _start(self, name: str, parent: Span, ts: str | int, attributes: dict[str, Any]) -> Span:
         start = ts if isinstance(ts, int) else _ns(ts)
@@ -216,8 +229,9 @@ class TraceBuilder:
         if self._content and agent.output:
             span.set_attribute("fleet.output", self._text("".join(agent.output)))
         if data.error is not None:
-            span.set_attribute("fleet.error.message", data.error.message)
-            self._error(span, data.error.message, data.error.type)
+            message = self._code_error(data.error.type, data.error.message)
+            span.set_attribute("fleet.error.message", message)
+            self._error(span, message, data.error.type)
         span.end(end_time=end)
         agent.execution = None
 
@@ -271,10 +285,10 @@ class TraceBuilder:
                 root.set_attribute("fleet.answer", self._text(data.answer))
         elif isinstance(data, TurnFailed):
             root.set_attribute("fleet.status", "failed")
-            self._error(root, data.error.message, data.error.type)
+            self._error(root, self._text(data.error.message), data.error.type)
         else:
             root.set_attribute("fleet.status", "cancelled")
-            self._error(root, data.reason, "cancelled")
+            self._error(root, self._text(data.reason), "cancelled")
         root.end(end_time=end)
         self.done = True
 

@@ -144,6 +144,17 @@ def test_bad_options_and_unknown_names_say_what_to_do(py: PythonKernel, scripted
     assert scripted_lm.requests == []
 
 
+def test_model_and_dash_dash_model_keep_to_the_configured_provider(py: PythonKernel, scripted_lm) -> None:
+    """``%fleet model`` and ``%%fleet --model`` ask the engine, as PATCH does: no key goes to ollama."""
+    for code in ("%fleet model ollama/m", "%%fleet --model llamafile/m\ntask"):
+        run = py.run(code)
+        assert run.reply["content"]["ename"] == "ValidationError", run.reply["content"]
+        assert "[lm] allowed_models" in run.reply["content"]["evalue"]
+    assert "openai/scripted" in py.ok("%fleet model").text()
+    assert "openai/other" in py.ok("%fleet model openai/other").text()
+    assert scripted_lm.requests == []
+
+
 def test_the_api_sees_the_notebook_session_and_its_events(py: PythonKernel, scripted_lm, settings) -> None:
     import httpx
     from live_api import LiveServer, iter_frames
