@@ -123,6 +123,22 @@ def test_a_workspace_folder_swapped_for_a_link_inside_is_replaced(tmp_path: Path
     assert (ws.root / "memory" / "MEMORIES.md").read_text().startswith("# Memories")
 
 
+def test_the_copy_back_refuses_a_workspace_swapped_for_a_link(tmp_path: Path) -> None:
+    from fleet_kernel.sandbox import _stage
+
+    stage = tmp_path / "stage"
+    (stage / "artifacts").mkdir(parents=True)
+    (stage / "artifacts" / "out.txt").write_text("made in the sandbox")
+    elsewhere = tmp_path / "root-only"
+    elsewhere.mkdir(mode=0o700)
+    workspace = tmp_path / "home" / "workspaces" / "ses_1"
+    workspace.parent.mkdir(parents=True)
+    workspace.symlink_to(elsewhere)  # swapped after the sandbox started
+    with pytest.raises(OSError, match="replaced by a link"):
+        _stage.copy_out(str(stage), str(workspace), {})
+    assert list(elsewhere.iterdir()) == []
+
+
 def test_the_api_log_is_not_written_through_a_link(tmp_path: Path) -> None:
     from fleet_kernel import safe_files
 

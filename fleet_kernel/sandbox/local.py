@@ -37,7 +37,7 @@ from fleet_kernel.errors import SandboxUnavailableError
 from fleet_kernel.sandbox import _confine, _pyfarm
 from fleet_kernel.sandbox._protocol import PipeSession, SessionClosed
 from fleet_kernel.sandbox.contract import describe
-from fleet_kernel.workspace import LAYOUT
+from fleet_kernel.workspace import Workspace
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -671,9 +671,8 @@ class LocalBackend:
             raise SandboxUnavailableError(
                 f"The local sandbox cannot run: {reason}; or set FLEET_SANDBOX=unsafe-local to run without isolation."
             )
-        workspace = workspace.absolute()
-        for name in LAYOUT:
-            (workspace / name).mkdir(parents=True, exist_ok=True)
+        # made without following a link, then named by its real path: the stage's copy-back refuses a link
+        workspace = Path(os.path.realpath(Workspace(workspace.absolute()).ensure().root))
         if not self.isolated:
             logger.warning(
                 "FLEET_SANDBOX=unsafe-local: model-written code runs WITHOUT isolation, with your user's "
