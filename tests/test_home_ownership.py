@@ -20,6 +20,8 @@ from fleet_kernel.errors import ConfigError, StoreUnavailableError
 from fleet_kernel.store import Store
 from fleet_kernel.workspace import Workspace
 
+sys.path.insert(0, str(Path(__file__).parent / "kernel"))  # kernel_harness, shared with the kernel suites
+
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make folders owned by another user")
 
@@ -60,6 +62,27 @@ def test_fleet_serve_and_doctor_refuse_another_users_home(tmp_path: Path) -> Non
     doctor = _run([sys.executable, "-m", "fleet_api", "doctor", "store"], env, tmp_path)
     assert doctor.returncode != 0 and str(home) in doctor.stdout, doctor.stdout
     assert not (home / "fleet.db").exists()  # nothing was made in their folder
+
+
+@as_root
+def test_the_kernel_refuses_another_users_home_in_its_first_cell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kernel_harness import KERNEL, Kernel
+
+    from fleet_kernel.kernel.install import install
+
+    prefix = tmp_path / "jupyter"
+    install(prefix=str(prefix), name=KERNEL)
+    monkeypatch.setenv("JUPYTER_PATH", str(prefix / "share" / "jupyter"))
+    home = _others_home(tmp_path)
+    kernel = Kernel({"FLEET_HOME": str(home)})
+    try:
+        text = kernel.run("Say hello.", timeout=120).text()
+    finally:
+        kernel.close()
+    assert str(home) in text and "chown" in text, text
+    assert not (home / "logs").exists() and not (home / "fleet.db").exists()
 
 
 def test_a_folder_above_the_home_that_anyone_may_write_is_refused(tmp_path: Path) -> None:
