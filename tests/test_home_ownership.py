@@ -102,6 +102,24 @@ def test_a_sticky_folder_above_the_home_is_fine(tmp_path: Path) -> None:
     assert settings.home == sticky / "fleet"
 
 
+def test_a_home_that_is_the_users_own_link_is_fine(tmp_path: Path) -> None:
+    real = tmp_path / "data" / "fleet"
+    real.mkdir(parents=True)
+    (tmp_path / "fleet").symlink_to(real)
+    assert load_settings({"FLEET_HOME": str(tmp_path / "fleet")}).home == tmp_path / "fleet"
+
+
+@as_root
+def test_a_link_another_user_owns_on_the_way_to_the_home_is_refused(tmp_path: Path) -> None:
+    real = tmp_path / "data"
+    real.mkdir()
+    link = tmp_path / "theirs"
+    link.symlink_to(real)
+    os.lchown(link, NOBODY, NOBODY)  # they could point it anywhere
+    with pytest.raises(ConfigError, match="link owned by nobody"):
+        load_settings({"FLEET_HOME": str(link / "fleet")})
+
+
 def test_a_home_anyone_may_write_is_refused(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
