@@ -21,6 +21,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, fi
 from pydantic import ValidationError as PydanticValidationError
 from pydantic_core import PydanticCustomError
 
+from fleet_kernel import ownership
 from fleet_kernel.errors import ConfigError, ValidationError
 from fleet_kernel.redact import Redactor, env_secrets
 
@@ -369,7 +370,8 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
     """Resolve settings from the environment and ``fleet.toml``.
 
     Raises:
-        ConfigError: a value is invalid; the message names the key and the allowed values.
+        ConfigError: a value is invalid (the message names the key and the allowed values), or FLEET_HOME
+            is not safely this user's (``ownership.check_home``).
     """
     env = dict(os.environ if env is None else env)
     path = _config_path(env)
@@ -388,9 +390,11 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         values.pop("lm_api_key", None)
     values["provider_keys"] = env_secrets(env)
     try:
-        return Settings.model_validate(values)
+        settings = Settings.model_validate(values)
     except PydanticValidationError as exc:
         message = _format_validation_error("environment", exc)
         for var, attr in ENV_VARS.items():
             message = message.replace(f"  {attr}:", f"  {var}:")
         raise ConfigError(message) from exc
+    ownership.check_home(settings.home)  # before anything is read from it or written below it
+    return settings

@@ -41,9 +41,10 @@ async def check_store(settings: Settings, echo: Echo) -> bool:
 
 async def check_sandbox(settings: Settings, echo: Echo) -> bool:
     """Start the configured sandbox and run one line of code in it."""
-    from fleet_kernel.sandbox import choose, open_sandbox  # loads dspy: `fleet doctor store` does not
+    from fleet_kernel.sandbox import open_sandbox, status  # loads dspy: `fleet doctor store` does not
 
-    name = await asyncio.to_thread(choose, settings)  # opening it below says what is wrong, with the fix
+    chosen = await asyncio.to_thread(status, settings)  # opening it below says what is wrong, with the fix
+    name, why = chosen.backend, f" ({chosen.passed_over})" if chosen.passed_over else ""
 
     def probe() -> str:
         with tempfile.TemporaryDirectory() as tmp:
@@ -54,7 +55,7 @@ async def check_sandbox(settings: Settings, echo: Echo) -> bool:
                 result = interpreter.execute("import sys; print(sys.version.split()[0])")
                 elapsed = (time.perf_counter() - started) * 1000
                 interpreter.shutdown()
-                return f"{name} runs Python {str(result).strip()} (first execute {elapsed:.0f} ms)"
+                return f"{name} runs Python {str(result).strip()} (first execute {elapsed:.0f} ms){why}"
             finally:
                 factory.close()
 

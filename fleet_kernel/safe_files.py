@@ -11,6 +11,7 @@ whether and how to show them.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import stat
@@ -335,3 +336,66 @@ def stat_path(root: Path, relative: str, *, max_bytes: int | None = None) -> tup
             return size, digest, mtime
     except OSError as exc:
         raise Refused(f"{relative!r} cannot be opened as a plain file: {exc.strerror}") from exc
+
+
+APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+@contextmanager
+def private_dirs(root: Path, parts: Sequence[str] = ()) -> Iterator[int]:
+    """A descriptor for ``root/parts...``, each folder made owner-only where missing, for writes below FLEET_HOME.
+
+    ``root`` (FLEET_HOME, checked by ``ownership``) is made if missing and may be the user's own link; every
+    part is made with ``mkdir`` at its parent's descriptor and opened without following a link, and each
+    folder must be this user's (one another user made first, in a race, is refused), then tightened to 0700.
+
+    Raises:
+        OSError: a part is a link or not a folder (``ELOOP``/``ENOTDIR``), or a folder is another user's (``EPERM``).
+    """
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(root, DIR_FLAGS & ~os.O_NOFOLLOW)
+    try:
+        _own_private(fd, root)
+        for n, part in enumerate(parts):
+            child = private_child(fd, part, root.joinpath(*parts[: n + 1]))
+            os.close(fd)
+            fd = child
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def private_child(dir_fd: int, name: str, where: Path | str = "") -> int:
+    """A descriptor for the folder ``name`` in ``dir_fd``: made 0700 if missing, opened without following a
+    link, this user's, tightened to 0700. Raises ``OSError`` as ``private_dirs``."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, 0o700, dir_fd=dir_fd)
+    fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+    try:
+        _own_private(fd, where or name)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _own_private(fd: int, where: Path | str) -> None:
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid():
+        raise PermissionError(errno.EPERM, f"{where} belongs to another user (uid {st.st_uid})")
+    if st.st_mode & 0o077:
+        os.fchmod(fd, 0o700)
+
+
+def open_append(dir_fd: int, name: str) -> int:
+    """A descriptor appending to the regular file ``name`` in ``dir_fd`` (made 0600), never through a link.
+
+    Raises:
+        OSError: ``name`` is a link (``ELOOP``) or not a regular file.
+    """
+    fd = os.open(name, APPEND_FLAGS, 0o600, dir_fd=dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{name} is not a regular file")
+    os.set_blocking(fd, True)
+    return fd

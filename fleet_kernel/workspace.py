@@ -13,6 +13,7 @@ import mimetypes
 import os
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,28 +50,19 @@ class Workspace:
 
     @classmethod
     def for_session(cls, workspaces_dir: Path, session_id: str) -> Workspace:
-        private_dir(workspaces_dir.parent)  # $FLEET_HOME
-        private_dir(workspaces_dir)
-        return cls(workspaces_dir / session_id).ensure()
+        with safe_files.private_dirs(workspaces_dir.parent, [workspaces_dir.name, session_id]) as fd:  # $FLEET_HOME
+            _layout(fd)
+        return cls(workspaces_dir / session_id)
 
     def ensure(self) -> Workspace:
         """Create the layout, owner-only; anything sandbox code replaced by a link is replaced back, never followed.
 
         Sandboxes never write here directly (they get a copy, see ``sandbox/_stage.py``), so no other user
-        needs access: ``$FLEET_HOME``, ``workspaces/`` and every workspace folder are 0700, files 0600.
+        needs access: ``$FLEET_HOME``, ``workspaces/`` and every workspace folder are 0700, files 0600. Every
+        folder is made and opened at its parent's descriptor without following a link (``safe_files.private_dirs``).
         """
-        private_dir(self.root)
-        for sub in LAYOUT:
-            path = self.root / sub
-            if path.is_symlink() or (path.exists() and not path.is_dir()):
-                path.unlink()
-            private_dir(path)
-        memory = self.root / MEMORY_FILE
-        if memory.is_symlink() or (memory.exists() and not memory.is_file()):
-            memory.unlink()
-        if not memory.exists():
-            memory.write_text(MEMORY_HEADER, encoding="utf-8")
-        os.chmod(memory, 0o600)
+        with safe_files.private_dirs(self.root) as fd:
+            _layout(fd)
         return self
 
     def resolve(self, relative: str) -> Path:
@@ -221,11 +213,34 @@ class Workspace:
         return "\n".join(lines)
 
 
-def private_dir(path: Path) -> None:
-    """Make ``path`` (and missing parents) a folder only its owner can enter; an existing one is tightened."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if not path.is_symlink() and path.stat().st_mode & 0o077:
-        os.chmod(path, 0o700)
+def _layout(root: int) -> None:
+    """``LAYOUT`` and ``MEMORY_FILE`` in the workspace open at ``root``: what is not a folder (or file) is
+    replaced, nothing is followed through a link."""
+    memory_dir, name = MEMORY_FILE.split("/")
+    for sub in LAYOUT:
+        _remove_unless(root, sub, stat.S_ISDIR)
+        fd = safe_files.private_child(root, sub)
+        try:
+            if sub == memory_dir:
+                _remove_unless(fd, name, stat.S_ISREG)
+                try:
+                    memory = os.open(name, _CREATE_FLAGS, 0o600, dir_fd=fd)
+                    os.write(memory, MEMORY_HEADER.encode("utf-8"))
+                except FileExistsError:
+                    memory = os.open(name, safe_files.FILE_FLAGS, dir_fd=fd)
+                try:
+                    os.fchmod(memory, 0o600)
+                finally:
+                    os.close(memory)
+        finally:
+            os.close(fd)
+
+
+def _remove_unless(dir_fd: int, name: str, kind: Callable[[int], bool]) -> None:
+    """Unlink ``name`` in ``dir_fd`` when it is not of ``kind`` (a link code planted, a file for a folder)."""
+    with contextlib.suppress(FileNotFoundError):
+        if not kind(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            os.unlink(name, dir_fd=dir_fd)
 
 
 def usage(root: Path) -> tuple[int, int]:

@@ -250,10 +250,15 @@ def route_output_to_log(home: Path | None = None) -> Path:
         from fleet_kernel.config import home_dir  # pydantic (~0.1 s) after the kernel has answered kernel_info
 
         home = home_dir()
+    from fleet_kernel import ownership, safe_files
+
     try:
-        (home / "logs").mkdir(parents=True, exist_ok=True)
-        path = home / "logs" / "kernel.log"
-        stream = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives as long as the process
+        if ownership.problem(home) is not None:  # another user's FLEET_HOME: the first cell says so
+            raise PermissionError(f"{home} is not this user's")
+        with safe_files.private_dirs(home, ["logs"]) as logs:
+            path = home / "logs" / "kernel.log"
+            fd = safe_files.open_append(logs, "kernel.log")
+        stream = open(fd, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives as long as the process
     except OSError:  # an unwritable FLEET_HOME is reported by the first cell; the kernel must still start
         path = Path(tempfile.gettempdir()) / f"fleet-kernel-{os.getpid()}.log"
         stream = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115

@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 
+from fleet_kernel import safe_files
 from fleet_kernel.config import load_settings
 from fleet_kernel.errors import ConfigError
 
@@ -30,9 +31,11 @@ def spawn_sidecar(
     Raises:
         ConfigError: it exited or did not answer ``/api/health`` within ``wait_s``.
     """
-    log_dir = load_settings(env).logs_dir
-    log_dir.mkdir(parents=True, exist_ok=True)
-    with open(log_dir / f"api-{port}.log", "ab") as log:
+    settings = load_settings(env)
+    log_path = settings.logs_dir / f"api-{port}.log"
+    with safe_files.private_dirs(settings.home, [settings.logs_dir.name]) as logs:
+        log_fd = safe_files.open_append(logs, f"api-{port}.log")
+    with open(log_fd, "ab") as log:
         process = subprocess.Popen(
             serve_command(host, port),
             env={**os.environ, **(env or {})},
@@ -46,7 +49,7 @@ def spawn_sidecar(
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise ConfigError(f"the API exited with status {process.returncode}; see {log_dir / f'api-{port}.log'}")
+            raise ConfigError(f"the API exited with status {process.returncode}; see {log_path}")
         try:
             with urllib.request.urlopen(url, timeout=1):
                 return process

@@ -166,7 +166,10 @@ def copy_out(stage: str, host: str, snapshot: Snapshot) -> None:
     """What the sandbox changed back to the host: new and changed files, and deletions of copied-in ones.
 
     Files the host added meanwhile (uploads) and files that did not fit at copy-in are left alone.
+    ``host`` is the workspace's real path (no link in it): one swapped in since is refused, not followed.
     """
+    if os.path.realpath(host) != os.path.normpath(host):
+        raise OSError(errno.ELOOP, f"{host} was replaced by a link since the sandbox started; nothing saved")
     seen: set[str] = set()
     for dirpath, dirnames, filenames in os.walk(stage):
         rel = os.path.relpath(dirpath, stage)

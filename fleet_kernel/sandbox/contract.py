@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_ORDER = ("local", "pyodide")  # without FLEET_SANDBOX: the first that can start here, else the last
+DEFAULT_ORDER = ("local", "pyodide")  # without FLEET_SANDBOX: the first that can run here at all, else the last
 
 
 class InterpreterFactory(Protocol):
@@ -58,13 +58,18 @@ class Backend(Protocol):
     def forget(self, settings: Settings, session_id: str) -> None:
         """The session is deleted: release what this backend keeps for it (no-op when it keeps nothing)."""
 
+    # Optional, for a backend of DEFAULT_ORDER: ``absent(settings) -> str | None``, why it cannot run on this
+    # machine at all (not installed, not supported), so the default moves on; without it, ``status`` is used.
+
 
 @dataclass(frozen=True)
 class Status:
-    """Which backend turns use and, when it cannot start here, why (``problem``)."""
+    """Which backend turns use, when it cannot start here why (``problem``), and, when the default passed
+    over a backend before it, why (``passed_over``)."""
 
     backend: str
     problem: str | None = None
+    passed_over: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -72,7 +77,8 @@ class Status:
 
     @property
     def detail(self) -> str:
-        return self.backend if self.problem is None else f"{self.backend}: {self.problem}"
+        detail = self.backend if self.problem is None else f"{self.backend}: {self.problem}"
+        return detail if self.passed_over is None else f"{detail} ({self.passed_over})"
 
 
 # name -> a Backend, or "module:attribute" naming one (imported on first use, so listing names is cheap)
@@ -106,20 +112,55 @@ def get(name: str) -> Backend:
 
 
 def choose(settings: Settings) -> str:
-    """The configured backend, else the first of ``DEFAULT_ORDER`` that can start here (else the last)."""
-    if settings.sandbox:
-        return settings.sandbox
-    return next((name for name in DEFAULT_ORDER[:-1] if get(name).status(settings) is None), DEFAULT_ORDER[-1])
+    """The configured backend, else the first of ``DEFAULT_ORDER`` that can run here at all (else the last)."""
+    return settings.sandbox or _default(settings)[0]
+
+
+def _default(settings: Settings) -> tuple[str, str | None]:
+    """The backend turns use when none is configured, and why the ones before it were passed over.
+
+    Only a backend that cannot run on this machine at all is passed over (``absent``): one that is here but
+    fails (a temp folder its sandbox cannot reach) stays the choice, so the user reads its own cause and
+    the backend never changes behind the user's back.
+    """
+    passed = []
+    for name in DEFAULT_ORDER[:-1]:
+        backend = get(name)
+        why = getattr(backend, "absent", backend.status)(settings)
+        if why is None:
+            return name, None
+        passed.append(f"the {name} sandbox is not used: {why}")
+    return DEFAULT_ORDER[-1], "; ".join(passed)
 
 
 def status(settings: Settings) -> Status:
     """Which backend turns use and whether it can start here (may start a short probe process: use a thread)."""
-    name = choose(settings)
-    return Status(name, get(name).status(settings))
+    name, passed_over = (settings.sandbox, None) if settings.sandbox else _default(settings)
+    return Status(name, get(name).status(settings), passed_over)
 
 
 def open_backend(settings: Settings, workspace: Path, *, cancel: CancelToken | None = None) -> InterpreterFactory:
-    return get(choose(settings)).open(settings, workspace, cancel=cancel)
+    """The chosen backend's factory; when the default passed over a backend, the error (or the log) says why.
+
+    Raises:
+        SandboxUnavailableError: the backend cannot start; the message says why, and why the default is this one.
+    """
+    if settings.sandbox:
+        return get(settings.sandbox).open(settings, workspace, cancel=cancel)
+    name, passed_over = _default(settings)
+    try:
+        factory = get(name).open(settings, workspace, cancel=cancel)
+    except SandboxUnavailableError as exc:
+        if passed_over is None:
+            raise
+        raise SandboxUnavailableError(f"{exc.message} ({passed_over})") from exc
+    if passed_over is not None and passed_over not in _told:
+        _told.add(passed_over)
+        logger.warning("turns use the %s sandbox: %s", name, passed_over)
+    return factory
+
+
+_told: set[str] = set()  # why the default passed over a backend, logged once per reason
 
 
 def prepare(settings: Settings) -> None:

@@ -18,10 +18,12 @@ import importlib.util
 import logging
 import os
 import py_compile
+import re
 import select
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -35,7 +37,7 @@ from fleet_kernel.errors import SandboxUnavailableError
 from fleet_kernel.sandbox import _confine, _pyfarm
 from fleet_kernel.sandbox._protocol import PipeSession, SessionClosed
 from fleet_kernel.sandbox.contract import describe
-from fleet_kernel.workspace import LAYOUT
+from fleet_kernel.workspace import Workspace
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -107,6 +109,10 @@ def _python_paths() -> list[str]:
 
 
 _support: list[Path] = []  # this process's support directory, once made
+_held: list[int] = []  # the descriptors holding each support folder's owner lock
+SUPPORT_PREFIX = "fleet-sandbox-"
+OWNER_LOCK = ".owner"
+_SUPPORT_NAME = re.compile(rf"{SUPPORT_PREFIX}(\d+)-\w+")
 
 
 def _support_dir() -> Path:
@@ -116,8 +122,11 @@ def _support_dir() -> Path:
     """
     if _support and (_support[-1] / "runtime.pyc").exists():
         return _support[-1]
-    path = Path(tempfile.mkdtemp(prefix="fleet-sandbox-"))
+    if not _support:
+        sweep_support_dirs()
+    path = Path(tempfile.mkdtemp(prefix=f"{SUPPORT_PREFIX}{os.getpid()}-"))
     atexit.register(shutil.rmtree, path, True)
+    _hold(path)
     py_compile.compile(str(RUNTIME), cfile=str(path / "runtime.pyc"), dfile=SANDBOX_RUNTIME, doraise=True)
     _write_etc(path / "etc")
     for mount_point in ("workspace", *(f"ro/{n}" for n in range(len(_python_paths())))):
@@ -125,6 +134,60 @@ def _support_dir() -> Path:
     path.chmod(0o755)
     _support.append(path)
     return path
+
+
+def _hold(path: Path) -> None:
+    """Lock ``path/.owner`` for the life of this process: the OS drops the lock when the process dies, however."""
+    fd = os.open(path / OWNER_LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    _held.append(fd)  # never closed: closing would release the lock
+
+
+def sweep_support_dirs() -> list[Path]:
+    """Remove the support folders that killed processes of this user left in the temp folder; returns them.
+
+    A folder is stale when the process named in it (``fleet-sandbox-<pid>-...``) is gone and nobody holds its
+    ``.owner`` lock (a process of the same pid in another PID namespace that shares the temp folder still does).
+    """
+    removed = []
+    with contextlib.suppress(OSError), os.scandir(tempfile.gettempdir()) as entries:
+        for entry in entries:
+            match = _SUPPORT_NAME.fullmatch(entry.name)
+            if match is None or _alive(int(match[1])):
+                continue
+            with contextlib.suppress(OSError):
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not _locked(Path(entry.path)):
+                    shutil.rmtree(entry.path)
+                    removed.append(Path(entry.path))
+    if removed:
+        logger.info("removed %d support folders of dead Fleet processes from %s", len(removed), tempfile.gettempdir())
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process of that pid: alive
+        return True
+    return True
+
+
+def _locked(path: Path) -> bool:
+    """True when a live process holds ``path/.owner`` (a folder without one is not ours to judge: kept)."""
+    try:
+        fd = os.open(path / OWNER_LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def _write_etc(path: Path) -> None:
@@ -291,6 +354,13 @@ def _userns_hint() -> str:
     )
 
 
+# what probe_bwrap says when bubblewrap cannot run on this machine at all (not a fault to report)
+CANNOT_RUN_HERE = (
+    "bubblewrap needs Linux",
+    "bubblewrap is not installed",
+    "unprivileged user namespaces are disabled",
+    "bubblewrap cannot create namespaces here",
+)
 _probe_lock = threading.Lock()
 _probe_passed = False
 _probe_failures: set[str] = set()  # reasons already logged
@@ -344,9 +414,38 @@ def _probe_bwrap_once() -> str | None:
     if done.returncode == 0:
         return None
     error = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit status {done.returncode}"
+    if (unreachable := _temp_unreachable()) is not None:
+        return f"{unreachable} (bwrap: {error})"
     if any(s in error for s in ("namespace", "uid map", "Operation not permitted", "setting up")):
         return f"{_userns_hint()} (bwrap: {error})"
     return f"bubblewrap cannot start the sandbox: {error}"
+
+
+def _temp_unreachable() -> str | None:
+    """Why the sandbox's own uid (root's sandboxes run as one) cannot reach the support folder; else None.
+
+    The support folder is in the temp folder: a ``TMPDIR`` below a folder others may not enter (``/root``)
+    stops every sandbox, whatever bubblewrap can do.
+    """
+    if os.geteuid() != 0:
+        return None  # the sandbox's uid is this user's own, mapped: it enters what the user enters
+    temp = Path(tempfile.gettempdir()).resolve()
+    for folder in (*reversed(temp.parents), temp):
+        with contextlib.suppress(OSError):
+            mode = folder.stat().st_mode
+            if not mode & stat.S_IXOTH:
+                return (
+                    f"the sandbox's user cannot enter {folder} (mode {stat.filemode(mode)}), which holds the temp "
+                    f"folder {temp} where Fleet keeps the sandbox's files: set TMPDIR to a folder every user may "
+                    f"enter, such as /tmp, or `chmod o+x {folder}`"
+                )
+    return None
+
+
+def cannot_run_here(reason: str) -> bool:
+    """True when ``reason`` (from ``probe_bwrap``) means bubblewrap cannot run on this machine at all, so the
+    default backend may be another one; any other failure is this machine's to fix, and is reported."""
+    return reason.startswith(CANNOT_RUN_HERE)
 
 
 def _kernel_counts_nproc_per_userns() -> bool:
@@ -544,6 +643,11 @@ class LocalBackend:
     def status(self, settings: Settings) -> str | None:
         return probe_bwrap() if self.isolated else None
 
+    def absent(self, settings: Settings) -> str | None:
+        """Why bubblewrap cannot run here at all (the default backend then moves on); None otherwise."""
+        reason = self.status(settings)
+        return reason if reason is not None and cannot_run_here(reason) else None
+
     def instructions(self, settings: Settings, workspace: Path) -> str:
         version = ".".join(map(str, sys.version_info[:2]))
         where = (
@@ -567,9 +671,8 @@ class LocalBackend:
             raise SandboxUnavailableError(
                 f"The local sandbox cannot run: {reason}; or set FLEET_SANDBOX=unsafe-local to run without isolation."
             )
-        workspace = workspace.absolute()
-        for name in LAYOUT:
-            (workspace / name).mkdir(parents=True, exist_ok=True)
+        # made without following a link, then named by its real path: the stage's copy-back refuses a link
+        workspace = Path(os.path.realpath(Workspace(workspace.absolute()).ensure().root))
         if not self.isolated:
             logger.warning(
                 "FLEET_SANDBOX=unsafe-local: model-written code runs WITHOUT isolation, with your user's "

@@ -15,7 +15,9 @@ import functools
 import os
 import shutil
 import sqlite3
+import stat
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any, ParamSpec, Self, TypeVar
 
 from sqlalchemy import create_engine, event, text
@@ -24,6 +26,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from fleet_kernel import ownership, safe_files
 from fleet_kernel.errors import NotFoundError, StoreUnavailableError
 from fleet_kernel.store import migrate
 
@@ -84,13 +87,44 @@ def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
 
-def _private_sqlite_file(path: str) -> None:
-    """Create the database file (and its folder) for the owner only; SQLite gives -wal and -shm its mode."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
-    for name in (path, f"{path}-wal", f"{path}-shm"):
-        with contextlib.suppress(FileNotFoundError):
-            os.chmod(name, 0o600)
+FileId = tuple[str, int, int]  # a SQLite file as opened: its absolute path, st_dev and st_ino
+
+
+def _private_sqlite_file(path: str) -> FileId:
+    """Create the database file (and its folder) for the owner only; SQLite gives -wal and -shm its mode.
+
+    The folder must be safely this user's (``ownership``), and nothing in it is opened through a link.
+    Returns the file's identity, to notice later that it was deleted or replaced.
+    """
+    folder, name = os.path.split(os.path.abspath(path))
+    ownership.check_home(Path(folder), "the store's folder")
+    with safe_files.private_dirs(Path(folder)) as fd:
+        st = _own_file(fd, name, os.O_CREAT, f"{folder}/{name}")
+        for extra in (f"{name}-wal", f"{name}-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                _own_file(fd, extra, 0, f"{folder}/{extra}")
+    return f"{folder}/{name}", st.st_dev, st.st_ino
+
+
+def _own_file(dir_fd: int, name: str, create: int, where: str) -> os.stat_result:
+    """Open ``name`` without following a link, check it is this user's, make it 0600."""
+    fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | create, 0o600, dir_fd=dir_fd)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or not stat.S_ISREG(st.st_mode):
+            raise StoreUnavailableError(f"the store file {where} is not a file of this user: move it away")
+        os.fchmod(fd, 0o600)
+        return st
+    finally:
+        os.close(fd)
+
+
+def _same_file(file_id: FileId) -> bool:
+    try:
+        st = os.stat(file_id[0])
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == file_id[1:]
 
 
 def _configure_sqlite(engine: Engine) -> None:
@@ -142,6 +176,7 @@ class Database:
             )
         else:
             self._file_engine = None
+        self._file_id: FileId | None = None  # the SQLite file as ``open`` found it
         self._sessions = async_sessionmaker(self.engine, expire_on_commit=False)
         self._write_engine = self.engine.execution_options(fleet_write=True) if self.sqlite else self.engine
         self._writers = async_sessionmaker(self._write_engine, expire_on_commit=False)
@@ -154,9 +189,9 @@ class Database:
             StoreUnavailableError: the database cannot be reached, or (non-SQLite) is not migrated.
         """
         path = migrate.sqlite_file(database_url)
-        if path is not None:
-            _private_sqlite_file(path)
+        identity = _private_sqlite_file(path) if path is not None else None
         store = cls(database_url)
+        store._file_id = identity
         try:
             current = await store.schema_revision()
             head = migrate.head_revision()
@@ -216,7 +251,7 @@ class Database:
         """
         path = self.sqlite_file
         if path is not None:
-            if not os.path.exists(path):
+            if not os.path.exists(path) or (self._file_id is not None and not _same_file(self._file_id)):
                 return f"the database file {path} was deleted or moved: restore it or restart Fleet"
             free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
             if free < MIN_FREE_BYTES:
@@ -240,9 +275,23 @@ class Database:
         """``work(session)`` in a write transaction (``BEGIN IMMEDIATE`` on SQLite), committed when it
         returns and rolled back when it raises."""
         if self._file_engine is not None:
+            self._check_file()
             return await asyncio.to_thread(_run, self._file_writers, work, commit=True)
         async with self._writers.begin() as session:
             return await session.run_sync(work)
+
+    def _check_file(self) -> None:
+        """Refuse a write once the SQLite file is gone: SQLite would keep writing to the deleted inode, every
+        write "succeeding" and lost at the next start.
+
+        Raises:
+            StoreUnavailableError: the file was deleted, moved or replaced since the store opened it.
+        """
+        if self._file_id is not None and not _same_file(self._file_id):
+            raise StoreUnavailableError(
+                f"the store file {self._file_id[0]} was deleted or replaced while Fleet was running, so nothing "
+                "more can be saved: restore it, or restart Fleet to start a new store"
+            )
 
     async def _get(self, model: type[R], key: str, missing: str) -> R:
         """One row by primary key, or ``NotFoundError(missing)``."""

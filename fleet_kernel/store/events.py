@@ -58,6 +58,7 @@ class EventStore(Database):
         if not events and not endings:
             return
         if self._file_engine is not None:
+            self._check_file()
             await asyncio.to_thread(self._append_blocking, events, endings)
             return
         async with self._write_engine.begin() as conn:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +14,11 @@ from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import make_url
+
+from fleet_kernel.errors import StoreUnavailableError
+
+UPGRADE_LOCK_TIMEOUT_S = 30.0  # longest a start waits for another process's upgrade of a SQLite store
+LOCK_POLL_S = 0.1
 
 
 def migrations_dir() -> Path:
@@ -54,13 +61,43 @@ def sqlite_file(database_url: str) -> str | None:
 
 @contextlib.contextmanager
 def _sqlite_upgrade_lock(database_url: str) -> Iterator[None]:
+    """The SQLite file's ``.upgrade-lock``, waited for at most ``UPGRADE_LOCK_TIMEOUT_S``.
+
+    A lock that another process holds that long (a hung upgrade, or another user holding a lock file it
+    planted) would otherwise stop every start for ever; a lock file that is not this user's is refused at once.
+
+    Raises:
+        StoreUnavailableError: the lock is another user's, or was not free in time; the message names the file.
+    """
     path = sqlite_file(database_url)
     if path is None:
         yield
         return
-    fd = os.open(f"{path}.upgrade-lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    lock = f"{os.path.abspath(path)}.upgrade-lock"
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise StoreUnavailableError(f"cannot open the store's upgrade lock {lock}: {exc.strerror}") from exc
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or not stat.S_ISREG(st.st_mode):
+            raise StoreUnavailableError(
+                f"the store's upgrade lock {lock} is not a file of this user (owner uid {st.st_uid}): "
+                "remove it, and make sure no other user can write the store's folder"
+            )
+        deadline = time.monotonic() + UPGRADE_LOCK_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise StoreUnavailableError(
+                        f"the store's upgrade lock {lock} has been held by another process for "
+                        f"{UPGRADE_LOCK_TIMEOUT_S:g} s: stop the Fleet process upgrading the store (`fuser {lock}` "
+                        "names it), or remove the file if none runs, then start again"
+                    ) from None
+                time.sleep(LOCK_POLL_S)
         yield
     finally:
         os.close(fd)  # releases the lock
