@@ -379,6 +379,15 @@ class ProcessSession(PipeSession):
     def alive(self) -> bool:
         return not self._stopping and self._process is not None and self._process.poll() is None
 
+    def healthy(self) -> bool:
+        """Alive, and its channel neither ended nor holds a message nobody asked for (a waiting sandbox says
+        nothing): the runtime killed inside a live stage shows as the end of its stdout (see ``_stage.py``)."""
+        if not self.alive() or self._eof or self._buffer:
+            return False
+        poller = select.poll()
+        poller.register(self._stdout_fd, select.POLLIN)
+        return not poller.poll(0)
+
     def adopt(self, workspace: Path) -> None:
         """Bind this pre-started sandbox to ``workspace``: its files are copied in before this returns."""
         channel = self._adopt
@@ -468,12 +477,15 @@ class ProcessSession(PipeSession):
         (reaping, the cgroup) run on a thread, off the turn's path.
         """
         self._stopping = True
-        if self._adopt is not None:  # never adopted: closing the socket ends the stage, nothing to save
+        waiting = self._adopt is not None  # never adopted (or adopting now): nothing to save, no copy-back to wait for
+        if self._adopt is not None:
+            with contextlib.suppress(OSError):
+                self._adopt.shutdown(socket.SHUT_RDWR)  # wakes an ``adopt`` blocked on the stage's answer
             self._adopt.close()
             self._adopt = None
         process, saved, self._saved = self._process, self._saved, None
         try:
-            if process is not None and self._isolated:
+            if process is not None and self._isolated and not waiting:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     process.send_signal(signal.SIGTERM)
                 if saved is not None and _said_saved(saved, STOP_TIMEOUT_S):

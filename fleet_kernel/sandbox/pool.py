@@ -95,7 +95,7 @@ class Pool:
             worker = None
             while self._ready and limits == self._limits and _filtered() == self._filtered:
                 candidate = self._ready.popleft()
-                if candidate.alive():
+                if candidate.healthy():
                     worker = candidate
                     break
                 candidate.kill()
@@ -124,8 +124,19 @@ class Pool:
                 if missing > 0 and limits is not None and wait <= 0:
                     self._refill_at = None  # what is taken from now on waits for a refill of its own
             self._stop_idle()
+            self._drop_dead()
             if missing > 0 and limits is not None and wait <= 0:
                 self._start(limits, missing)
+
+    def _drop_dead(self) -> None:
+        """Ready workers whose sandbox died (killed, out of memory) leave the pool, which then refills."""
+        with self._wake:
+            dead = [worker for worker in self._ready if not worker.healthy()]
+            for worker in dead:
+                self._ready.remove(worker)
+        for worker in dead:
+            logger.warning("a pre-started sandbox died while it waited; replacing it")
+            worker.kill()
 
     def _missing(self) -> int:
         return self.size - len(self._ready) if self._limits is not None else 0
