@@ -70,6 +70,7 @@ class _Running:
     started: float = field(default_factory=time.monotonic)  # the deadline counts from here
     inputs: list[Any] = field(default_factory=list)  # engine.inputs.NotebookValue: the turn's input variables
     setup_error: dict[str, str] | None = None  # the turn could not be set up (its files); it fails
+    admission: sandbox_contract.Admission | None = None  # what the sandbox backend set aside for the turn
 
     @property
     def reason(self) -> str:
@@ -242,20 +243,27 @@ class TurnRunner:
         await self.open()
         assert self._writer is not None
         sandbox = await self.sandbox_name()
-        claim = await self.store.claim_turn(
-            session_id,
-            task,
-            idempotency_key=idempotency_key,
-            model=settings.lm_model,
-            sandbox=sandbox,
-            cell_id=cell_id,
-            supersedes_turn_id=supersedes_turn_id,
-        )
+        # a slot under [sandbox] max_sandboxes, or SandboxBusyError (503) before anything is claimed
+        admission = await asyncio.to_thread(sandbox_contract.admit, settings, settings.workspaces_dir / session_id)
+        try:
+            claim = await self.store.claim_turn(
+                session_id,
+                task,
+                idempotency_key=idempotency_key,
+                model=settings.lm_model,
+                sandbox=sandbox,
+                cell_id=cell_id,
+                supersedes_turn_id=supersedes_turn_id,
+            )
+        except BaseException:
+            _release(admission)
+            raise
         if claim.interrupted is not None:  # the session's turn whose owner is gone, ended by this claim
             self._end_interrupted([claim.interrupted])
         turn, created = claim
         handle = TurnHandle(self, turn, created)
         if not created:
+            _release(admission)
             return handle
         assert claim.session is not None
         settings = session_settings(settings, claim.session)  # its own models
@@ -291,7 +299,14 @@ class TurnRunner:
             ),
         )
         running = _Running(
-            turn, emitter, settings, catalogue, choices, setup_error=setup_error, inputs=list(inputs or [])
+            turn,
+            emitter,
+            settings,
+            catalogue,
+            choices,
+            setup_error=setup_error,
+            inputs=list(inputs or []),
+            admission=admission,
         )
         self._running[turn.turn_id] = running
         running.task = asyncio.get_running_loop().create_task(self._drive(running), name=f"fleet-{turn.turn_id}")
@@ -570,6 +585,7 @@ class TurnRunner:
         running.emitter.emit(data, ending=ending)
         await committed.wait()
         self._running.pop(turn.turn_id, None)
+        _release(running.admission)  # a sandbox still stopping frees its slot when it is gone
 
 
 def format_history(turns: list[TurnRow], max_chars: int) -> str:
@@ -589,6 +605,11 @@ def format_history(turns: list[TurnRow], max_chars: int) -> str:
     if len(text) > max_chars:
         text = "... (older turns omitted)\n" + text[-max_chars:]
     return text
+
+
+def _release(admission: sandbox_contract.Admission | None) -> None:
+    if admission is not None:
+        admission.release()
 
 
 def _settle(future: asyncio.Future[Any], value: Any) -> None:
