@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
 
-from fleet_kernel.events import ROOT_AGENT, Event, EventData, TurnFailed, TurnStarted, make_event
+from fleet_kernel.events import ROOT_AGENT, Event, EventData, LMFinished, TurnFailed, TurnStarted, make_event
 from fleet_kernel.store import Store, TurnEnding, describe_write_error
 from fleet_kernel.telemetry import Telemetry
 
@@ -278,6 +278,7 @@ class TurnEmitter:
         self._next_seq = first_seq
         self._lock = threading.Lock()
         self.closed = False
+        self.lm_reported = False  # an ``lm.finished`` was emitted (every turn reports its LM step)
 
     def emit(
         self,
@@ -303,6 +304,7 @@ class TurnEmitter:
                 parent_agent_id=parent_agent_id,
             )
             self._next_seq += 1
+            self.lm_reported = self.lm_reported or isinstance(data, LMFinished)
             if event.terminal:
                 self.closed = True
             self._writer.put(event, ending)

@@ -253,24 +253,34 @@ class PooledSession:
         self._running = False  # an execution was sent and its ``done`` not yet received
         self._last_use = time.monotonic()
         self._idle_stopped = False
+        self._killed = False  # ``kill`` was called: a start in progress gives up
         self.saved = threading.Event()  # an idle stop has copied the workspace back
         self.pooled = False  # the worker came ready from the pool
 
     def start(self) -> None:
         self._pool.wait_saved(self._workspace)  # files an idle stop is still copying back come in too
-        worker = self._pool.take(self._limits)
+        worker = self._worker = self._pool.take(self._limits)  # set at once, so ``kill`` reaches it
         if worker is not None:
             try:
+                self._check_killed()
                 worker.adopt(self._workspace)
                 self.pooled = True
             except SessionClosed as exc:
+                if self._killed:
+                    raise
                 logger.warning("a pooled sandbox could not take the workspace; starting one: %s", exc)
                 worker = None
         if worker is None:
-            worker = ProcessSession(self._workspace, self._limits, isolated=True)
+            self._check_killed()
+            worker = self._worker = ProcessSession(self._workspace, self._limits, isolated=True)
             worker.start()
-        self._worker, self._last_use = worker, time.monotonic()
+        self._check_killed()
+        self._last_use = time.monotonic()
         self._pool.bind(self)
+
+    def _check_killed(self) -> None:
+        if self._killed:  # the caller kills the worker it finds on this session
+            raise SessionClosed("was stopped while it started")
 
     def send(self, message: dict[str, Any]) -> None:
         with self._lock:
@@ -296,6 +306,7 @@ class PooledSession:
             self._worker.interrupt()
 
     def kill(self) -> None:
+        self._killed = True
         if self._worker is not None:
             self._worker.kill()
 
