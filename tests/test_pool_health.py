@@ -47,15 +47,21 @@ def sandboxed_python(stage_pid: int) -> psutil.Process:
     raise AssertionError("no sandboxed runtime under the stage")
 
 
+def gone(stage_pid: int) -> bool:
+    """Nothing under the stage runs any more: the runtime and bubblewrap around it have exited."""
+    children = psutil.Process(stage_pid).children(recursive=True)
+    return all(not child.is_running() or child.status() == psutil.STATUS_ZOMBIE for child in children)
+
+
 def test_a_pooled_sandbox_killed_while_it_waits_is_not_handed_out(tmp_path: Path, own_pool: Pool) -> None:
     workspace = tmp_path / "workspace"
     workspace.mkdir()
     factory = open_sandbox(make_settings(tmp_path), workspace)
     try:
         wait_for(lambda: own_pool.ready() == 1)
-        runtime = sandboxed_python(own_pool._ready[0]._process.pid)  # type: ignore[union-attr]
-        os.kill(runtime.pid, signal.SIGKILL)
-        wait_for(lambda: not runtime.is_running() or runtime.status() == psutil.STATUS_ZOMBIE)
+        stage = own_pool._ready[0]._process.pid  # type: ignore[union-attr]
+        os.kill(sandboxed_python(stage).pid, signal.SIGKILL)
+        wait_for(lambda: gone(stage))
         interpreter = factory()
         assert interpreter.execute("print(6 * 7)") == "42"  # the first step runs; no "the sandbox process exited"
         interpreter.shutdown()

@@ -2,8 +2,8 @@
 
 A slot is an exclusive ``flock`` on one of the files ``0`` .. ``cap - 1`` in ``fleet-sandboxes-<uid>`` in the
 temp dir, held by whatever runs a sandbox (a ready one in a pool too), so every Fleet process of this user on
-the machine (a server, kernels) counts against one cap, and a slot frees itself when its holder dies: the
-kernel drops the lock with the last descriptor. A process waiting for a slot holds a lock on a file under
+the machine (a server, kernels) counts against one cap, and a slot frees itself when its holder dies: the OS
+drops the lock with the last descriptor. A process waiting for a slot holds a lock on a file under
 ``waiting/``; pools (in any process) then give up a ready sandbox for it (``someone_waits``).
 
 A turn reserves a slot when it starts (``reserve``, keyed by its workspace), so a burst of turns is refused
@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 import tempfile
 import threading
 import time
@@ -23,14 +24,31 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from fleet_kernel.errors import SandboxUnavailableError
+
 WAIT_SLICE_S = 0.05
 _FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 
 
 def folder() -> Path:
-    """This user's slot folder (owner-only), made on first use and again if a tmp cleaner removed it."""
+    """This user's slot folder (owner-only), made on first use and again if a tmp cleaner removed it.
+
+    Raises:
+        SandboxUnavailableError: the name is taken by something that is not this user's folder (another
+            user could hold every slot there).
+    """
     path = Path(tempfile.gettempdir()) / f"fleet-sandboxes-{os.getuid()}"
-    (path / "waiting").mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        path.mkdir(mode=0o700, exist_ok=True)
+    st = os.lstat(path) if os.path.lexists(path) else None
+    if st is not None and stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
+        os.chmod(path, 0o700)  # ours, but loosened: tightened, as private_dir does
+    elif st is None or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise SandboxUnavailableError(
+            f"{path} is not a folder only this user can use, so sandboxes cannot be counted there: "
+            "remove it, or point TMPDIR at a private folder"
+        )
+    (path / "waiting").mkdir(mode=0o700, exist_ok=True)
     return path
 
 

@@ -343,6 +343,9 @@ def _adopted(
         process.kill()
         process.wait()
         return 1
+    if process.poll() is not None:  # died while it waited (killed, out of memory): the host starts another
+        os.write(opts.adopt_fd, b"error the sandbox exited while it waited\n")
+        return 1
     os.write(opts.adopt_fd, b"ok\n")
     os.close(opts.adopt_fd)
     return _save(opts.mount, workspace, snapshot, process.wait(), opts.saved_fd)

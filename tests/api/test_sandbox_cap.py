@@ -157,3 +157,13 @@ def test_sandboxes_of_another_process_count_and_free_their_slot_when_it_dies(
     after = start(client, session_id, "after the other process")
     assert after.status_code == 202, after.text
     assert finishes(client, session_id, after.json()["turn_id"]) == "turn.completed"
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="planting a folder of another user needs root")
+def test_a_slot_folder_of_another_user_is_refused_not_used(client_for, slot_tmp: Path) -> None:
+    client = client_for(max_sandboxes=4, pool_size=0)
+    shared = slot_tmp / f"fleet-sandboxes-{os.getuid()}"
+    shared.mkdir(mode=0o777, exist_ok=True)
+    os.chown(shared, 65534, 65534)  # planted by another user, who could hold every slot in it
+    error = assert_error(start(client, new_session(client), "anything"), 503, "sandbox_unavailable")
+    assert str(shared) in error["message"] and "TMPDIR" in error["message"]
