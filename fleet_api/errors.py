@@ -54,7 +54,9 @@ def _fleet_error(_request: Request, exc: Exception) -> JSONResponse:
     extra: dict[str, Any] = {}
     if isinstance(exc, ConflictError) and exc.turn_id:
         extra["turn_id"] = exc.turn_id
-    return error_response(exc.status, exc.code, exc.message, **extra)
+    retry = getattr(exc, "retry_after_s", None)  # a busy machine: when asking again may succeed
+    headers = {"Retry-After": str(retry)} if retry else None
+    return error_response(exc.status, exc.code, exc.message, headers=headers, **extra)
 
 
 def _validation_error(_request: Request, exc: Exception) -> JSONResponse:

@@ -116,11 +116,25 @@ class SandboxLimits(_Section):
     workspace_files: int = Field(100_000, ge=16, le=10_000_000, description="files and folders in a workspace")
     pool_size: int | None = Field(None, ge=0, le=256, description="pre-started local sandboxes; default: cores, <= 4")
     idle_stop_s: float = Field(600, ge=0, description="stop a sandbox that runs no code this long (0: never)")
+    max_sandboxes: int | None = Field(
+        None, ge=1, le=4096, description="local sandboxes at once on this machine (this user); default: RAM / memory_mb"
+    )
 
     @property
     def pool(self) -> int:
         """Pre-started sandboxes to keep: ``pool_size``, else one per core up to 4 (each idles at ~29 MB RSS)."""
         return self.pool_size if self.pool_size is not None else min(4, os.cpu_count() or 1)
+
+    @property
+    def sandbox_cap(self) -> int:
+        """``max_sandboxes``, else as many as the machine's memory holds at ``memory_mb`` each (at least 1)."""
+        if self.max_sandboxes is not None:
+            return self.max_sandboxes
+        try:
+            total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+        except (ValueError, OSError):  # not every platform names these
+            return 4
+        return max(1, total_mb // self.memory_mb)
 
 
 class History(_Section):

@@ -77,6 +77,14 @@ class SandboxUnavailableError(FleetError):
     status = 503
 
 
+class SandboxBusyError(FleetError):
+    """As many local sandboxes run as ``[sandbox] max_sandboxes`` allows; a turn may start once one ends."""
+
+    code = "sandbox_busy"
+    status = 503
+    retry_after_s = 5
+
+
 class TurnCancelled(BaseException):
     """Raised inside a running turn when it is cancelled.
 

@@ -83,11 +83,17 @@ def open_dir(root: Path, parts: Sequence[str] = ()) -> Iterator[int]:
         os.close(fd)
 
 
-def list_dir(fd: int) -> list[tuple[str, os.stat_result]]:
-    """The folder's names, sorted, each with its ``lstat`` (entries that vanish meanwhile are left out)."""
-    found = []
+def list_dir(fd: int, *, limit: int | None = None) -> list[tuple[str, os.stat_result]]:
+    """The folder's names, sorted, each with its ``lstat`` (entries that vanish meanwhile are left out).
+
+    With ``limit``, only the first ``limit`` names the folder gives (in its own order) are looked at, so a
+    folder of 100,000 files costs a bounded listing no more than a small one.
+    """
+    found: list[tuple[str, os.stat_result]] = []
     with os.scandir(fd) as entries:
         for entry in entries:
+            if limit is not None and len(found) >= limit:
+                break
             try:
                 found.append((entry.name, entry.stat(follow_symlinks=False)))
             except OSError:
@@ -96,21 +102,30 @@ def list_dir(fd: int) -> list[tuple[str, os.stat_result]]:
 
 
 def walk(
-    root: Path, parts: Sequence[str] = (), *, max_depth: int = MAX_DEPTH, should_stop: StopCheck | None = None
+    root: Path,
+    parts: Sequence[str] = (),
+    *,
+    max_depth: int = MAX_DEPTH,
+    should_stop: StopCheck | None = None,
+    max_entries: int | None = None,
 ) -> Iterator[Entry]:
     """Breadth-first, sorted, never through a link: every entry under ``root/parts``, links included
-    (reported, not followed). Folders that cannot be opened (swapped for a link, gone) are skipped."""
+    (reported, not followed). Folders that cannot be opened (swapped for a link, gone) are skipped.
+    ``max_entries`` bounds the entries looked at (and ``lstat``-ed) at all, however large a folder is."""
     queue: list[tuple[tuple[str, ...], int]] = [(tuple(parts), 1)]
-    while queue:
+    left = max_entries
+    while queue and (left is None or left > 0):
         folder, depth = queue.pop(0)
         if should_stop is not None and should_stop():
             return
         try:
             with open_dir(root, folder) as fd:
-                children = list_dir(fd)
+                children = list_dir(fd, limit=left)
         except OSError:
             continue
         prefix = "/".join(folder[len(parts) :])
+        if left is not None:
+            left -= len(children)
         for name, st in children:
             yield Entry(f"{prefix}/{name}" if prefix else name, name, depth, st)
             if stat.S_ISDIR(st.st_mode) and depth < max_depth:

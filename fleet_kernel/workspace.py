@@ -29,6 +29,7 @@ LAYOUT = (FILES_DIR, ARTIFACTS_DIR, MEMORY_DIR)  # the folders of every workspac
 MEMORY_HEADER = "# Memories\n\nNotes kept across turns of this session.\n"
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 MAX_VISITED = 100_000  # entries one listing looks at, however many folders code made
+LISTING_VISITS = 10_000  # entries of files/ and of artifacts/ the prompt's listing looks at, every turn
 MAX_DIGESTS = 100_000  # file identities remembered with their digest, across turns of this process
 _DIGESTS: dict[tuple[str, str, int, int, int, int, int], str] = {}
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -163,7 +164,7 @@ class Workspace:
         """
         found: list[tuple[str, os.stat_result]] = []
         try:
-            for visited, entry in enumerate(safe_files.walk(self.root, [sub])):
+            for visited, entry in enumerate(safe_files.walk(self.root, [sub], max_entries=MAX_VISITED + 1)):
                 if visited >= MAX_VISITED:
                     logger.warning(
                         "%s/%s holds more than %d entries; the rest is not looked at", self.root, sub, MAX_VISITED
@@ -182,22 +183,31 @@ class Workspace:
             pass  # the workspace itself is gone or not a folder: nothing to list
         return found
 
+    def _sample(self, sub: str) -> tuple[list[tuple[str, os.stat_result]], bool]:
+        """The files among the first ``LISTING_VISITS`` entries under ``sub``, and whether it holds more entries."""
+        walked: list[safe_files.Entry] = []
+        with contextlib.suppress(OSError):  # the workspace itself is gone: nothing to list
+            walked = list(safe_files.walk(self.root, [sub], max_entries=LISTING_VISITS))
+        found = [(f"{sub}/{entry.path}", entry.st) for entry in walked if entry.kind == "file"]
+        return found, len(walked) >= LISTING_VISITS
+
     def manifest(self, *, max_entries: int = 50) -> str:
         """A bounded listing for the prompt: what the model can open with plain file calls.
 
-        Sizes come from ``lstat``; nothing is read or hashed. Names are escaped onto one line each, so a
-        name cannot add lines of its own to the prompt.
+        Its cost is bounded too: it looks at no more than ``LISTING_VISITS`` entries of ``files/`` and of
+        ``artifacts/``, whatever they hold, and says how many files it left out ("and 950 more files", or
+        "more than" when it stopped looking). Sizes come from ``lstat``; nothing is read or hashed. Names are
+        escaped onto one line each, so a name cannot add lines of its own to the prompt.
         """
         lines = ["/workspace (your durable session folder; read and write it with normal Python file calls):"]
-        entries = [
-            item
-            for sub in (FILES_DIR, ARTIFACTS_DIR)
-            for item in self.files(sub, limit=max_entries + 1, text_only=False)
-        ]
+        samples = [self._sample(sub) for sub in (FILES_DIR, ARTIFACTS_DIR)]
+        entries = [item for found, _ in samples for item in found]
         for rel, st in entries[:max_entries]:
             lines.append(f"  {safe_files.printable(rel)}  ({st.st_size} bytes, {guess_mime(rel)})")
-        if len(entries) > max_entries:
-            lines.append(f"  ... more files not listed; use os.listdir('/workspace/{FILES_DIR}') to see all")
+        rest, partial = len(entries) - max_entries, any(more for _, more in samples)
+        if rest > 0 or partial:
+            count = f"more than {max(rest, 0):,}" if partial else f"{rest:,}"
+            lines.append(f"  ... and {count} more files, not listed; use os.walk('/workspace/{FILES_DIR}') to see them")
         if not entries:
             lines.append(f"  {FILES_DIR}/ and {ARTIFACTS_DIR}/ are empty")
         try:

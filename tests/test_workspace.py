@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from fleet_kernel import safe_files
+from fleet_kernel import safe_files, workspace
 from fleet_kernel.workspace import Workspace
 
 
@@ -97,3 +98,34 @@ def test_names_are_shown_on_one_line(tmp_path: Path) -> None:
     assert "  files/bad-\\xff.txt  (1 bytes, text/plain)" in manifest
     assert "  files/a\\nb\\u2028c\\x1b.txt  (1 bytes, text/plain)" in manifest
     assert [rel for rel, _ in ws.files("files")] == ["files/a\nb\u2028c\x1b.txt"]  # not UTF-8: left out
+
+
+def test_the_listing_of_a_huge_folder_is_bounded_and_counts_what_it_leaves_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 30,000 files in one folder: the prompt's listing looks at a bounded number of them, not all, every turn.
+    ws = Workspace(tmp_path / "ws").ensure()
+    for n in range(30_000):
+        (ws.root / "files" / f"f{n:05d}.txt").write_bytes(b"x")
+    looked_at: list[int] = []
+    real_list_dir = safe_files.list_dir
+
+    def counting(fd: int, **options: Any) -> list[tuple[str, os.stat_result]]:
+        found = real_list_dir(fd, **options)
+        looked_at.append(len(found))
+        return found
+
+    monkeypatch.setattr(safe_files, "list_dir", counting)
+    lines = ws.manifest().splitlines()
+    assert sum(looked_at) <= 2 * workspace.LISTING_VISITS  # files/ and artifacts/, each within the budget
+    assert sum(line.startswith("  files/f") for line in lines) == 50
+    assert any(f"and more than {workspace.LISTING_VISITS - 50:,} more files" in line for line in lines), lines
+
+
+def test_the_listing_says_how_many_files_it_left_out(tmp_path: Path) -> None:
+    ws = Workspace(tmp_path / "ws").ensure()
+    for n in range(1_000):
+        (ws.root / "files" / f"f{n:04d}.txt").write_bytes(b"x")
+    lines = ws.manifest().splitlines()
+    assert sum(line.startswith("  files/f") for line in lines) == 50
+    assert any("and 950 more files" in line for line in lines), lines

@@ -14,7 +14,7 @@ import contextvars
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,7 @@ from fleet_kernel.engine import choices as turn_choices
 from fleet_kernel.engine.budget import BudgetExceeded
 from fleet_kernel.engine.choices import TurnChoices
 from fleet_kernel.engine.memory import Memories
+from fleet_kernel.engine.outcome import Outcome, stopped
 from fleet_kernel.engine.session_config import session_settings
 from fleet_kernel.engine.sink import POLL_INTERVAL_S, EventHub, EventWriter, TurnEmitter, follow, follow_batches
 from fleet_kernel.errors import NotFoundError, TurnDeadlineExceeded, ValidationError
@@ -46,7 +47,7 @@ from fleet_kernel.telemetry import Telemetry
 from fleet_kernel.workspace import Workspace, guess_mime
 
 if TYPE_CHECKING:
-    from fleet_kernel.engine.turn import LMFactory, Outcome, TurnJob
+    from fleet_kernel.engine.turn import LMFactory, TurnJob
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,9 @@ class _Running:
     started: float = field(default_factory=time.monotonic)  # the deadline counts from here
     inputs: list[Any] = field(default_factory=list)  # engine.inputs.NotebookValue: the turn's input variables
     setup_error: dict[str, str] | None = None  # the turn could not be set up (its files); it fails
+    admission: sandbox_contract.Admission | None = None  # what the sandbox backend set aside for the turn
+    collecting: bool = False  # the turn's own work is over: its artifacts are collected
+    late: str | None = None  # why it was cancelled while collecting (the token is spent by then)
 
     @property
     def reason(self) -> str:
@@ -242,20 +246,27 @@ class TurnRunner:
         await self.open()
         assert self._writer is not None
         sandbox = await self.sandbox_name()
-        claim = await self.store.claim_turn(
-            session_id,
-            task,
-            idempotency_key=idempotency_key,
-            model=settings.lm_model,
-            sandbox=sandbox,
-            cell_id=cell_id,
-            supersedes_turn_id=supersedes_turn_id,
-        )
+        # a slot under [sandbox] max_sandboxes, or SandboxBusyError (503) before anything is claimed
+        admission = await asyncio.to_thread(sandbox_contract.admit, settings, settings.workspaces_dir / session_id)
+        try:
+            claim = await self.store.claim_turn(
+                session_id,
+                task,
+                idempotency_key=idempotency_key,
+                model=settings.lm_model,
+                sandbox=sandbox,
+                cell_id=cell_id,
+                supersedes_turn_id=supersedes_turn_id,
+            )
+        except BaseException:
+            _release(admission)
+            raise
         if claim.interrupted is not None:  # the session's turn whose owner is gone, ended by this claim
             self._end_interrupted([claim.interrupted])
         turn, created = claim
         handle = TurnHandle(self, turn, created)
         if not created:
+            _release(admission)
             return handle
         assert claim.session is not None
         settings = session_settings(settings, claim.session)  # its own models
@@ -291,7 +302,14 @@ class TurnRunner:
             ),
         )
         running = _Running(
-            turn, emitter, settings, catalogue, choices, setup_error=setup_error, inputs=list(inputs or [])
+            turn,
+            emitter,
+            settings,
+            catalogue,
+            choices,
+            setup_error=setup_error,
+            inputs=list(inputs or []),
+            admission=admission,
         )
         self._running[turn.turn_id] = running
         running.task = asyncio.get_running_loop().create_task(self._drive(running), name=f"fleet-{turn.turn_id}")
@@ -363,7 +381,8 @@ class TurnRunner:
         running = self._running.get(turn_id)
         if running is None:
             return False
-        running.cancel.cancel(reason)
+        if not running.cancel.cancel(reason) and running.collecting and running.late is None:
+            running.late = reason  # the token ended with the turn's work: what is left (its artifacts) stops now
         return True
 
     def is_running_here(self, turn_id: str) -> bool:
@@ -383,24 +402,23 @@ class TurnRunner:
         try:
             await self._announced(turn.turn_id)
             if running.setup_error is not None:
-                # engine.turn imports dspy (~1.5 s), loaded off the event loop
-                from fleet_kernel.engine.turn import Outcome
-
-                # The contract: every turn reports its LM step, even one that could not start.
-                running.emitter.emit(
-                    LMFinished(role="root", model=running.settings.lm_model, duration_ms=0.0, usage={}, cost_usd=None)
-                )
                 await self._finish(running, Outcome("failed", error=running.setup_error), 0.0)
                 return
-            job = await self._prepare(running)
-            outcome = await self._execute(running, job)
-            if running.memories is not None and running.memories.changed:
-                await running.memories.mirror()  # after the sandbox handed its copy of the workspace back
-            await self._collect_artifacts(running, job, cancelled=outcome.status == "cancelled")
+            job = await self._unless_cancelled(running, self._prepare(running))
+            if job is None:  # cancelled while it was prepared (dspy still loading, say): it never runs
+                cause = running.cancel.error()
+                assert cause is not None
+                outcome = stopped(cause)
+            else:
+                outcome = await self._execute(running, job)
+                running.collecting = True  # a cancel from here on stops the collection (see ``cancel``)
+                if running.memories is not None and running.memories.changed:
+                    await running.memories.mirror()  # after the sandbox handed its copy of the workspace back
+                await self._collect_artifacts(running, job, cancelled=outcome.status == "cancelled")
+                if running.late is not None and outcome.status == "completed":
+                    outcome = Outcome("cancelled", reason=running.late, usage=outcome.usage)
         except Exception as exc:  # noqa: BLE001 - report any engine failure as turn.failed
             log.exception("turn %s failed in the engine", turn.turn_id)
-            from fleet_kernel.engine.turn import Outcome  # engine.turn imports dspy (~1.5 s), loaded off the event loop
-
             outcome = Outcome("failed", error={"type": type(exc).__name__, "message": str(exc)[:2000]})
         await self._finish(running, outcome, (time.perf_counter() - started) * 1000)
 
@@ -412,6 +430,30 @@ class TurnRunner:
             await asyncio.wait_for(self._writer.wait_committed(turn_id, 1), ANNOUNCE_WAIT_S)
         except TimeoutError:
             pass  # a slow store must not hold the turn back
+
+    def _cancelled(self, running: _Running) -> asyncio.Future[None]:
+        """A future set when the turn is cancelled (at once if it is already)."""
+        loop = asyncio.get_running_loop()
+        cancelled: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            # A used-up budget is noticed on the turn's own threads, which then unwind: no hurry for them.
+            if not isinstance(running.cancel.error(), BudgetExceeded):
+                with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
+                    loop.call_soon_threadsafe(_settle, cancelled, None)
+
+        running.cancel.on_cancel(wake)
+        return cancelled
+
+    async def _unless_cancelled(self, running: _Running, work: Coroutine[Any, Any, TurnJob]) -> TurnJob | None:
+        """What ``work`` returns, or None as soon as the turn is cancelled (``work`` then ends unseen)."""
+        task = asyncio.ensure_future(work)
+        waiters: set[asyncio.Future[Any]] = {task, self._cancelled(running)}
+        await asyncio.wait(waiters, return_when="FIRST_COMPLETED")
+        if task.done() and not running.cancel.cancelled:
+            return task.result()
+        task.add_done_callback(_unseen)
+        return None
 
     async def _prepare(self, running: _Running) -> TurnJob:
         turn = running.turn
@@ -445,26 +487,23 @@ class TurnRunner:
 
     async def _execute(self, running: _Running, job: TurnJob) -> Outcome:
         # engine.turn imports dspy (~1.5 s), loaded off the event loop
-        from fleet_kernel.engine.turn import run_turn, stopped
+        from fleet_kernel.engine.turn import run_turn
 
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Outcome] = loop.create_future()
-        cancelled: asyncio.Future[None] = loop.create_future()
+        if (cause := running.cancel.error()) is not None:  # cancelled as it was prepared: nothing to start
+            job.end()
+            return stopped(cause)
 
         def work() -> None:
             try:
                 outcome = run_turn(job)
-                loop.call_soon_threadsafe(_settle, done, outcome)
+                with contextlib.suppress(RuntimeError):  # a stopped turn unwound after its loop closed
+                    loop.call_soon_threadsafe(_settle, done, outcome)
             finally:
                 job.end()  # after the outcome is on its way, so the end is never taken for a cancellation
 
-        def wake() -> None:
-            # A used-up budget is noticed on the turn's own threads, which then unwind: no hurry for them.
-            if not isinstance(running.cancel.error(), BudgetExceeded):
-                with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
-                    loop.call_soon_threadsafe(_settle, cancelled, None)
-
-        running.cancel.on_cancel(wake)
+        cancelled = self._cancelled(running)
         context = contextvars.Context()  # a clean context: nothing of the caller's leaks into the turn
         threading.Thread(target=context.run, args=(work,), name=f"fleet-{running.turn.turn_id}", daemon=True).start()
         timeout = job.settings.limits.turn_timeout_s
@@ -498,7 +537,7 @@ class TurnRunner:
         deadline = grace if cancelled else max(running.started + running.settings.limits.turn_timeout_s, grace)
 
         def should_stop() -> bool:
-            return time.monotonic() > deadline
+            return time.monotonic() > deadline or running.late is not None
 
         workspace = Workspace(job.workspace)
         found = await asyncio.to_thread(workspace.files, "artifacts")
@@ -547,8 +586,6 @@ class TurnRunner:
         committed = self._writer.terminal_committed(turn.turn_id)
         lost = self._writer.failure(turn.turn_id)
         if lost is not None:  # events were lost: the turn failed, and the writer records it with its last event
-            from fleet_kernel.engine.turn import Outcome  # engine.turn imports dspy (~1.5 s), loaded off the event loop
-
             outcome = Outcome("failed", error=lost, usage=outcome.usage)
         # the row, committed with the terminal event, shows what the turn used against its budgets
         ending = TurnEnding(
@@ -567,9 +604,14 @@ class TurnRunner:
             data = TurnCancelledData(reason=outcome.reason or running.reason)
         else:
             data = TurnFailed(error=outcome.error or {"type": "error", "message": "failed"})
+        if not running.emitter.lm_reported:  # the contract: every turn reports its LM step, even one never made
+            running.emitter.emit(
+                LMFinished(role="root", model=running.settings.lm_model, duration_ms=0.0, usage={}, cost_usd=None)
+            )
         running.emitter.emit(data, ending=ending)
         await committed.wait()
         self._running.pop(turn.turn_id, None)
+        _release(running.admission)  # a sandbox still stopping frees its slot when it is gone
 
 
 def format_history(turns: list[TurnRow], max_chars: int) -> str:
@@ -589,6 +631,17 @@ def format_history(turns: list[TurnRow], max_chars: int) -> str:
     if len(text) > max_chars:
         text = "... (older turns omitted)\n" + text[-max_chars:]
     return text
+
+
+def _unseen(task: asyncio.Future[Any]) -> None:
+    """Retrieve the outcome of work nobody waits for any more, so a failure of it is not reported as lost."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _release(admission: sandbox_contract.Admission | None) -> None:
+    if admission is not None:
+        admission.release()
 
 
 def _settle(future: asyncio.Future[Any], value: Any) -> None:

@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
 
-from fleet_kernel.events import ROOT_AGENT, Event, EventData, TurnFailed, TurnStarted, make_event
+from fleet_kernel.events import ROOT_AGENT, Event, EventData, LMFinished, TurnFailed, TurnStarted, make_event
 from fleet_kernel.redact import Redactor
 from fleet_kernel.store import Store, TurnEnding, describe_write_error
 from fleet_kernel.telemetry import Telemetry
@@ -288,6 +288,7 @@ class TurnEmitter:
         self._next_seq = first_seq
         self._lock = threading.Lock()
         self.closed = False
+        self.lm_reported = False  # an ``lm.finished`` was emitted (every turn reports its LM step)
 
     def emit(
         self,
@@ -315,6 +316,7 @@ class TurnEmitter:
             self._next_seq += 1
             if self._redactor is not None:
                 event = event.model_copy(update={"data": self._redactor.data(event.data)})
+            self.lm_reported = self.lm_reported or isinstance(data, LMFinished)
             if event.terminal:
                 self.closed = True
             self._writer.put(event, ending)

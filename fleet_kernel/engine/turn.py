@@ -24,6 +24,7 @@ from fleet_kernel.engine.budget import TurnBudget
 from fleet_kernel.engine.choices import TurnChoices, files_prompt, result_type, schema_prompt
 from fleet_kernel.engine.lm import build_lms, explain_lm_error, scrub
 from fleet_kernel.engine.observe import TurnObserver, WatchedPredict
+from fleet_kernel.engine.outcome import Outcome, stopped
 from fleet_kernel.engine.sink import TurnEmitter
 from fleet_kernel.errors import FleetError, LMError, TurnCancelled
 from fleet_kernel.events import LMFinished
@@ -47,17 +48,6 @@ class FleetTask(dspy.Signature):
     history: str = dspy.InputField(desc="earlier turns of this session (task and answer), oldest first")
     workspace: str = dspy.InputField(desc="what /workspace holds right now")
     answer: str = dspy.OutputField(desc="the final answer for the user, in Markdown")
-
-
-@dataclass
-class Outcome:
-    status: str  # completed | failed | cancelled
-    answer: str | None = None
-    error: dict[str, str] | None = None
-    reason: str | None = None
-    result: Any = None  # the validated ``result`` output, when the turn had an output schema
-    extracted: bool = False
-    usage: dict[str, Any] = field(default_factory=dict)
 
 
 LMFactory = Callable[[Settings], tuple[Any, Any]]
@@ -140,15 +130,6 @@ def _scrubbed(value: Any, settings: Settings) -> Any:
     if isinstance(value, list | tuple):
         return [_scrubbed(v, settings) for v in value]
     return value
-
-
-def stopped(cause: TurnCancelled, usage: dict[str, Any] | None = None) -> Outcome:
-    """The outcome of a turn stopped by ``cause``: one with a ``code`` (``BudgetExceeded``,
-    ``TurnDeadlineExceeded``) fails it with that error type, any other cancels it."""
-    code = getattr(cause, "code", None)
-    if code is not None:
-        return Outcome("failed", error={"type": code, "message": cause.reason}, usage=usage or {})
-    return Outcome("cancelled", reason=cause.reason, usage=usage or {})
 
 
 _TOOL_SPECS: dict[CodeType, dspy.Tool] = {}

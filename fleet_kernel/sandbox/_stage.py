@@ -290,6 +290,15 @@ def main(argv: list[str]) -> int:
     return _save(opts.mount, opts.workspace, snapshot, code, opts.saved_fd)
 
 
+def _let_go_of_the_channel() -> None:
+    """Drop this process's copies of the protocol pipes (stdin, stdout): only the sandbox holds them then, so
+    the host sees their end (EOF) the moment the sandboxed runtime dies, and never hands out a dead one."""
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+
+
 def _read_line(fd: int) -> str | None:
     """One line from the adopt socket; None when the host closed it first (the pooled sandbox is discarded)."""
     data = b""
@@ -324,6 +333,7 @@ def _adopted(
     child.append(process)
     for fd in opts.join_fd:
         os.close(fd)
+    _let_go_of_the_channel()
     workspace = None if stopping else _read_line(opts.adopt_fd)
     if workspace is None or stopping:  # never adopted: nothing to save
         process.kill()
@@ -335,6 +345,9 @@ def _adopted(
         os.write(opts.adopt_fd, f"error {exc}\n".encode())
         process.kill()
         process.wait()
+        return 1
+    if process.poll() is not None:  # died while it waited (killed, out of memory): the host starts another
+        os.write(opts.adopt_fd, b"error the sandbox exited while it waited\n")
         return 1
     os.write(opts.adopt_fd, b"ok\n")
     os.close(opts.adopt_fd)

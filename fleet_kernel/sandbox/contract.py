@@ -62,6 +62,12 @@ class Backend(Protocol):
     # machine at all (not installed, not supported), so the default moves on; without it, ``status`` is used.
 
 
+class Admission(Protocol):
+    """What a backend set aside for one turn (``admit``); released when the turn ends."""
+
+    def release(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class Status:
     """Which backend turns use, when it cannot start here why (``problem``), and, when the default passed
@@ -174,6 +180,17 @@ def prepare(settings: Settings) -> None:
             hook(settings)
     except Exception:  # a turn reports a backend that cannot start; this is only a head start
         logger.exception("preparing the sandbox failed")
+
+
+def admit(settings: Settings, workspace: Path) -> Admission | None:
+    """Set aside what a turn in ``workspace`` needs before it is claimed (local: a slot under ``[sandbox]
+    max_sandboxes``); None when the backend keeps no count. Optional for a backend (an ``admit`` method).
+
+    Raises:
+        SandboxBusyError: the machine runs as many sandboxes as it may; the message names the cap.
+    """
+    hook = getattr(get(choose(settings)), "admit", None)
+    return hook(settings, workspace) if hook is not None else None
 
 
 def forget(settings: Settings, session_id: str) -> None:

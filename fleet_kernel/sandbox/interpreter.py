@@ -131,6 +131,7 @@ class SandboxInterpreter:
         self.watcher: BaseCallback | None = None  # told of each execute directly (see ``execute``)
         self._on_shutdown = on_shutdown
         self._session: SandboxSession | None = None
+        self._starting: SandboxSession | None = None  # a session still starting (booting, adopting, queued)
         self._sent: dict[str, tuple[Any, bytes | None]] = {}  # variable -> (value, digest) the sandbox holds
         self._busy = threading.Lock()
         self._ids = itertools.count(1)
@@ -155,11 +156,20 @@ class SandboxInterpreter:
             return
         session = self._new_session()
         began = time.perf_counter()
+        self._starting = session  # before the check: a cancel now either sees it (and kills it) or is seen
         try:
+            self._cancel.raise_if_cancelled()
             session.start()
         except SessionClosed as exc:
             session.kill()
+            if self._cancel.cancelled:  # killed by the cancel while it started
+                raise self._cancelled() from exc
             raise SandboxCrashed(f"The sandbox could not start: {exc}") from exc
+        except TurnCancelled:
+            session.kill()
+            raise
+        finally:
+            self._starting = None
         metrics.observe_sandbox_start(self._backend, time.perf_counter() - began)
         self._session, self._sent = session, {}
 
@@ -174,7 +184,15 @@ class SandboxInterpreter:
             self._on_shutdown(self)
 
     def interrupt(self) -> None:
-        """Ask running code to stop now (called from another thread); the token decides what happens next."""
+        """Ask running code to stop now (called from another thread); the token decides what happens next.
+
+        A sandbox still starting for a cancelled turn is stopped at once: waiting for it (a boot, a copy-in,
+        a free slot) would only hold the turn's end back.
+        """
+        starting = self._starting
+        if starting is not None and self._cancel.cancelled:
+            starting.kill()
+            return
         session = self._session
         if session is not None and self._busy.locked():
             session.interrupt()

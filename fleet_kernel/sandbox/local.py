@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleet_kernel.config import SandboxLimits, Settings
-from fleet_kernel.errors import SandboxUnavailableError
-from fleet_kernel.sandbox import _confine, _pyfarm
+from fleet_kernel.errors import SandboxBusyError, SandboxUnavailableError
+from fleet_kernel.sandbox import _confine, _pyfarm, _slots
 from fleet_kernel.sandbox._protocol import PipeSession, SessionClosed
 from fleet_kernel.sandbox.contract import describe
 from fleet_kernel.workspace import Workspace
@@ -52,6 +52,8 @@ STAGE = Path(__file__).with_name("_stage.py")
 STOP_TIMEOUT_S = 60.0  # for the copy-back of a stopped sandbox's workspace
 SANDBOX_RUNTIME = "/run/fleet/runtime.pyc"
 START_TIMEOUT_S = 10.0
+SLOT_WAIT_S = 30.0  # a sandbox a turn starts beyond its reserved one (a child RLM's) waits this long for a slot
+ADMIT_WAIT_S = 3.0  # a turn waits this long for a slot when it starts, then is refused (503)
 _ETC_BINDS = ("fonts",)  # fontconfig, for matplotlib and friends
 _LIVE: weakref.WeakSet[ProcessSession] = weakref.WeakSet()  # killed at exit, so no cgroup outlives us
 _NOTABLE_PACKAGES = ("numpy", "pandas", "scipy", "matplotlib", "sklearn", "sympy", "networkx", "bs4", "yaml")
@@ -456,13 +458,28 @@ def _kernel_counts_nproc_per_userns() -> bool:
     return False
 
 
+def busy_message(cap: int) -> str:
+    """What a user reads when the machine runs as many sandboxes as the cap allows."""
+    return (
+        f"{_slots.held(cap)} sandboxes are running, the cap [sandbox] max_sandboxes is {cap}; "
+        "wait for a turn to end or raise it in fleet.toml"
+    )
+
+
+class SlotsFull(SessionClosed):
+    """No slot freed under ``[sandbox] max_sandboxes`` in time; the message says so."""
+
+
 class ProcessSession(PipeSession):
     """One CPython worker (under bubblewrap unless ``isolated`` is false) running the runtime.
 
     Started without a workspace (isolated only), it waits, ready, until ``adopt`` names one (the pool).
+    Each holds a slot under ``[sandbox] max_sandboxes`` (``_slots``) from its start until it is reaped:
+    its turn's reserved one when free, else a free one, waited for up to ``slot_wait_s``.
     """
 
     start_timeout_s = START_TIMEOUT_S
+    slot_wait_s = SLOT_WAIT_S
 
     def __init__(self, workspace: Path | None, limits: SandboxLimits, *, isolated: bool) -> None:
         super().__init__()
@@ -470,6 +487,7 @@ class ProcessSession(PipeSession):
         self._adopt: socket.socket | None = None  # our end of the stage's adopt socket, until adopted
         self._saved: int | None = None  # the stage says "saved" here once the workspace is copied back
         self._stopping = False  # kill() has begun: no longer alive, whatever is left to reap
+        self._slot: _slots.Slot | None = None
 
     @property
     def limits(self) -> SandboxLimits:
@@ -477,6 +495,15 @@ class ProcessSession(PipeSession):
 
     def alive(self) -> bool:
         return not self._stopping and self._process is not None and self._process.poll() is None
+
+    def healthy(self) -> bool:
+        """Alive, and its channel neither ended nor holds a message nobody asked for (a waiting sandbox says
+        nothing): the runtime killed inside a live stage shows as the end of its stdout (see ``_stage.py``)."""
+        if not self.alive() or self._eof or self._buffer:
+            return False
+        poller = select.poll()
+        poller.register(self._stdout_fd, select.POLLIN)
+        return not poller.poll(0)
 
     def adopt(self, workspace: Path) -> None:
         """Bind this pre-started sandbox to ``workspace``: its files are copied in before this returns."""
@@ -494,10 +521,30 @@ class ProcessSession(PipeSession):
             raise SessionClosed(f"could not take the workspace: {answer or 'the sandbox exited'}")
         self._workspace, self._adopt = workspace, None
         channel.close()
+        reserved = _slots.claim(str(workspace.absolute()))
+        if reserved is not None:  # run on the turn's slot; the pool's own frees, for its refill
+            own, self._slot = self._slot, reserved
+            if own is not None:
+                own.release()
+
+    def _take_slot(self) -> _slots.Slot:
+        """The turn's reserved slot, else a free one (waiting up to ``slot_wait_s``, or until killed)."""
+        cap = self._limits.sandbox_cap
+        key = str(self._workspace.absolute()) if self._workspace is not None else None
+        slot = _slots.claim(key) if key is not None else None
+        slot = slot or _slots.acquire(cap, wait_s=self.slot_wait_s, stop=lambda: self._stopping)
+        if self._stopping:
+            if slot is not None:
+                slot.release()
+            raise SessionClosed("was stopped before it started")
+        if slot is None:
+            raise SlotsFull(busy_message(cap))
+        return slot
 
     def start(self, *, wait: bool = True) -> None:
         """Start the sandbox and (``wait``) wait until it is ready; else call ``wait_ready`` later."""
         limits = self._limits
+        self._slot = self._slot or self._take_slot()
         options = ["--max-output-bytes", str(limits.max_output_bytes)]
         self._cgroup = _confine.Cgroup.create(limits.memory_mb, limits.max_processes + 16, limits.cpu_cores)
         join_fds = self._cgroup.join_fds() if self._cgroup else []
@@ -558,7 +605,12 @@ class ProcessSession(PipeSession):
         for pipe in (process.stdin, process.stdout):
             with contextlib.suppress(OSError, AttributeError):  # fewer round trips for big messages
                 fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)  # type: ignore[union-attr]
-        self._attach(process, wait=wait)
+        self._attach(process, wait=False)
+        if self._stopping:  # killed while it started (a cancelled turn): the kill may have missed the process
+            self.kill()
+            raise SessionClosed("was stopped while it started")
+        if wait:
+            self.wait_ready()
 
     def kill(self) -> None:
         """Stop the sandbox; ``_stage.py`` then copies the workspace back, which this waits for.
@@ -567,23 +619,33 @@ class ProcessSession(PipeSession):
         (reaping, the cgroup) run on a thread, off the turn's path.
         """
         self._stopping = True
-        if self._adopt is not None:  # never adopted: closing the socket ends the stage, nothing to save
+        waiting = self._adopt is not None  # never adopted (or adopting now): nothing to save, no copy-back to wait for
+        if self._adopt is not None:
+            with contextlib.suppress(OSError):
+                self._adopt.shutdown(socket.SHUT_RDWR)  # wakes an ``adopt`` blocked on the stage's answer
             self._adopt.close()
             self._adopt = None
         process, saved, self._saved = self._process, self._saved, None
         try:
-            if process is not None and self._isolated:
+            if process is not None and self._isolated and not waiting:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     process.send_signal(signal.SIGTERM)
                 if saved is not None and _said_saved(saved, STOP_TIMEOUT_S):
-                    threading.Thread(target=super().kill, name="fleet-sandbox-stop", daemon=True).start()
+                    threading.Thread(target=self._reap, name="fleet-sandbox-stop", daemon=True).start()
                     return
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(timeout=STOP_TIMEOUT_S)
-            super().kill()
+            self._reap()
         finally:
             if saved is not None:
                 os.close(saved)
+
+    def _reap(self) -> None:
+        """End what is left of the process and its cgroup, then free its slot."""
+        super().kill()
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            slot.release()
 
     def _explain_death(self) -> str:
         limits = self._limits
@@ -697,6 +759,23 @@ class LocalBackend:
 
     def forget(self, settings: Settings, session_id: str) -> None:
         """Nothing outlives a turn: the workspace is the session's, deleted with it."""
+
+    def admit(self, settings: Settings, workspace: Path) -> _slots.Reservation | None:
+        """Reserve a slot under ``[sandbox] max_sandboxes`` for a turn working in ``workspace``, waiting briefly.
+
+        None when a turn of that workspace runs in this process already (its claim is refused, or is its own).
+
+        Raises:
+            SandboxBusyError: no slot freed within ``ADMIT_WAIT_S``; the message names the cap.
+        """
+        key = str(workspace.absolute())
+        if _slots.reserved(key):
+            return None
+        cap = settings.policy.sandbox.sandbox_cap
+        reservation = _slots.reserve(key, cap, wait_s=ADMIT_WAIT_S)
+        if reservation is None:
+            raise SandboxBusyError(busy_message(cap))
+        return reservation
 
     def prepare(self, settings: Settings) -> None:
         """Fill the pool of pre-started sandboxes now, before the first turn needs one (a server starting)."""

@@ -13,6 +13,10 @@ depend on a short-lived thread (a request's or an executor's) for its life.
 A sandbox bound to a session that runs no code for ``[sandbox] idle_stop_s`` is stopped (its workspace
 is copied back, as at the end of a turn); the next execution is told its variables are gone and the one
 after it runs in a fresh sandbox, from the pool, on the same files.
+
+Ready workers count against ``[sandbox] max_sandboxes`` (each holds a slot, ``_slots``), so the pool fills
+only with free slots, never while a sandbox waits for one, and gives a ready worker up for a waiting one.
+A ready worker whose sandbox died (killed, out of memory) is dropped, at the next look and at every take.
 """
 
 from __future__ import annotations
@@ -27,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from fleet_kernel.config import SandboxLimits
-from fleet_kernel.sandbox import _confine
+from fleet_kernel.sandbox import _confine, _slots
 from fleet_kernel.sandbox._protocol import SessionClosed
-from fleet_kernel.sandbox.local import STOP_TIMEOUT_S, ProcessSession, _support_dir
+from fleet_kernel.sandbox.local import STOP_TIMEOUT_S, ProcessSession, SlotsFull, _support_dir
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +65,7 @@ class Pool:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._failed_at = float("-inf")
+        self._full_at = float("-inf")  # when the pool last found no free slot (or gave one up)
         self._refill_at: float | None = None  # when the workers taken since the last refill are replaced
         self.handed_out = 0  # workers taken ready from the pool (pre-started), for tests and the bench
         self.started = 0  # workers the pool thread started
@@ -95,7 +100,7 @@ class Pool:
             worker = None
             while self._ready and limits == self._limits and _filtered() == self._filtered:
                 candidate = self._ready.popleft()
-                if candidate.alive():
+                if candidate.healthy():
                     worker = candidate
                     break
                 candidate.kill()
@@ -124,8 +129,30 @@ class Pool:
                 if missing > 0 and limits is not None and wait <= 0:
                     self._refill_at = None  # what is taken from now on waits for a refill of its own
             self._stop_idle()
+            self._drop_dead()
+            self._yield_slot()
             if missing > 0 and limits is not None and wait <= 0:
                 self._start(limits, missing)
+
+    def _drop_dead(self) -> None:
+        """Ready workers whose sandbox died (killed, out of memory) leave the pool, which then refills."""
+        with self._wake:
+            dead = [worker for worker in self._ready if not worker.healthy()]
+            for worker in dead:
+                self._ready.remove(worker)
+        for worker in dead:
+            logger.warning("a pre-started sandbox died while it waited; replacing it")
+            worker.kill()
+
+    def _yield_slot(self) -> None:
+        """Give a ready worker's slot to a sandbox that waits for one (in this process or another)."""
+        with self._wake:
+            if not self._ready or not _slots.someone_waits():
+                return
+            worker = self._ready.pop()
+            self._full_at = time.monotonic()
+        logger.info("giving a pre-started sandbox up: another sandbox waits for a slot ([sandbox] max_sandboxes)")
+        worker.kill()
 
     def _missing(self) -> int:
         return self.size - len(self._ready) if self._limits is not None else 0
@@ -134,15 +161,22 @@ class Pool:
         """Seconds until the pool may boot workers: after a failed start, and a moment after the first take
         since the last refill."""
         now = time.monotonic()
-        return max(0.0, self._failed_at + RETRY_S - now, (self._refill_at or now) - now)
+        return max(0.0, self._failed_at + RETRY_S - now, self._full_at + CHECK_S - now, (self._refill_at or now) - now)
 
     def _start(self, limits: SandboxLimits, count: int) -> None:
         """Start ``count`` workers together (they boot in parallel, on every core), then keep the ready ones."""
         booting: list[ProcessSession] = []
         for _ in range(count):
+            if _slots.someone_waits():  # a free slot is for the sandbox waiting for it
+                self._full_at = time.monotonic()
+                break
             worker = ProcessSession(None, limits, isolated=True)
+            worker.slot_wait_s = 0  # the pool never waits for a slot: it fills what is free
             try:
                 worker.start(wait=False)  # forked by this thread, which outlives them (see above)
+            except SlotsFull:
+                self._full_at = time.monotonic()
+                break
             except SessionClosed as exc:
                 self._failed(exc)
                 break
@@ -219,24 +253,34 @@ class PooledSession:
         self._running = False  # an execution was sent and its ``done`` not yet received
         self._last_use = time.monotonic()
         self._idle_stopped = False
+        self._killed = False  # ``kill`` was called: a start in progress gives up
         self.saved = threading.Event()  # an idle stop has copied the workspace back
         self.pooled = False  # the worker came ready from the pool
 
     def start(self) -> None:
         self._pool.wait_saved(self._workspace)  # files an idle stop is still copying back come in too
-        worker = self._pool.take(self._limits)
+        worker = self._worker = self._pool.take(self._limits)  # set at once, so ``kill`` reaches it
         if worker is not None:
             try:
+                self._check_killed()
                 worker.adopt(self._workspace)
                 self.pooled = True
             except SessionClosed as exc:
+                if self._killed:
+                    raise
                 logger.warning("a pooled sandbox could not take the workspace; starting one: %s", exc)
                 worker = None
         if worker is None:
-            worker = ProcessSession(self._workspace, self._limits, isolated=True)
+            self._check_killed()
+            worker = self._worker = ProcessSession(self._workspace, self._limits, isolated=True)
             worker.start()
-        self._worker, self._last_use = worker, time.monotonic()
+        self._check_killed()
+        self._last_use = time.monotonic()
         self._pool.bind(self)
+
+    def _check_killed(self) -> None:
+        if self._killed:  # the caller kills the worker it finds on this session
+            raise SessionClosed("was stopped while it started")
 
     def send(self, message: dict[str, Any]) -> None:
         with self._lock:
@@ -262,6 +306,7 @@ class PooledSession:
             self._worker.interrupt()
 
     def kill(self) -> None:
+        self._killed = True
         if self._worker is not None:
             self._worker.kill()
 
