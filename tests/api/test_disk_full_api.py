@@ -147,3 +147,25 @@ def test_uploads_and_writes_obey_the_workspace_file_count(fleet_env: dict[str, s
         )
         assert "workspace_files" in assert_error(put, 507, "workspace_quota")["message"]
         assert not (settings.workspaces_dir / session_id / "deep").exists()
+
+
+def test_an_artifact_the_store_has_no_room_for_fails_the_turn_naming_the_disk(
+    small_tmpfs: Path, fleet_env: dict[str, str], scripted_lm: ScriptedLM
+) -> None:
+    if probe_bwrap() is not None:
+        pytest.skip(f"the local sandbox cannot run here: {probe_bwrap()}")
+    settings = _on(small_tmpfs, fleet_env)
+    code = "import os; open('/workspace/artifacts/chart.bin', 'wb').write(os.urandom(4 << 20)); print('written')"
+    scripted_lm.add("a big chart", [step("Draw.", code), step("Done.", "SUBMIT(answer='done')")])
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=60) as client:
+        session_id = client.post("/api/sessions", json={}).json()["session_id"]
+        turn = client.post(
+            f"/api/sessions/{session_id}/turns", json={"task": "a big chart"}, headers={"Prefer": "respond-async"}
+        ).json()
+        url = f"/api/sessions/{session_id}/turns/{turn['turn_id']}"
+        frames = _final_event(live.url, f"{url}/events")
+        assert frames[-1].event == "turn.failed", [f.event for f in frames]
+        error = frames[-1].envelope["data"]["error"]
+        assert error["type"] == "disk_full" and str(small_tmpfs) in error["message"], error
+        assert (settings.workspaces_dir / session_id / "artifacts" / "chart.bin").stat().st_size == 4 << 20
+        assert client.get(url).json()["error"]["type"] == "disk_full"
