@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from disk_fill import fill_disk
-from live_api import Frame, LiveServer, assert_error, events_of
+from live_api import Frame, LiveServer, assert_error, events_of, iter_frames
 from scripted_lm import ScriptedLM, step
 
 from fleet_kernel.config import Settings, load_settings
@@ -169,3 +169,27 @@ def test_an_artifact_the_store_has_no_room_for_fails_the_turn_naming_the_disk(
         assert error["type"] == "disk_full" and str(small_tmpfs) in error["message"], error
         assert (settings.workspaces_dir / session_id / "artifacts" / "chart.bin").stat().st_size == 4 << 20
         assert client.get(url).json()["error"]["type"] == "disk_full"
+
+
+def test_a_watcher_that_comes_while_the_disk_stays_full_still_gets_the_end(
+    small_tmpfs: Path, fleet_env: dict[str, str], scripted_lm: ScriptedLM
+) -> None:
+    settings = _on(small_tmpfs, fleet_env)
+    steps = [{"delay": 0.3, **step(f"Step {i}.", f"print('step {i}')")} for i in range(30)]
+    scripted_lm.add("runs on", [*steps, step("Done.", "SUBMIT(answer='done')")])
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=60) as client:
+        session_id = client.post("/api/sessions", json={}).json()["session_id"]
+        turn = client.post(
+            f"/api/sessions/{session_id}/turns", json={"task": "runs on"}, headers={"Prefer": "respond-async"}
+        ).json()
+        url = f"/api/sessions/{session_id}/turns/{turn['turn_id']}/events"
+        with client.stream("GET", url) as r:
+            next(f for f in iter_frames(r) if f.event == "output")  # the turn is under way
+        fill_disk(small_tmpfs / "filler")
+        try:
+            first = _final_event(live.url, url)
+            later = _final_event(live.url, url)  # the store still cannot say how the turn ended
+            assert later[-1].event == first[-1].event == "turn.failed", [f.event for f in later]
+            assert [(f.id, f.data) for f in later] == [(f.id, f.data) for f in first]
+        finally:
+            (small_tmpfs / "filler").unlink()
