@@ -21,6 +21,8 @@ from scripted_lm import ScriptedLM, step
 from fleet_kernel.config import Settings, load_settings
 from fleet_kernel.sandbox import probe_bwrap
 
+# A sandbox pre-started before the test mounted its disk would see the folder beneath the mount: none here.
+COLD_SANDBOXES = "[sandbox]\npool_size = 0\n"
 FILL = "open('/workspace/artifacts/big.bin', 'wb').write(b'x' * (20 << 20)); print('written')"
 
 
@@ -61,7 +63,7 @@ def test_a_turn_that_fills_the_disk_fails_naming_it_and_frees_it(
 ) -> None:
     if probe_bwrap() is not None:
         pytest.skip(f"the local sandbox cannot run here: {probe_bwrap()}")
-    settings = _on(small_tmpfs, fleet_env)
+    settings = _on(small_tmpfs, fleet_env, COLD_SANDBOXES)
     scripted_lm.add("fill the disk", [step("Write a big file.", FILL), step("Done.", "SUBMIT(answer='done')")])
     with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=60) as client:
         session_id = client.post("/api/sessions", json={}).json()["session_id"]
@@ -70,7 +72,7 @@ def test_a_turn_that_fills_the_disk_fails_naming_it_and_frees_it(
         ).json()
         url = f"/api/sessions/{session_id}/turns/{turn['turn_id']}"
         frames = _final_event(live.url, f"{url}/events")
-        assert frames[-1].event == "turn.failed", [f.event for f in frames]
+        assert frames[-1].event == "turn.failed", [(f.event, f.envelope["data"]) for f in frames]
         error = frames[-1].envelope["data"]["error"]
         assert error["type"] == "disk_full", error
         assert str(small_tmpfs) in error["message"] and "artifacts/big.bin" in error["message"], error
@@ -154,7 +156,7 @@ def test_an_artifact_the_store_has_no_room_for_fails_the_turn_naming_the_disk(
 ) -> None:
     if probe_bwrap() is not None:
         pytest.skip(f"the local sandbox cannot run here: {probe_bwrap()}")
-    settings = _on(small_tmpfs, fleet_env)
+    settings = _on(small_tmpfs, fleet_env, COLD_SANDBOXES)
     code = "import os; open('/workspace/artifacts/chart.bin', 'wb').write(os.urandom(4 << 20)); print('written')"
     scripted_lm.add("a big chart", [step("Draw.", code), step("Done.", "SUBMIT(answer='done')")])
     with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=60) as client:
