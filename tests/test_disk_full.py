@@ -73,7 +73,9 @@ def test_names_up_to_255_bytes_are_copied_both_ways(tmp_path: Path) -> None:
 def test_a_sandbox_s_long_file_names_reach_the_host(tmp_path: Path) -> None:
     home = tmp_path / "home"
     policy = Policy(limits=Limits(exec_timeout_s=30), sandbox=SandboxLimits(pool_size=0))
-    settings = Settings(home=home, database_url=f"sqlite+aiosqlite:///{home / 'fleet.db'}", sandbox="local", policy=policy)
+    settings = Settings(
+        home=home, database_url=f"sqlite+aiosqlite:///{home / 'fleet.db'}", sandbox="local", policy=policy
+    )
     workspace = Workspace.for_session(settings.workspaces_dir, "ses-long-names")
     factory = open_sandbox(settings, workspace.root)
     try:

@@ -29,7 +29,7 @@ import tempfile
 import threading
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from fleet_kernel.config import SandboxLimits, Settings
 from fleet_kernel.errors import SandboxUnavailableError
@@ -479,7 +479,7 @@ class ProcessSession(PipeSession):
                     process.send_signal(signal.SIGTERM)
                 said = _said_saved(saved, STOP_TIMEOUT_S) if saved is not None else None
                 if said is not None:
-                    if said is not True and self._workspace is not None:
+                    if isinstance(said, Unsaved) and self._workspace is not None:
                         note_unsaved(self._workspace, said)
                     threading.Thread(target=super().kill, name="fleet-sandbox-stop", daemon=True).start()
                     return
@@ -514,7 +514,7 @@ class ProcessSession(PipeSession):
         return reason
 
 
-def _said_saved(fd: int, timeout: float) -> Unsaved | bool | None:
+def _said_saved(fd: int, timeout: float) -> Unsaved | Literal[True] | None:
     """What the stage said on ``fd`` within ``timeout``: True (all saved), what it could not save
     (``_stage.saved_line``), or None when it exited without a word.
 
