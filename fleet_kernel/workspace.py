@@ -316,6 +316,7 @@ _UNSAVED_LOCK = threading.Lock()
 
 def note_unsaved(root: Path, unsaved: Unsaved) -> None:
     """Record what a sandbox's copy-back lost, for the turn that ran there to fail with (``take_unsaved``)."""
+    logger.warning("%s", unsaved.error(root)["message"])
     with _UNSAVED_LOCK:
         before = _UNSAVED.get(root.absolute())
         if before is not None:

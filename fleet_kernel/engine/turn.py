@@ -193,12 +193,12 @@ def run_turn(job: TurnJob) -> Outcome:
 
     A turn whose sandbox wrote files the workspace could not take (a full disk) fails, saying which.
     """
+    take_unsaved(job.workspace)  # what a sandbox stopped after an earlier turn lost was that turn's (logged)
     outcome = _run(job)
     unsaved = take_unsaved(job.workspace)
     if unsaved is None:
         return outcome
     error = unsaved.error(job.workspace)
-    log.warning("turn's workspace not fully saved: %s", error["message"])
     return Outcome("failed", error={**error, "message": scrub(error["message"], job.settings)}, usage=outcome.usage)
 
 
