@@ -56,6 +56,13 @@ class PayloadTooLargeError(FleetError):
     status = 413
 
 
+class InsufficientStorageError(FleetError):
+    """A full disk (``disk_full``) or the workspace quota (``workspace_quota``): nothing was written."""
+
+    code = "disk_full"
+    status = 507
+
+
 class StoreUnavailableError(FleetError):
     """The database cannot be reached or is not migrated."""
 

@@ -219,7 +219,10 @@ class TurnFailed(EventData):
     error: ErrorInfo
     """`type` `budget_exceeded`: the turn used up `limits.max_turn_tokens` or `max_turn_cost_usd` (the message
     says which, and how much was used); `deadline_exceeded`: it ran past `limits.turn_timeout_s`;
-    `interrupted`: the process running it died and the next runner on the store closed it."""
+    `interrupted`: the process running it died and the next runner on the store closed it; `disk_full`: files the
+    sandbox wrote could not be saved to the workspace, or an artifact to the store, because the disk is full (the
+    message names the path, its mount point and the files lost); `workspace_unsaved`: files could not be saved for
+    another reason (the message says which and why)."""
 
 
 class TurnCancelledData(EventData):

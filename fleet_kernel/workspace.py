@@ -7,17 +7,21 @@ sandbox, so it survives sandbox restarts and replacement.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import mimetypes
 import os
 import re
 import stat
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from fleet_kernel import safe_files
+from fleet_kernel.config import SandboxLimits
+from fleet_kernel.errors import InsufficientStorageError
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +37,7 @@ LISTING_VISITS = 10_000  # entries of files/ and of artifacts/ the prompt's list
 MAX_DIGESTS = 100_000  # file identities remembered with their digest, across turns of this process
 _DIGESTS: dict[tuple[str, str, int, int, int, int, int], str] = {}
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
 @dataclass(frozen=True)
@@ -75,11 +80,19 @@ class Workspace:
         return candidate
 
     def add_file(self, filename: str, data: bytes) -> str:
+        """``place_file`` without a quota, for the path alone."""
+        return self.place_file(filename, data)[0]
+
+    def place_file(self, filename: str, data: bytes, quota: SandboxLimits | None = None) -> tuple[str, bool]:
         """Store an attachment under ``files/`` without overwriting a different file of the same name.
 
-        Returns the path relative to the workspace (``files/report.csv``, or ``files/report-2.csv``).
-        The file is created with ``O_EXCL | O_NOFOLLOW`` in a descriptor of ``files/``, so a link or
-        pipe that code planted (even a moment before) is never written through.
+        Returns the path relative to the workspace (``files/report.csv``, or ``files/report-2.csv``) and
+        whether it is a new file (false: the same bytes were there under that name). The file is created
+        with ``O_EXCL | O_NOFOLLOW`` in a descriptor of ``files/``, so a link or pipe that code planted
+        (even a moment before) is never written through; one that cannot be written whole is removed.
+
+        Raises:
+            InsufficientStorageError: a new file would take the workspace over ``quota``, or the disk is full.
         """
         name = safe_filename(filename)
         stem, suffix = os.path.splitext(name)
@@ -87,19 +100,61 @@ class Workspace:
         with safe_files.open_dir(self.root, [FILES_DIR]) as folder:
             for n in range(1, 10_000):
                 candidate = f"{stem}{suffix}" if n == 1 else f"{stem}-{n}{suffix}"
+                if not _exists(folder, candidate) and quota is not None:
+                    self.check_room(quota, len(data), 1)
                 try:
                     fd = os.open(candidate, _CREATE_FLAGS, 0o600, dir_fd=folder)
                 except FileExistsError:
                     try:
                         if safe_files.hash_file(folder, candidate, max_bytes=len(data))[1] == digest:
-                            return f"{FILES_DIR}/{candidate}"
+                            return f"{FILES_DIR}/{candidate}", False
                     except safe_files.Refused:
                         pass
                     continue  # a different file, or a link or pipe planted by code: never write through it
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(data)
-                return f"{FILES_DIR}/{candidate}"
+                except OSError as exc:
+                    raise_if_full(exc, self.root, f"{FILES_DIR}/{candidate} was not written")
+                    raise
+                try:
+                    with os.fdopen(fd, "wb") as handle:
+                        handle.write(data)
+                except BaseException as exc:
+                    with contextlib.suppress(OSError):
+                        os.unlink(candidate, dir_fd=folder)
+                    if isinstance(exc, OSError):
+                        raise_if_full(exc, self.root, f"{FILES_DIR}/{candidate} was not written")
+                    raise
+                return f"{FILES_DIR}/{candidate}", True
         raise ValueError(f"too many files named like {name!r}")
+
+    def check_room(self, quota: SandboxLimits, size: int, new_entries: int, *, replacing: int = 0) -> None:
+        """Refuse a write of ``size`` bytes and ``new_entries`` names (over a file of ``replacing`` bytes)
+        that would take the workspace over ``[sandbox] workspace_mb`` or ``workspace_files``: a sandbox
+        could not hold it, so nothing writes it from outside either.
+
+        Raises:
+            InsufficientStorageError: with code ``workspace_quota``, naming the key.
+        """
+        used_bytes, used_entries = usage(self.root)
+        if used_bytes - replacing + size > quota.workspace_mb * 1024 * 1024:
+            key, limit = "workspace_mb", f"{quota.workspace_mb} MB"
+        elif used_entries + new_entries > quota.workspace_files:
+            key, limit = "workspace_files", f"{quota.workspace_files} files and folders"
+        else:
+            return
+        raise InsufficientStorageError(
+            f"the workspace would go over its quota of {limit} ([sandbox] {key}): "
+            "delete files from it, or raise the quota in fleet.toml",
+            code="workspace_quota",
+        )
+
+    def missing_entries(self, parts: Sequence[str]) -> int:
+        """How many of ``parts`` (a path under the root, folders then the name) do not exist yet."""
+        path = self.root
+        for index, part in enumerate(parts):
+            path = path / part
+            if not os.path.lexists(path):
+                return len(parts) - index
+        return 0
 
     def scan(
         self,
@@ -251,6 +306,85 @@ def _remove_unless(dir_fd: int, name: str, kind: Callable[[int], bool]) -> None:
     with contextlib.suppress(FileNotFoundError):
         if not kind(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
             os.unlink(name, dir_fd=dir_fd)
+
+
+def _exists(folder: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+# -- a full disk ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Unsaved:
+    """Files a sandbox wrote that its copy-back could not save to the workspace (``sandbox/_stage.py``)."""
+
+    count: int
+    files: list[tuple[str, int, str]]  # the first few: (path, errno, strerror)
+
+    @property
+    def disk_full(self) -> bool:
+        return any(number in FULL_ERRNOS for _, number, _ in self.files)
+
+    def error(self, root: Path) -> dict[str, str]:
+        """The turn's error: which disk is full (or why else), and which files were lost."""
+        named = ", ".join(safe_files.printable(path) for path, _, _ in self.files)
+        more = f" and {self.count - len(self.files)} more" if self.count > len(self.files) else ""
+        lost = f"{self.count} file{'s' if self.count != 1 else ''} the sandbox wrote could not be saved ({named}{more})"
+        if self.disk_full:
+            return {"type": "disk_full", "message": disk_full_message(root, lost)}
+        reasons = "; ".join(sorted({reason for _, _, reason in self.files}))
+        return {"type": "workspace_unsaved", "message": f"{lost} to the workspace {root}: {reasons}"}
+
+
+_UNSAVED: dict[Path, Unsaved] = {}
+_UNSAVED_LOCK = threading.Lock()
+
+
+def note_unsaved(root: Path, unsaved: Unsaved) -> None:
+    """Record what a sandbox's copy-back lost, for the turn that ran there to fail with (``take_unsaved``)."""
+    logger.warning("%s", unsaved.error(root)["message"])
+    with _UNSAVED_LOCK:
+        before = _UNSAVED.get(root.absolute())
+        if before is not None:
+            unsaved = Unsaved(before.count + unsaved.count, (before.files + unsaved.files)[:10])
+        _UNSAVED[root.absolute()] = unsaved
+
+
+def take_unsaved(root: Path) -> Unsaved | None:
+    """What copy-backs into ``root`` lost since the last call, if anything."""
+    with _UNSAVED_LOCK:
+        return _UNSAVED.pop(root.absolute(), None)
+
+
+def mount_point(path: Path) -> Path:
+    """The mount point of the filesystem holding ``path`` (its nearest existing folder)."""
+    path = path.absolute()
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    device = os.stat(path).st_dev
+    while path.parent != path and os.stat(path.parent).st_dev == device:
+        path = path.parent
+    return path
+
+
+def disk_full_message(path: Path, what: str) -> str:
+    """``what`` happened because the disk holding ``path`` is full, naming the path and its mount point."""
+    try:
+        mounted = f", mounted at {mount_point(path)}"
+    except OSError:
+        mounted = ""
+    return f"the disk holding {path}{mounted} is full: {what}; free space there, then try again"
+
+
+def raise_if_full(exc: OSError, path: Path, what: str) -> None:
+    """Raise ``InsufficientStorageError`` (``disk_full``) for an ``OSError`` that says the disk is full."""
+    if exc.errno in FULL_ERRNOS:
+        raise InsufficientStorageError(disk_full_message(path, what)) from exc
 
 
 def usage(root: Path) -> tuple[int, int]:

@@ -73,3 +73,21 @@ async def runner(store, settings: Settings) -> AsyncIterator:
     r = await TurnRunner(store, settings).open()
     yield r
     await r.close()
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """An 8 MB tmpfs, a disk a test may fill without touching the machine's own (root only)."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("a full disk is made with a small tmpfs, which needs root to mount")
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -14,6 +14,8 @@ _TEXT = {
     422: "invalid request: validation_error, invalid_json, ...",
     500: "a configuration problem, such as a malformed skill card (error.message names its file)",
     503: "the store or the sandbox is unavailable",
+    507: "nothing was written: disk_full (the message names the disk) or workspace_quota ([sandbox] workspace_mb, "
+    "workspace_files)",
 }
 
 

@@ -21,7 +21,7 @@ UPLOAD_PATH = "/api/attachments"
     "/attachments",
     status_code=201,
     response_model=Attachment,
-    responses=errors(404, 413),
+    responses=errors(404, 413, 507),
     summary="Upload a file into a session's workspace (files/), stored durably with its sha256",
 )
 async def upload_attachment(

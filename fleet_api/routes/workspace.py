@@ -38,7 +38,7 @@ async def get_workspace_file(session_id: str, path: str, state: State) -> Respon
 @router.put(
     "/sessions/{session_id}/workspace/files/{path:path}",
     response_model=WorkspaceStat,
-    responses=errors(404, 409, 413),
+    responses=errors(404, 409, 413, 507),
     summary="Create or replace a workspace file; the body is its bytes (Content-Type: application/octet-stream)",
 )
 async def put_workspace_file(session_id: str, path: str, request: Request, state: State) -> WorkspaceStat:

@@ -42,7 +42,7 @@ from fleet_kernel.events import (
 from fleet_kernel.lazy import import_module
 from fleet_kernel.sandbox import contract as sandbox_contract
 from fleet_kernel.skills import Catalogue, catalogue_for
-from fleet_kernel.store import AttachmentRow, EndedTurn, Store, TurnEnding, TurnRow
+from fleet_kernel.store import AttachmentRow, EndedTurn, Store, TurnEnding, TurnRow, describe_write_error, is_disk_full
 from fleet_kernel.telemetry import Telemetry
 from fleet_kernel.workspace import Workspace, guess_mime
 
@@ -419,8 +419,15 @@ class TurnRunner:
                     outcome = Outcome("cancelled", reason=running.late, usage=outcome.usage)
         except Exception as exc:  # noqa: BLE001 - report any engine failure as turn.failed
             log.exception("turn %s failed in the engine", turn.turn_id)
-            outcome = Outcome("failed", error={"type": type(exc).__name__, "message": str(exc)[:2000]})
+            outcome = Outcome("failed", error=self._engine_error(exc))
         await self._finish(running, outcome, (time.perf_counter() - started) * 1000)
+
+    def _engine_error(self, exc: Exception) -> dict[str, str]:
+        """The turn's error for a failure in the engine; a full disk (an artifact the store had no room
+        for) is said as such, naming the disk."""
+        if is_disk_full(exc):
+            return {"type": "disk_full", "message": describe_write_error(exc, self.store.location)}
+        return {"type": type(exc).__name__, "message": str(exc)[:2000]}
 
     async def _announced(self, turn_id: str) -> None:
         """Let ``turn.started`` reach the store and its watchers before the turn's heavy start-up

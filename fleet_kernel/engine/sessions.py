@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 from fleet_kernel import sandbox
 from fleet_kernel.config import Settings
 from fleet_kernel.engine.session_config import check_model, effective_config
-from fleet_kernel.errors import NotFoundError, PayloadTooLargeError, ValidationError
-from fleet_kernel.store import AttachmentRow, SessionRow, Store
+from fleet_kernel.errors import InsufficientStorageError, NotFoundError, PayloadTooLargeError, ValidationError
+from fleet_kernel.store import AttachmentRow, SessionRow, Store, is_disk_full
 from fleet_kernel.store.sessions import Archived, SessionPage
 from fleet_kernel.transcript import notebook_filename, session_notebook
-from fleet_kernel.workspace import Workspace, guess_mime, safe_filename
+from fleet_kernel.workspace import Workspace, disk_full_message, guess_mime, raise_if_full, safe_filename
 
 if TYPE_CHECKING:
     import nbformat
@@ -138,20 +138,42 @@ class Sessions:
         ``name-2.ext``, ...), the same bytes under the same name are the same file. ``content_type`` is
         kept when it is a plain, specific one, else the type is guessed from the name.
 
+        A new file must fit the workspace quota (``[sandbox] workspace_mb`` / ``workspace_files``); when
+        the disk is full (the workspace's or the store's) nothing of it is kept.
+
         Raises:
             NotFoundError: unknown session.
             PayloadTooLargeError: ``data`` is larger than ``storage.max_upload_mb``.
+            InsufficientStorageError: over the workspace quota, or a full disk.
         """
         filename = filename[:MAX_FILENAME_CHARS] or "attachment"
         await self.store.get_session(session_id)
         if len(data) > self.max_upload_bytes:
             raise PayloadTooLargeError(f"{filename} is larger than {self._limit_text()}")
-        workspace = await asyncio.to_thread(Workspace.for_session, self.settings.workspaces_dir, session_id)
-        path = await asyncio.to_thread(workspace.add_file, filename, data)
-        row = await self.store.add_attachment(
-            session_id=session_id, filename=filename, path=path, mime=_mime(content_type, path), data=data
-        )
+        workspace = await asyncio.to_thread(self._workspace, session_id)
+        quota = self.settings.policy.sandbox
+        path, created = await asyncio.to_thread(workspace.place_file, filename, data, quota)
+        try:
+            row = await self.store.add_attachment(
+                session_id=session_id, filename=filename, path=path, mime=_mime(content_type, path), data=data
+            )
+        except Exception as exc:
+            if created:  # the upload failed: its copy in the workspace goes too
+                await asyncio.to_thread((workspace.root / path).unlink, missing_ok=True)
+            if is_disk_full(exc):
+                where = Path(self.store.sqlite_file) if self.store.sqlite_file else None
+                what = f"{filename} was not stored"
+                message = disk_full_message(where, what) if where else f"the store is full: {what}"
+                raise InsufficientStorageError(message) from exc
+            raise
         return Attached(row, renamed=Path(path).name != safe_filename(filename))
+
+    def _workspace(self, session_id: str) -> Workspace:
+        try:
+            return Workspace.for_session(self.settings.workspaces_dir, session_id)
+        except OSError as exc:  # a new workspace's folders and memory file could not be made
+            raise_if_full(exc, self.settings.workspaces_dir, "the session's workspace was not made")
+            raise
 
     async def read_file(self, source: Path) -> bytes:
         """A local file's bytes for ``attach``, checked first so a bad path never starts anything.

@@ -44,6 +44,9 @@ class EventHub:
 
     def __init__(self) -> None:
         self._subscribers: dict[str, set[asyncio.Queue[Event]]] = defaultdict(set)
+        # The turn.failed of a turn whose events could not be stored (a full disk), delivered but not yet
+        # stored: readers who come meanwhile get it after what the store has, instead of waiting for ever.
+        self.unstored: dict[str, Event] = {}
 
     def subscribe(self, turn_id: str) -> asyncio.Queue[Event]:
         queue: asyncio.Queue[Event] = asyncio.Queue()
@@ -210,7 +213,8 @@ class EventWriter:
                 self.last_error = describe_write_error(exc, self.store.location)
                 if not delivered:  # the same event the store will hold: seq right after the last committed
                     delivered = True
-                    self._deliver_terminal(turn_id, self._failed_event(terminal, error))
+                    self.hub.unstored[turn_id] = self._failed_event(terminal, error)
+                    self._deliver_terminal(turn_id, self.hub.unstored[turn_id])
                 await asyncio.sleep(FAIL_RETRY_S)
                 continue
             if not delivered and event is not None:
@@ -218,6 +222,7 @@ class EventWriter:
             elif not delivered:
                 self._closed(turn_id)
             self._broken.pop(turn_id, None)
+            self.hub.unstored.pop(turn_id, None)
             return
 
     async def _store_failed(self, terminal: Event, error: dict[str, Any]) -> Event | None:
@@ -376,6 +381,9 @@ async def follow_batches(
                     if len(page) == REPLAY_PAGE:
                         continue  # there may be more than one page
                     # caught up: what is committed after the read reaches the queue, or the next poll
+                elif hub is not None and (unstored := hub.unstored.get(turn_id)) and unstored.seq == last + 1:
+                    yield [unstored]
+                    return
                 else:
                     idle += quiet_s if queue is not None else POLL_INTERVAL_S
                     if idle >= idle_timeout_s:

@@ -31,6 +31,7 @@ from fleet_kernel.events import LMFinished
 from fleet_kernel.sandbox import base as sandbox_base
 from fleet_kernel.sandbox import open_sandbox
 from fleet_kernel.skills import Catalogue
+from fleet_kernel.workspace import take_unsaved
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +171,20 @@ def turn_signature(job: TurnJob) -> type[dspy.Signature]:
 
 
 def run_turn(job: TurnJob) -> Outcome:
-    """Run one dspy.RLM turn to its outcome. Never raises; ``end`` the job after it."""
+    """Run one dspy.RLM turn to its outcome. Never raises; ``end`` the job after it.
+
+    A turn whose sandbox wrote files the workspace could not take (a full disk) fails, saying which.
+    """
+    take_unsaved(job.workspace)  # what a sandbox stopped after an earlier turn lost was that turn's (logged)
+    outcome = _run(job)
+    unsaved = take_unsaved(job.workspace)
+    if unsaved is None:
+        return outcome
+    error = unsaved.error(job.workspace)
+    return Outcome("failed", error={**error, "message": scrub(error["message"], job.settings)}, usage=outcome.usage)
+
+
+def _run(job: TurnJob) -> Outcome:
     settings = job.settings
     limits = settings.limits
     try:

@@ -10,6 +10,8 @@ the turn ends and would undo them.
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
@@ -18,7 +20,7 @@ from fleet_kernel import safe_files
 from fleet_kernel.config import Settings
 from fleet_kernel.errors import ConflictError, NotFoundError, PayloadTooLargeError, ValidationError
 from fleet_kernel.store import Store
-from fleet_kernel.workspace import Workspace
+from fleet_kernel.workspace import Workspace, raise_if_full
 
 MAX_PATH_CHARS = 1024
 
@@ -89,7 +91,8 @@ class WorkspaceFiles:
         return FileStat(rel, size, digest, moment)
 
     async def write(self, path: str, data: bytes) -> FileStat:
-        """Create or replace the file (and its folders). Raises 409 while a turn runs, 413 over the limit."""
+        """Create or replace the file (and its folders). Raises 409 while a turn runs, 413 over the limit,
+        507 over the workspace quota (``[sandbox] workspace_mb`` / ``workspace_files``) or on a full disk."""
         rel = clean_path(path)
         if len(data) > self.max_bytes:
             raise PayloadTooLargeError(
@@ -97,11 +100,23 @@ class WorkspaceFiles:
             )
         workspace = await self._root()
         await self._idle()
+        await asyncio.to_thread(self._check_room, workspace, rel, len(data))
         try:
             await asyncio.to_thread(safe_files.write_path, workspace.root, rel, data)
         except safe_files.Refused as exc:
+            if isinstance(exc.__cause__, OSError):
+                raise_if_full(exc.__cause__, workspace.root, f"{rel} was not written")
             raise ValidationError(f"cannot write {rel!r}: {exc}") from exc
         return await self.stat(rel)
+
+    def _check_room(self, workspace: Workspace, rel: str, size: int) -> None:
+        parts = rel.split("/")
+        try:
+            st = os.stat(workspace.root / rel, follow_symlinks=False)
+            replacing = st.st_size if stat.S_ISREG(st.st_mode) else 0
+        except OSError:
+            replacing = 0
+        workspace.check_room(self.settings.policy.sandbox, size, workspace.missing_entries(parts), replacing=replacing)
 
     async def delete(self, path: str) -> None:
         rel = clean_path(path)

@@ -42,7 +42,7 @@ def folder() -> Path:
         path.mkdir(mode=0o700, exist_ok=True)
     st = os.lstat(path) if os.path.lexists(path) else None
     if st is not None and stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
-        os.chmod(path, 0o700)  # ours, but loosened: tightened, as private_dir does
+        os.chmod(path, 0o700)  # ours, but loosened: tightened, as safe_files.private_child does
     elif st is None or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
         raise SandboxUnavailableError(
             f"{path} is not a folder only this user can use, so sandboxes cannot be counted there: "

@@ -18,11 +18,14 @@ from __future__ import annotations
 import argparse
 import ctypes
 import errno
+import json
 import os
+import re
 import signal
 import stat
 import subprocess
 import sys
+from typing import NamedTuple
 
 UID_BASE = 0x7F000000  # far above real accounts and the usual subordinate-uid ranges
 MS_NOSUID, MS_NODEV, MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 1, 32, 4096, 16384, 1 << 18
@@ -31,6 +34,25 @@ _CHUNK = 1 << 20
 MAX_DEPTH = 64  # folders deeper than this are not copied (os.walk recurses; paths stay far below PATH_MAX)
 
 Snapshot = dict[str, tuple[int, int, int]]  # relative path -> (inode, size, mtime_ns) in the tmpfs after copy-in
+# A file is written under a short random name and renamed over its own, so any name up to NAME_MAX fits and
+# a temporary a crash left behind never blocks a later copy. Such leftovers (and the ``.NAME.fleet-partial``
+# of earlier versions) are Fleet's: they are never copied into a sandbox and are removed when seen.
+TEMP_PREFIX = ".fleet-partial-"
+_LEFTOVER = re.compile(r"\.fleet-partial-[0-9a-f]{16}|\..+\.fleet-partial", re.DOTALL)
+MAX_REPORTED = 10  # unsaved files named to the host (the report stays one atomic pipe write)
+
+
+class Failure(NamedTuple):
+    """A file (or folder) the copy-back could not write to the host."""
+
+    path: str
+    errno: int
+    strerror: str
+
+
+def is_leftover(name: str) -> bool:
+    """Whether ``name`` is a temporary file of Fleet's copy, left by a copy that was killed."""
+    return _LEFTOVER.fullmatch(name) is not None
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -71,16 +93,24 @@ def _enter_namespace() -> None:
 
 
 def _copy_file(source: str, target: str, mode: int, owner: int | None) -> None:
-    """Copy one regular file without following links at either end (the target is written fresh and renamed)."""
-    partial = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.fleet-partial")
+    """Copy one regular file without following links at either end (the target is written fresh, under a
+    random name, and renamed); a copy that fails (a full disk) leaves nothing behind."""
+    partial = os.path.join(os.path.dirname(target), TEMP_PREFIX + os.urandom(8).hex())
     with open(source, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as src:
         if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
             return
-        with open(partial, "wb", opener=lambda p, f: os.open(p, f | os.O_EXCL | os.O_NOFOLLOW, mode)) as dst:
-            _copy_data(src.fileno(), dst.fileno())
-            if owner is not None:
-                os.fchown(dst.fileno(), owner, owner)
-    os.replace(partial, target)
+        try:
+            with open(partial, "wb", opener=lambda p, f: os.open(p, f | os.O_EXCL | os.O_NOFOLLOW, mode)) as dst:
+                _copy_data(src.fileno(), dst.fileno())
+                if owner is not None:
+                    os.fchown(dst.fileno(), owner, owner)
+            os.replace(partial, target)
+        except BaseException:
+            try:
+                os.unlink(partial)
+            except OSError:
+                pass
+            raise
 
 
 def _copy_data(src: int, dst: int) -> None:
@@ -132,6 +162,9 @@ def copy_in(host: str, stage: str, owner: int | None) -> Snapshot:
         for name in sorted(filenames):
             relative = os.path.normpath(os.path.join(rel, name))
             target = os.path.join(stage, relative)
+            if is_leftover(name):  # a killed copy's temporary: it only holds the host's disk
+                _remove(os.path.join(dirpath, name))
+                continue
             try:
                 st = os.lstat(os.path.join(dirpath, name))
                 if not stat.S_ISREG(st.st_mode):
@@ -152,6 +185,13 @@ def _prune(rel: str, dirnames: list[str]) -> None:
         dirnames.clear()
 
 
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError as exc:
+        print(f"fleet: {path} not removed: {exc.strerror}", file=sys.stderr)
+
+
 def _clear(path: str) -> None:
     """Remove whatever is at ``path`` on the host (a folder code replaced by a file, or the other way)."""
     if os.path.isdir(path) and not os.path.islink(path):
@@ -162,24 +202,35 @@ def _clear(path: str) -> None:
         os.unlink(path)
 
 
-def copy_out(stage: str, host: str, snapshot: Snapshot) -> None:
+def copy_out(stage: str, host: str, snapshot: Snapshot) -> list[Failure]:
     """What the sandbox changed back to the host: new and changed files, and deletions of copied-in ones.
 
     Files the host added meanwhile (uploads) and files that did not fit at copy-in are left alone.
     ``host`` is the workspace's real path (no link in it): one swapped in since is refused, not followed.
+    Returns what could not be saved (a full host disk, a name the host refuses), each also on stderr.
     """
     if os.path.realpath(host) != os.path.normpath(host):
         raise OSError(errno.ELOOP, f"{host} was replaced by a link since the sandbox started; nothing saved")
     seen: set[str] = set()
+    failures: list[Failure] = []
+
+    def failed(relative: str, exc: OSError) -> None:
+        print(f"fleet: {relative} not saved from the sandbox: {exc.strerror}", file=sys.stderr)
+        failures.append(Failure(relative, exc.errno or 0, exc.strerror or str(exc)))
+
     for dirpath, dirnames, filenames in os.walk(stage):
         rel = os.path.relpath(dirpath, stage)
         _prune(rel, dirnames)
-        for name in dirnames:
+        for name in list(dirnames):
             target = os.path.normpath(os.path.join(host, rel, name))
-            if os.path.islink(target) or (os.path.lexists(target) and not os.path.isdir(target)):
-                _clear(target)
-            if not os.path.lexists(target):
-                os.mkdir(target, 0o700)
+            try:
+                if os.path.islink(target) or (os.path.lexists(target) and not os.path.isdir(target)):
+                    _clear(target)
+                if not os.path.lexists(target):
+                    os.mkdir(target, 0o700)
+            except OSError as exc:
+                failed(os.path.normpath(os.path.join(rel, name)) + "/", exc)
+                dirnames.remove(name)
         for name in filenames:
             relative = os.path.normpath(os.path.join(rel, name))
             source, target = os.path.join(stage, relative), os.path.join(host, relative)
@@ -189,12 +240,15 @@ def copy_out(stage: str, host: str, snapshot: Snapshot) -> None:
             seen.add(relative)
             if snapshot.get(relative) == (st.st_ino, st.st_size, st.st_mtime_ns) and os.path.lexists(target):
                 continue
+            if is_leftover(name):
+                failed(relative, OSError(errno.EINVAL, "the name is reserved for Fleet's temporary files"))
+                continue
             try:
                 if os.path.isdir(target) and not os.path.islink(target):
                     _clear(target)
                 _copy_file(source, target, _file_mode(st), None)
             except OSError as exc:
-                print(f"fleet: {relative} not saved from the sandbox: {exc.strerror}", file=sys.stderr)
+                failed(relative, exc)
     for relative in sorted(set(snapshot) - seen, reverse=True):
         target = os.path.join(host, relative)
         if os.path.islink(target) or os.path.isfile(target):
@@ -206,6 +260,7 @@ def copy_out(stage: str, host: str, snapshot: Snapshot) -> None:
             except OSError:
                 break
             parent = os.path.dirname(parent)
+    return failures
 
 
 def _drop_to(uid: int) -> None:
@@ -357,20 +412,32 @@ def _adopted(
 def _save(mount: str, workspace: str, snapshot: Snapshot, code: int, saved_fd: int | None) -> int:
     """Copy the sandbox's changes back to the host workspace, and say so on ``saved_fd``: the host stops
     waiting there, while this process's exit tears its mount namespace down. The exit status to pass on."""
+    failures: list[Failure] = []
     try:
-        copy_out(mount, workspace, snapshot)
+        failures = copy_out(mount, workspace, snapshot)
     except OSError as exc:
         if exc.errno != errno.ENOENT:  # ENOENT: the session was deleted meanwhile; never recreate it
             print(f"fleet: the workspace was not fully saved: {exc}", file=sys.stderr)
+            failures = [Failure(".", exc.errno or 0, exc.strerror or str(exc))]
     except Exception as exc:  # noqa: BLE001 - whatever code left behind, report and pass on the exit status
         print(f"fleet: the workspace was not fully saved: {exc!r}", file=sys.stderr)
+        failures = [Failure(".", 0, repr(exc)[:200])]
     if saved_fd is not None:
         sys.stderr.flush()  # what went wrong is in the host's hands before it stops listening
         try:
-            os.write(saved_fd, b"saved\n")
+            os.write(saved_fd, saved_line(failures))
         except OSError:
             pass  # the host is gone or waits for the exit instead
     return code if code >= 0 else 128 - code
+
+
+def saved_line(failures: list[Failure]) -> bytes:
+    """What the host reads on ``--saved-fd``: ``saved``, or ``unsaved`` and a JSON report of what was lost
+    (the count and the first few paths, shortened, so it stays one atomic pipe write)."""
+    if not failures:
+        return b"saved\n"
+    files = [[f.path[:200], f.errno, f.strerror[:100]] for f in failures[:MAX_REPORTED]]
+    return b"unsaved " + json.dumps({"count": len(failures), "files": files}).encode() + b"\n"
 
 
 if __name__ == "__main__":

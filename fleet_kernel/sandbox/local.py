@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import functools
 import importlib.util
+import json
 import logging
 import os
 import py_compile
@@ -30,14 +31,14 @@ import tempfile
 import threading
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from fleet_kernel.config import SandboxLimits, Settings
 from fleet_kernel.errors import SandboxBusyError, SandboxUnavailableError
 from fleet_kernel.sandbox import _confine, _pyfarm, _slots
 from fleet_kernel.sandbox._protocol import PipeSession, SessionClosed
 from fleet_kernel.sandbox.contract import describe
-from fleet_kernel.workspace import Workspace
+from fleet_kernel.workspace import Unsaved, Workspace, note_unsaved
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -630,7 +631,10 @@ class ProcessSession(PipeSession):
             if process is not None and self._isolated and not waiting:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     process.send_signal(signal.SIGTERM)
-                if saved is not None and _said_saved(saved, STOP_TIMEOUT_S):
+                said = _said_saved(saved, STOP_TIMEOUT_S) if saved is not None else None
+                if said is not None:
+                    if isinstance(said, Unsaved) and self._workspace is not None:
+                        note_unsaved(self._workspace, said)
                     threading.Thread(target=self._reap, name="fleet-sandbox-stop", daemon=True).start()
                     return
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -671,14 +675,25 @@ class ProcessSession(PipeSession):
         return reason
 
 
-def _said_saved(fd: int, timeout: float) -> bool:
-    """Whether the stage wrote "saved" on ``fd`` within ``timeout`` (false if it exited without).
+def _said_saved(fd: int, timeout: float) -> Unsaved | Literal[True] | None:
+    """What the stage said on ``fd`` within ``timeout``: True (all saved), what it could not save
+    (``_stage.saved_line``), or None when it exited without a word.
 
     ``poll``, not ``select``: a server's descriptors can number above select's 1024.
     """
     poller = select.poll()
     poller.register(fd, select.POLLIN)
-    return bool(poller.poll(timeout * 1000)) and os.read(fd, 16).startswith(b"saved")
+    line = os.read(fd, 1 << 16) if poller.poll(timeout * 1000) else b""
+    if line.startswith(b"saved"):
+        return True
+    if not line.startswith(b"unsaved "):
+        return None
+    try:
+        report = json.loads(line[len(b"unsaved ") :])
+        files = [(str(path), int(number), str(reason)) for path, number, reason in report["files"]]
+        return Unsaved(int(report["count"]), files)
+    except (ValueError, KeyError, TypeError):
+        return Unsaved(1, [(".", 0, "the sandbox's copy-back sent a report that could not be read")])
 
 
 @atexit.register

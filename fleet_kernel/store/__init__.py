@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 
-from fleet_kernel.store.connection import describe_write_error, uninterrupted
+from fleet_kernel.store.connection import describe_write_error, is_disk_full, uninterrupted
 from fleet_kernel.store.events import EVENTS_CHANNEL, EventStore, TurnEnding
 from fleet_kernel.store.files import FileStore
 from fleet_kernel.store.memories import MemoryStore
@@ -32,6 +32,7 @@ __all__ = [
     "TurnEnding",
     "TurnRow",
     "describe_write_error",
+    "is_disk_full",
     "new_id",
     "utcnow",
 ]  # fmt: skip

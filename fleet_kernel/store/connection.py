@@ -60,14 +60,24 @@ def uninterrupted(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]
     return call
 
 
-def describe_write_error(exc: BaseException, location: str) -> str:
-    """Say why the store cannot be written, naming a full disk, in words a user can act on."""
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether a store error (or one it wraps) says the disk holding the database is full."""
     for cause in _causes(exc):
         message = str(cause).lower()
         number = getattr(cause, "errno", None)
         full = getattr(cause, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or number == errno.ENOSPC
         if full or "disk is full" in message or "no space left" in message:
-            return f"the disk holding the store ({location}) is full: free space there, then run the turn again"
+            return True
+    return False
+
+
+def describe_write_error(exc: BaseException, location: str) -> str:
+    """Say why the store cannot be written, naming a full disk, in words a user can act on."""
+    if is_disk_full(exc):
+        return f"the disk holding the store ({location}) is full: free space there, then run the turn again"
+    for cause in _causes(exc):
+        message = str(cause).lower()
+        number = getattr(cause, "errno", None)
         if "readonly" in message or "read-only" in message or number == errno.EROFS:
             return f"the store ({location}) is read-only: make it writable, then run the turn again"
     return f"the store ({location}) cannot be written: {str(getattr(exc, 'orig', None) or exc)[:300]}"
