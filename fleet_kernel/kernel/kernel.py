@@ -29,6 +29,11 @@ EXIT_WORDS = frozenset({"exit", "quit", "exit()", "quit()"})
 WIDGET_CONTROL_TARGET = "jupyter.widget.control"
 SHUTDOWN_GRACE_S = 4.0
 TERMINAL_HISTORY_N = 100
+HISTORY_OPEN_WAIT_S = 0.5
+"""How long a ``history_request`` waits for the store to open. The shell answers one request at a time and
+``jupyter console`` gives the history and then each ``is_complete_request`` 1 s: a history that waits for a
+slow store makes the console warn and drop the kernel's ``is_complete`` (or read the late history reply as
+the ``is_complete`` one)."""
 
 
 class FleetKernel(Kernel):
@@ -222,14 +227,14 @@ class FleetKernel(Kernel):
         pattern: str | None = None,
         unique: bool = False,
     ) -> dict[str, Any]:
-        from fleet_kernel.kernel.history import history  # reads the store: SQLAlchemy, ~1 s
-
         if not self._executed and hist_access_type == "tail" and (n or 0) >= TERMINAL_HISTORY_N:
             # jupyter console loads 1000 entries of up-arrow history at start; JupyterLab asks for 10.
             log.info("a terminal frontend asked for %s history entries: text output", n)
             self.ctx.console_seen = True
         try:
-            await self.ctx.open()
+            await asyncio.wait_for(asyncio.shield(self.ctx.open()), HISTORY_OPEN_WAIT_S)
+            from fleet_kernel.kernel.history import history  # SQLAlchemy: loaded by the open store
+
             assert self.ctx.store is not None
             entries = await history(
                 self.ctx.store,
@@ -243,6 +248,9 @@ class FleetKernel(Kernel):
                 stop=stop,
                 output=output,
             )
+        except TimeoutError:
+            log.info("the store is not open yet: a history request gets no entries")
+            entries = []
         except Exception:
             log.warning("history failed", exc_info=True)
             entries = []
