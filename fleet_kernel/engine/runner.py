@@ -32,11 +32,11 @@ from fleet_kernel.events import (
     Artifact,
     Event,
     EventData,
-    LMFinished,
     TurnCancelledData,
     TurnCompleted,
     TurnFailed,
     TurnStarted,
+    lm_not_sent,
 )
 from fleet_kernel.lazy import import_module
 from fleet_kernel.sandbox import contract as sandbox_contract
@@ -387,9 +387,7 @@ class TurnRunner:
                 from fleet_kernel.engine.turn import Outcome
 
                 # The contract: every turn reports its LM step, even one that could not start.
-                running.emitter.emit(
-                    LMFinished(role="root", model=running.settings.lm_model, duration_ms=0.0, usage={}, cost_usd=None)
-                )
+                running.emitter.emit(lm_not_sent(running.settings.lm_model))
                 await self._finish(running, Outcome("failed", error=running.setup_error), 0.0)
                 return
             job = await self._prepare(running)
