@@ -48,9 +48,10 @@ def run_quickstart(out: Path, kernel_name: str = KERNEL_NAME, timeout: int = 600
     try:
         # the optional lab extra, and seconds to import
         import nbformat
-        from nbclient import NotebookClient  # nbclient and nbconvert (~1 s) only for the demo
-        from nbclient.exceptions import CellExecutionError
+        from nbclient.exceptions import CellExecutionError  # nbclient and nbconvert (~1 s) only for the demo
         from nbconvert import HTMLExporter
+
+        from fleet_kernel.cell_ids import CellIdClient
     except ImportError as exc:
         raise DemoError(f"the demo needs nbclient and nbconvert: pip install nbclient nbconvert ({exc})") from exc
     if importlib.util.find_spec("matplotlib") is None:
@@ -62,7 +63,7 @@ def run_quickstart(out: Path, kernel_name: str = KERNEL_NAME, timeout: int = 600
     shutil.copy(CASSETTE, out / CASSETTE.name)  # the notebook falls back to it when no model is configured
     notebook_path, html_path = out / "quickstart.ipynb", out / "quickstart.html"
     nb = nbformat.read(QUICKSTART, as_version=4)
-    client = NotebookClient(
+    client = CellIdClient(
         nb,
         kernel_name=kernel_name,
         timeout=timeout,

@@ -21,7 +21,7 @@ from fleet_kernel import __version__
 from fleet_kernel.cancel import CancelToken
 from fleet_kernel.errors import FleetError
 from fleet_kernel.kernel import commands, spec
-from fleet_kernel.kernel.context import KernelContext, route_output_to_log, skip_unused_imports
+from fleet_kernel.kernel.context import KernelContext, load_off_loop, route_output_to_log, skip_unused_imports
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ EXIT_WORDS = frozenset({"exit", "quit", "exit()", "quit()"})
 WIDGET_CONTROL_TARGET = "jupyter.widget.control"
 SHUTDOWN_GRACE_S = 4.0
 TERMINAL_HISTORY_N = 100
-HISTORY_OPEN_WAIT_S = 0.5
+HISTORY_OPEN_WAIT_S = 0.25
 """How long a ``history_request`` waits for the store to open. The shell answers one request at a time and
 ``jupyter console`` gives the history and then each ``is_complete_request`` 1 s: a history that waits for a
 slow store makes the console warn and drop the kernel's ``is_complete`` (or read the late history reply as
@@ -72,9 +72,10 @@ class FleetKernel(Kernel):
             self.ctx.widgets_seen = True
         self.comm_manager.comm_open(stream, ident, msg)
 
-    def _register_widget_target(self) -> None:
+    async def _register_widget_target(self) -> None:
         try:
-            import ipywidgets  # ~0.3 s: loaded once the kernel is up, not while it starts
+            await load_off_loop("ipywidgets")  # ~0.3 s: loaded once the kernel is up, off the loop
+            import ipywidgets
 
             ipywidgets.register_comm_target()
         except Exception:
@@ -96,7 +97,7 @@ class FleetKernel(Kernel):
         if not self._warming:
             self._warming = True
             self.ctx.warm_up(self._main_loop)
-            self._main_loop.call_later(0.05, self._register_widget_target)
+            self._widgets = self._main_loop.create_task(self._register_widget_target())
 
     def start(self) -> None:
         super().start()

@@ -159,7 +159,7 @@ class Database:
         store = cls(database_url)
         try:
             current = await store.schema_revision()
-            head = migrate.head_revision()
+            head = await asyncio.to_thread(migrate.head_revision)  # reads the migration scripts: off the loop
             if current != head:
                 if not store.sqlite:
                     raise StoreUnavailableError(
