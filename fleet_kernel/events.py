@@ -151,7 +151,8 @@ class LMFinished(EventData):
     finish_reason: str | None = None
     """Why the reply ended, as the provider says: `stop`, `length` (cut at the completion cap, `[lm] max_tokens`
     or `sub_max_tokens`), `tool_calls`, `content_filter`; `not_sent` when the turn failed before the call
-    was made (no model configured, say), which no surface counts as a call; null when not known."""
+    was made (no model configured, say), which the status line and the metrics do not count as a call;
+    null when not known."""
 
 
 NOT_SENT = "not_sent"
