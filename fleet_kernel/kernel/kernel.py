@@ -9,6 +9,7 @@ ipykernel 7 that a wrapper kernel needs (interrupts, comms, advertised features)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from pathlib import Path
@@ -55,6 +56,7 @@ class FleetKernel(Kernel):
         self._cell_cancel = CancelToken()  # the running cell's: passed on to its turn once that exists
         self._executed = False
         self._warming = False
+        self._widgets_registered = False
         self._wire_comms()
 
     # ------------------------------------------------------------------ ipykernel 7 fixes
@@ -70,11 +72,20 @@ class FleetKernel(Kernel):
         log.info("comm_open for %s", msg["content"].get("target_name"))
         if msg["content"].get("target_name") == WIDGET_CONTROL_TARGET:
             self.ctx.widgets_seen = True
+            self._widget_target()  # a frontend quicker than the background import still finds it
         self.comm_manager.comm_open(stream, ident, msg)
 
     async def _register_widget_target(self) -> None:
+        """Import ipywidgets (~0.3 s) off the loop once the kernel is up, then register its comm targets."""
+        with contextlib.suppress(Exception):  # unavailable: _widget_target says so
+            await load_off_loop("ipywidgets")
+        self._widget_target()
+
+    def _widget_target(self) -> None:
+        if self._widgets_registered:
+            return
+        self._widgets_registered = True
         try:
-            await load_off_loop("ipywidgets")  # ~0.3 s: loaded once the kernel is up, off the loop
             import ipywidgets
 
             ipywidgets.register_comm_target()
