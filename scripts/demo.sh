@@ -9,6 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
 
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then
+  sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'
+  exit 0
+fi
 if [[ " $* " == *" --check "* ]]; then
   bash scripts/setup.sh --check
   say "Checking what the demo needs"

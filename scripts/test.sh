@@ -2,7 +2,7 @@
 # Set up everything the tests need (system packages, .venv, PostgreSQL) and run the whole suite:
 # once on SQLite, then the store and API suites again on PostgreSQL.
 #   scripts/test.sh [PYTEST ARGS...]   e.g. tests/test_store.py, or -k history (then no PostgreSQL pass)
-#   scripts/test.sh --check            run nothing: check the set-up and that every test can be collected
+#   scripts/test.sh --check            run nothing: check the set-up and the tools the run uses
 # Needs root (or sudo): it installs system packages (scripts/setup.sh with FLEET_SETUP_TEST=1) and, on
 # Debian's PostgreSQL cluster, creates the role and database fleet_test (a new password each run; the
 # postgres user is left as it is). Each set-up step prints how long it took; skipped tests say why.
@@ -13,6 +13,10 @@ source scripts/common.sh
 PG_ROLE=fleet_test
 PYTEST=("$PY" -m pytest -q -rs -p no:cacheprovider)
 
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then
+  sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+  exit 0
+fi
 if [[ "${1:-}" == --check ]]; then
   FLEET_SETUP_TEST=1 bash scripts/setup.sh --check
   say "Checking what the test run needs"
