@@ -6,6 +6,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
 PY=${PYTHON:-$PY}
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then
+  sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//'
+  exit 0
+fi
 if [[ "${1:-}" == --check ]]; then
   check "ruff" "$PY" -m ruff --version
   check "mypy" "$PY" -m mypy --version

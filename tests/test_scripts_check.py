@@ -51,6 +51,13 @@ def test_each_named_script_passes_its_check(script: str) -> None:
     assert "FAILED" not in done.stdout
 
 
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_each_named_script_says_how_to_use_it_and_starts_nothing(script: str) -> None:
+    done = _run(["bash", f"scripts/{script}", "--help"])
+    assert done.returncode == 0 and "--check" in done.stdout, done.stdout + done.stderr
+    assert "==>" not in done.stdout  # no step started
+
+
 def test_real_model_check_names_the_serve_command_and_does_not_download() -> None:
     done = _run(["bash", "scripts/real-model.sh", "--check"])
     assert done.returncode == 0, done.stdout + done.stderr
