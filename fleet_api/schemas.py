@@ -21,6 +21,37 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _example(summary: str, value: dict[str, Any]) -> dict[str, Any]:
+    return {"summary": summary, "value": value}
+
+
+# Request body examples for the interactive docs: "Try it out" sends the first one as it stands, so each
+# is a request this API accepts on a fresh session (no skill, attachment or turn id it would not know).
+SESSION_CREATE_EXAMPLES = {"titled": _example("A session with a title", {"title": "Sales by region"})}
+SESSION_UPDATE_EXAMPLES = {
+    "rename": _example("Rename the session", {"title": "Sales by region, 2026"}),
+    "archive": _example("Archive it", {"archived": True}),
+}
+TURN_CREATE_EXAMPLES = {
+    "task": _example("A task", {"task": "What is 6 times 7? Compute it in Python."}),
+    "limits": _example(
+        "A task with lower limits for this turn",
+        {"task": "Count the words in 'the quick brown fox'.", "limits": {"max_iters": 4, "timeout_s": 120}},
+    ),
+    "result": _example(
+        "A task whose answer is a typed result",
+        {
+            "task": "Add 19.5 and 22.5.",
+            "output_schema": {"type": "object", "properties": {"total": {"type": "number"}}, "required": ["total"]},
+        },
+    ),
+}
+TURN_UPDATE_EXAMPLES = {"forget": _example("Take the turn out of the history", {"in_history": False})}
+MEMORY_PUT_EXAMPLES = {
+    "note": _example("A note for later turns", {"content": "The sales figures are in euros.", "kind": "fact"})
+}
+
+
 class SessionCreate(_Request):
     title: str = Field("", max_length=200, description="shown in lists; defaults to the first task")
 

@@ -349,6 +349,7 @@ def _format_validation_error(source: str, exc: PydanticValidationError) -> str:
 def _read_policy(path: Path | None) -> Policy:
     if path is None:
         return Policy()
+    path = path.absolute()  # the file read, named in full: a kernel's working folder is not the user's
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:

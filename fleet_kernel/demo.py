@@ -1,11 +1,12 @@
 """The offline demo: execute ``notebooks/quickstart.ipynb`` through the ``fleet`` kernel and keep the result.
 
-    python -m fleet_kernel.demo [--out DIR]
+    python -m fleet_kernel.demo [--out DIR] [--check]
 
 Without ``FLEET_LM_MODEL`` the notebook runs on its cassette of scripted answers (its first code cell
 is ``%fleet model default replay/quickstart.cassette.json``: no network, no key); with it, on that model
 for real. Writes the executed notebook and an HTML transcript into ``DIR`` (default
-``./quickstart-output``) and prints how to open them in JupyterLab.
+``./quickstart-output``) and prints how to open them in JupyterLab. ``--check`` runs nothing: it checks
+that the demo's tools, files and kernelspec are there.
 """
 
 from __future__ import annotations
@@ -39,30 +40,47 @@ def ensure_kernelspec() -> None:
         install(sys_prefix=True)
 
 
+def preflight() -> None:
+    """Check what the demo needs before it starts a kernel. Raises ``DemoError`` saying what to install."""
+    for module in ("nbformat", "nbclient", "nbconvert"):
+        if importlib.util.find_spec(module) is None:
+            raise DemoError(f"the demo needs nbclient and nbconvert: pip install nbclient nbconvert (no {module})")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise DemoError("the quickstart's sandbox code draws a chart with matplotlib: pip install matplotlib")
+    for needed in (QUICKSTART, CASSETTE, NOTEBOOKS / "data"):
+        if not needed.exists():
+            raise DemoError(f"{needed} is missing: run the demo from a checkout of the Fleet repository")
+
+
+def check() -> None:
+    """``--check``: everything the demo needs is there, and Jupyter finds (or could install) the kernel."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    preflight()
+    found = KERNEL_NAME in KernelSpecManager().find_kernel_specs()
+    state = "installed" if found else "not installed yet (the demo installs it)"
+    print(f"the demo's tools and files are there; the {KERNEL_NAME} kernelspec is {state}")
+
+
 def run_quickstart(out: Path, kernel_name: str = KERNEL_NAME, timeout: int = 600) -> tuple[Path, Path]:
     """Execute the quickstart into ``out``; returns the executed notebook and its HTML transcript.
 
     Raises:
         DemoError: a tool is missing or a cell failed (the partly executed notebook is still written).
     """
-    try:
-        # the optional lab extra, and seconds to import
-        import nbformat
-        from nbclient import NotebookClient  # nbclient and nbconvert (~1 s) only for the demo
-        from nbclient.exceptions import CellExecutionError
-        from nbconvert import HTMLExporter
-    except ImportError as exc:
-        raise DemoError(f"the demo needs nbclient and nbconvert: pip install nbclient nbconvert ({exc})") from exc
-    if importlib.util.find_spec("matplotlib") is None:
-        raise DemoError("the quickstart's sandbox code draws a chart with matplotlib: pip install matplotlib")
-    if not QUICKSTART.is_file():
-        raise DemoError(f"{QUICKSTART} is missing: run the demo from a checkout of the Fleet repository")
+    preflight()
+    import nbformat  # nbformat, nbclient and nbconvert (~1 s) only for the demo
+    from nbclient.exceptions import CellExecutionError
+    from nbconvert import HTMLExporter
+
+    from fleet_kernel.cell_ids import CellIdClient
+
     out.mkdir(parents=True, exist_ok=True)
     shutil.copytree(NOTEBOOKS / "data", out / "data", dirs_exist_ok=True)
     shutil.copy(CASSETTE, out / CASSETTE.name)  # the notebook falls back to it when no model is configured
     notebook_path, html_path = out / "quickstart.ipynb", out / "quickstart.html"
     nb = nbformat.read(QUICKSTART, as_version=4)
-    client = NotebookClient(
+    client = CellIdClient(
         nb,
         kernel_name=kernel_name,
         timeout=timeout,
@@ -86,7 +104,15 @@ def run_quickstart(out: Path, kernel_name: str = KERNEL_NAME, timeout: int = 600
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fleet_kernel.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="quickstart-output", help="where to write the results")
+    parser.add_argument("--check", action="store_true", help="run nothing: check that the demo can run")
     args = parser.parse_args(argv)
+    if args.check:
+        try:
+            check()
+        except DemoError as exc:
+            print(f"The demo cannot run: {exc}", file=sys.stderr)
+            return 1
+        return 0
     out = Path(args.out).resolve()
     os.environ.setdefault("FLEET_HOME", str(Path(".fleet").resolve()))
     model = os.environ.get("FLEET_LM_MODEL")

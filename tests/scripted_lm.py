@@ -47,7 +47,8 @@ class ScriptedLM:
 
     A step is ``{"reasoning", "code"}`` (RLM action), any other dict of output fields (rendered as
     ChatAdapter text, e.g. ``{"answer": ...}`` for the extract fallback), or a control step:
-    ``{"status": 401, "error": "..."}`` answers an HTTP error; ``{"delay": s, ...}`` waits first.
+    ``{"status": 401, "error": "..."}`` answers an HTTP error; ``{"delay": s, ...}`` waits first;
+    ``{"raw": text}`` answers ``text`` as it is, and ``"finish_reason"`` in a step replaces ``stop``.
     When a script runs out, ``default`` (if set) is repeated, else the server answers HTTP 500.
     ``requests`` holds every request body; ``disconnects`` the bodies of requests whose client went
     away before their response was written (a delay ends early when that happens); ``asked`` when
@@ -142,9 +143,11 @@ class ScriptedLM:
                 return int(found["status"]), {
                     "error": {"message": found.get("error", "scripted error"), "type": "error"}
                 }
+            finish_reason = found.pop("finish_reason", "stop")
             content = found.pop("raw") if "raw" in found else chat_adapter_text(found)
         else:
             prompt = str(messages[-1].get("content", "")) if messages else ""
+            finish_reason = "stop"
             content = self.sub(prompt)
             if isinstance(content, dict):  # {"delay": s, "text": ...}: a slow sub-LM answer
                 wait(float(content.get("delay", 0)))
@@ -156,7 +159,9 @@ class ScriptedLM:
             "object": "chat.completion",
             "created": int(time.time()),
             "model": body.get("model", "scripted"),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish_reason}
+            ],
             "usage": {
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,

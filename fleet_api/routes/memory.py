@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Response
 
 from fleet_api.deps import State, check_id
 from fleet_api.routes._docs import errors
-from fleet_api.schemas import Memory, MemoryList, MemoryPut
+from fleet_api.schemas import MEMORY_PUT_EXAMPLES, Memory, MemoryList, MemoryPut
 from fleet_kernel.engine.memory import Memories
 
 router = APIRouter(tags=["memory"])
@@ -25,7 +27,12 @@ async def list_memories(session_id: str, state: State, q: str | None = None) -> 
 
 
 @router.put("/sessions/{session_id}/memory/{memory_id}", response_model=Memory, responses=errors(404))
-async def put_memory(session_id: str, memory_id: str, body: MemoryPut, state: State) -> Memory:
+async def put_memory(
+    session_id: str,
+    memory_id: str,
+    body: Annotated[MemoryPut, Body(openapi_examples=MEMORY_PUT_EXAMPLES)],
+    state: State,
+) -> Memory:
     """Create the memory with this id, or replace it."""
     memories = await _memories(state, session_id)
     row = await memories.put(body.content, body.kind, memory_id=memory_id)

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Body, Depends, Query, Response
 
 from fleet_api.deps import State, check_id
 from fleet_api.routes._docs import errors
-from fleet_api.schemas import Session, SessionConfig, SessionCreate, SessionList, SessionUpdate, TurnList
+from fleet_api.schemas import (
+    SESSION_CREATE_EXAMPLES,
+    SESSION_UPDATE_EXAMPLES,
+    Session,
+    SessionConfig,
+    SessionCreate,
+    SessionList,
+    SessionUpdate,
+    TurnList,
+)
 from fleet_api.views import turn_view
 from fleet_kernel.engine.sessions import Sessions
 from fleet_kernel.store.sessions import MAX_PAGE, Archived
@@ -25,7 +34,10 @@ SessionsDep = Annotated[Sessions, Depends(get_sessions)]
 
 
 @router.post("/sessions", status_code=201, response_model=Session, responses=errors())
-async def create_session(sessions: SessionsDep, body: SessionCreate | None = None) -> Session:
+async def create_session(
+    sessions: SessionsDep,
+    body: Annotated[SessionCreate | None, Body(openapi_examples=SESSION_CREATE_EXAMPLES)] = None,
+) -> Session:
     row = await sessions.create(body.title if body is not None else "")
     return Session.model_validate(row.to_dict())
 
@@ -52,7 +64,11 @@ async def get_session(session_id: str, sessions: SessionsDep) -> Session:
 
 
 @router.patch("/sessions/{session_id}", response_model=Session, responses=errors(404))
-async def update_session(session_id: str, body: SessionUpdate, sessions: SessionsDep) -> Session:
+async def update_session(
+    session_id: str,
+    body: Annotated[SessionUpdate, Body(openapi_examples=SESSION_UPDATE_EXAMPLES)],
+    sessions: SessionsDep,
+) -> Session:
     """Rename, archive or unarchive, and choose the session's models (null: the configured ones)."""
     row = await sessions.update(check_id(session_id, "session"), body.model_dump(exclude_unset=True))
     return Session.model_validate(row.to_dict())

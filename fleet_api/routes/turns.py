@@ -10,12 +10,12 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, nullcontext
 from typing import Annotated, cast
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Body, Header, Query, Response
 from fastapi.responses import JSONResponse
 
 from fleet_api.deps import State, check_id
 from fleet_api.routes._docs import errors
-from fleet_api.schemas import Turn, TurnAccepted, TurnCreate, TurnUpdate
+from fleet_api.schemas import TURN_CREATE_EXAMPLES, TURN_UPDATE_EXAMPLES, Turn, TurnAccepted, TurnCreate, TurnUpdate
 from fleet_api.sse import SSE_RESPONSE_DOC, event_stream, parse_last_event_id
 from fleet_api.views import turn_view
 from fleet_kernel.errors import ValidationError
@@ -102,7 +102,7 @@ def _wants_async(prefer: str | None) -> bool:
 )
 async def start_turn(
     session_id: str,
-    body: TurnCreate,
+    body: Annotated[TurnCreate, Body(openapi_examples=TURN_CREATE_EXAMPLES)],
     state: State,
     idempotency_key: IdempotencyKey = None,
     prefer: Prefer = None,
@@ -152,7 +152,12 @@ async def get_turn(session_id: str, turn_id: str, state: State) -> Turn:
     summary="Take a turn out of the history later turns see, or put it back",
     responses=errors(404, 409),
 )
-async def update_turn(session_id: str, turn_id: str, body: TurnUpdate, state: State) -> Turn:
+async def update_turn(
+    session_id: str,
+    turn_id: str,
+    body: Annotated[TurnUpdate, Body(openapi_examples=TURN_UPDATE_EXAMPLES)],
+    state: State,
+) -> Turn:
     row = await state.store.set_in_history(check_id(session_id, "session"), check_id(turn_id, "turn"), body.in_history)
     return turn_view(row, await state.store.lineage(session_id))
 

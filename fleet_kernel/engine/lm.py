@@ -15,7 +15,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import dspy
 from dspy.utils.callback import BaseCallback
@@ -54,11 +54,36 @@ def reported(
     return result
 
 
-def take_last_usage() -> tuple[dict[str, Any], float | None]:
-    """Usage and cost of the last LM call finished on this thread (then forgotten)."""
-    usage, cost = getattr(_last_call, "value", ({}, None))
-    _last_call.value = ({}, None)
-    return usage, cost
+class LastCall(NamedTuple):
+    """What the engine reports of an LM call in ``lm.finished``."""
+
+    usage: dict[str, Any]
+    cost: float | None
+    finish_reason: str | None
+
+
+NO_CALL = LastCall({}, None, None)
+
+
+def take_last_call() -> LastCall:
+    """Usage, cost and finish reason of the last LM call finished on this thread (then forgotten)."""
+    last: LastCall = getattr(_last_call, "value", NO_CALL)
+    _last_call.value = NO_CALL
+    return last
+
+
+def finish_reason(response: Any) -> str | None:
+    """Why a reply ended: dspy's native ``Response`` (or a tuple of them) or a chat completion's first choice."""
+    from dspy.clients.legacy_outputs import value  # reads objects and dicts alike
+
+    if isinstance(response, list | tuple):
+        response = response[0] if response else None
+    reason = value(response, "finish_reason", None)
+    if reason is None:
+        choices = value(response, "choices", None) or []
+        reason = value(choices[0], "finish_reason", None) if choices else None
+    reason = getattr(reason, "value", reason)  # an enum
+    return str(reason) if reason else None
 
 
 class MeteredLM(dspy.LM):
@@ -102,7 +127,7 @@ class MeteredLM(dspy.LM):
         that kept the prompts of up to 10 000 past calls alive. A turn's LMs are dropped with the turn.
         """
         usage, cost = dict(entry.get("usage") or {}), entry.get("cost")
-        _last_call.value = (usage, cost)
+        _last_call.value = LastCall(usage, cost, finish_reason(entry.get("response")))
         if self.budget is not None:
             self.budget.add(usage, cost)
         if dspy.settings.disable_history:

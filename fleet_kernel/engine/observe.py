@@ -30,7 +30,7 @@ from dspy.primitives.code_interpreter import CodeExecutionError
 from dspy.utils.callback import BaseCallback
 
 from fleet_kernel.cancel import CancelToken
-from fleet_kernel.engine.lm import reported, scrub, take_last_usage
+from fleet_kernel.engine.lm import reported, scrub, take_last_call
 from fleet_kernel.engine.sink import TurnEmitter
 from fleet_kernel.errors import TurnCancelled
 from fleet_kernel.events import (
@@ -133,6 +133,7 @@ class TurnObserver(BaseCallback):
         self.max_children = max_children
         self.children = 0
         self.extracted = False
+        self.root_finish_reason: str | None = None  # the last root call's: a reply cut at max_tokens fails to parse
         self.usage = {"lm_calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}
         self._lock = threading.Lock()
         self._frames_by_predict: dict[int, AgentFrame] = {}
@@ -254,7 +255,9 @@ class TurnObserver(BaseCallback):
 
     def on_lm_end(self, call_id: str, outputs: Any, exception: BaseException | None = None) -> None:
         started, instance, frame = self._lm_calls.pop(call_id, (time.perf_counter(), None, self._frame()))
-        usage, cost = take_last_usage()
+        usage, cost, reason = take_last_call()
+        if instance is self.root_lm:
+            self.root_finish_reason = reason
         prompt_tokens = int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0)
         completion_tokens = int(usage.get("completion_tokens") or usage.get("output_tokens") or 0)
         with self._lock:
@@ -269,6 +272,7 @@ class TurnObserver(BaseCallback):
                 duration_ms=round((time.perf_counter() - started) * 1000, 3),
                 usage={"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
                 cost_usd=cost,
+                finish_reason=reason,
             ),
             frame,
         )

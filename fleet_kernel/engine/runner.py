@@ -33,11 +33,11 @@ from fleet_kernel.events import (
     Artifact,
     Event,
     EventData,
-    LMFinished,
     TurnCancelledData,
     TurnCompleted,
     TurnFailed,
     TurnStarted,
+    lm_not_sent,
 )
 from fleet_kernel.lazy import import_module
 from fleet_kernel.sandbox import contract as sandbox_contract
@@ -612,9 +612,7 @@ class TurnRunner:
         else:
             data = TurnFailed(error=outcome.error or {"type": "error", "message": "failed"})
         if not running.emitter.lm_reported:  # the contract: every turn reports its LM step, even one never made
-            running.emitter.emit(
-                LMFinished(role="root", model=running.settings.lm_model, duration_ms=0.0, usage={}, cost_usd=None)
-            )
+            running.emitter.emit(lm_not_sent(running.settings.lm_model))
         running.emitter.emit(data, ending=ending)
         await committed.wait()
         self._running.pop(turn.turn_id, None)

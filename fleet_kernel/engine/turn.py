@@ -27,7 +27,7 @@ from fleet_kernel.engine.observe import TurnObserver, WatchedPredict
 from fleet_kernel.engine.outcome import Outcome, stopped
 from fleet_kernel.engine.sink import TurnEmitter
 from fleet_kernel.errors import FleetError, LMError, TurnCancelled
-from fleet_kernel.events import LMFinished
+from fleet_kernel.events import lm_not_sent
 from fleet_kernel.sandbox import base as sandbox_base
 from fleet_kernel.sandbox import open_sandbox
 from fleet_kernel.skills import Catalogue
@@ -103,23 +103,46 @@ class _GuardedFactory:
         return interpreter
 
 
-def _failure(exc: BaseException, settings: Settings) -> Outcome:
+UNPARSED_SHOWN_CHARS = 1500
+"""How much of a reply that could not be parsed the turn's error quotes (what the model said)."""
+
+
+def _failure(exc: BaseException, settings: Settings, finish_reason: str | None = None) -> Outcome:
     if isinstance(exc, FleetError):
         return Outcome("failed", error={"type": exc.code, "message": scrub(exc.message, settings)})
     if isinstance(exc, DSPyLMError) or type(exc).__module__.startswith(("litellm", "openai", "httpx")):
         err = explain_lm_error(exc, settings)
         return Outcome("failed", error={"type": err.code, "message": err.message})
     if isinstance(exc, AdapterParseError):
-        message = (
-            "the model's reply could not be parsed into reasoning and code; "
-            "try a stronger model (FLEET_LM_MODEL) or ask again"
-        )
-        return Outcome("failed", error={"type": "lm_parse_error", "message": message})
+        return Outcome("failed", error={"type": "lm_parse_error", "message": _unparsed(exc, settings, finish_reason)})
     if isinstance(exc, CodeInterpreterError):
         message = f"the sandbox failed and the turn could not go on: {scrub(str(exc), settings)}"
         return Outcome("failed", error={"type": "sandbox_error", "message": message})
     log.exception("turn failed unexpectedly")
     return Outcome("failed", error={"type": type(exc).__name__, "message": scrub(str(exc), settings)[:2000]})
+
+
+def _unparsed(exc: AdapterParseError, settings: Settings, finish_reason: str | None) -> str:
+    """Why the model's reply could not be used, and what it said: its fields as far as they parsed, else the
+    reply itself, bounded and without secrets."""
+    if finish_reason == "length":
+        cap = settings.policy.lm.max_tokens
+        why = (
+            f"the reply was cut at the completion cap ({cap} tokens, `[lm] max_tokens` in fleet.toml) before it "
+            "was complete; raise `[lm] max_tokens`, or ask for less at once"
+        )
+    else:
+        why = "try a stronger model (FLEET_LM_MODEL) or ask again"
+    parsed = exc.parsed_result if isinstance(exc.parsed_result, dict) else {}
+    fields = {name: str(text) for name, text in parsed.items() if str(text or "").strip()}
+    if fields:
+        said = "\n".join(f"{name}: {text}" for name, text in fields.items())
+        heading = "What the model said, as far as it parsed"
+    else:
+        said, heading = str(exc.lm_response or "").strip() or "(nothing)", "What the model said"
+    if len(said) > UNPARSED_SHOWN_CHARS:
+        said = f"{said[:UNPARSED_SHOWN_CHARS]}... ({len(said) - UNPARSED_SHOWN_CHARS} more characters)"
+    return f"the model's reply could not be parsed into reasoning and code; {why}. {heading}:\n{scrub(said, settings)}"
 
 
 def _scrubbed(value: Any, settings: Settings) -> Any:
@@ -191,7 +214,7 @@ def _run(job: TurnJob) -> Outcome:
         root_lm, sub_lm = (job.lm_factory or build_lms)(settings)
     except LMError as exc:
         # The contract: every turn reports its LM step, even one that could not start.
-        job.emitter.emit(LMFinished(role="root", model=settings.lm_model, duration_ms=0.0, usage={}, cost_usd=None))
+        job.emitter.emit(lm_not_sent(settings.lm_model))
         return _failure(exc, settings)
 
     # copies: the observer registers on them, and a factory's LMs may serve other turns too
@@ -257,7 +280,7 @@ def _run(job: TurnJob) -> Outcome:
         cause = job.cancel.error() or (exc if isinstance(exc, TurnCancelled) else None)
         if cause is not None:
             return stopped(cause, usage)
-        outcome = _failure(exc, settings)
+        outcome = _failure(exc, settings, observer.root_finish_reason if observer else None)
         outcome.usage = usage
         return outcome
     finally:

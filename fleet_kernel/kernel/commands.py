@@ -21,6 +21,7 @@ A command raises ``FleetError`` with advice when it cannot do what was asked; th
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shlex
 import subprocess
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleet_kernel.errors import FleetError, NotFoundError, ValidationError
 from fleet_kernel.kernel.context import KernelContext
+from fleet_kernel.kernel.spec import NOTEBOOK_DIR_ENV
 from fleet_kernel.markdown import md_code, md_escape
 from fleet_kernel.sandbox import contract as sandbox_contract
 from fleet_kernel.textsafe import terminal_safe
@@ -249,7 +251,10 @@ async def cmd_attach(ctx: KernelContext, args: list[str]) -> Reply:
         raise _usage_error("usage: %fleet attach <local file>")
     source = Path(args[0]).expanduser()
     sessions = await ctx.sessions()
-    data = await sessions.read_file(source)
+    try:
+        data = await sessions.read_file(source)
+    except NotFoundError as exc:
+        raise NotFoundError(exc.message + _cwd_hint(source)) from exc
     attached = await sessions.attach(await ctx.ensure_session(), source.name, data)
     row = attached.attachment
     taken = f"; files/ already held another {source.name}" if attached.renamed else ""
@@ -257,6 +262,14 @@ async def cmd_attach(ctx: KernelContext, args: list[str]) -> Reply:
         f"Attached {source.name} as /workspace/{row.path} ({row.size:,} bytes{taken}); "
         "the model sees it in /workspace/files."
     )
+
+
+def _cwd_hint(source: Path) -> str:
+    """For papermill without ``--cwd``: the kernel runs in papermill's folder, not the notebook's."""
+    notebook_dir = os.environ.get(NOTEBOOK_DIR_ENV)
+    if source.is_absolute() or not notebook_dir or Path(notebook_dir) == Path.cwd():
+        return ""
+    return f"; papermill runs cells in its own working folder: pass --cwd {shlex.quote(notebook_dir)}"
 
 
 async def cmd_export(ctx: KernelContext, args: list[str]) -> Reply:

@@ -235,8 +235,13 @@ def skip_unused_imports() -> None:
 
 
 async def load_off_loop(module: str) -> None:
-    """Import ``module`` on a worker thread, so a cold import never freezes the kernel's loop."""
-    if module not in sys.modules:
+    """Import ``module`` on a worker thread, so a cold import never freezes the kernel's loop.
+
+    A module the warm-up thread is still importing is already in ``sys.modules``: importing it on the loop
+    would wait there, holding up every request (``is_complete`` too), until the warm-up is done with it.
+    """
+    loaded = sys.modules.get(module)
+    if loaded is None or getattr(getattr(loaded, "__spec__", None), "_initializing", False):
         await asyncio.to_thread(import_module, module)
 
 

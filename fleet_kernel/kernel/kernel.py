@@ -9,6 +9,7 @@ ipykernel 7 that a wrapper kernel needs (interrupts, comms, advertised features)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from pathlib import Path
@@ -21,7 +22,7 @@ from fleet_kernel import __version__
 from fleet_kernel.cancel import CancelToken
 from fleet_kernel.errors import FleetError
 from fleet_kernel.kernel import commands, spec
-from fleet_kernel.kernel.context import KernelContext, route_output_to_log, skip_unused_imports
+from fleet_kernel.kernel.context import KernelContext, load_off_loop, route_output_to_log, skip_unused_imports
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,11 @@ EXIT_WORDS = frozenset({"exit", "quit", "exit()", "quit()"})
 WIDGET_CONTROL_TARGET = "jupyter.widget.control"
 SHUTDOWN_GRACE_S = 4.0
 TERMINAL_HISTORY_N = 100
+HISTORY_OPEN_WAIT_S = 0.25
+"""How long a ``history_request`` waits for the store to open. The shell answers one request at a time and
+``jupyter console`` gives the history and then each ``is_complete_request`` 1 s: a history that waits for a
+slow store makes the console warn and drop the kernel's ``is_complete`` (or read the late history reply as
+the ``is_complete`` one)."""
 
 
 class FleetKernel(Kernel):
@@ -50,6 +56,7 @@ class FleetKernel(Kernel):
         self._cell_cancel = CancelToken()  # the running cell's: passed on to its turn once that exists
         self._executed = False
         self._warming = False
+        self._widgets_registered = False
         self._wire_comms()
 
     # ------------------------------------------------------------------ ipykernel 7 fixes
@@ -65,11 +72,21 @@ class FleetKernel(Kernel):
         log.info("comm_open for %s", msg["content"].get("target_name"))
         if msg["content"].get("target_name") == WIDGET_CONTROL_TARGET:
             self.ctx.widgets_seen = True
+            self._widget_target()  # a frontend quicker than the background import still finds it
         self.comm_manager.comm_open(stream, ident, msg)
 
-    def _register_widget_target(self) -> None:
+    async def _register_widget_target(self) -> None:
+        """Import ipywidgets (~0.3 s) off the loop once the kernel is up, then register its comm targets."""
+        with contextlib.suppress(Exception):  # unavailable: _widget_target says so
+            await load_off_loop("ipywidgets")
+        self._widget_target()
+
+    def _widget_target(self) -> None:
+        if self._widgets_registered:
+            return
+        self._widgets_registered = True
         try:
-            import ipywidgets  # ~0.3 s: loaded once the kernel is up, not while it starts
+            import ipywidgets
 
             ipywidgets.register_comm_target()
         except Exception:
@@ -91,7 +108,7 @@ class FleetKernel(Kernel):
         if not self._warming:
             self._warming = True
             self.ctx.warm_up(self._main_loop)
-            self._main_loop.call_later(0.05, self._register_widget_target)
+            self._widgets = self._main_loop.create_task(self._register_widget_target())
 
     def start(self) -> None:
         super().start()
@@ -222,14 +239,14 @@ class FleetKernel(Kernel):
         pattern: str | None = None,
         unique: bool = False,
     ) -> dict[str, Any]:
-        from fleet_kernel.kernel.history import history  # reads the store: SQLAlchemy, ~1 s
-
         if not self._executed and hist_access_type == "tail" and (n or 0) >= TERMINAL_HISTORY_N:
             # jupyter console loads 1000 entries of up-arrow history at start; JupyterLab asks for 10.
             log.info("a terminal frontend asked for %s history entries: text output", n)
             self.ctx.console_seen = True
         try:
-            await self.ctx.open()
+            await asyncio.wait_for(asyncio.shield(self.ctx.open()), HISTORY_OPEN_WAIT_S)
+            from fleet_kernel.kernel.history import history  # SQLAlchemy: loaded by the open store
+
             assert self.ctx.store is not None
             entries = await history(
                 self.ctx.store,
@@ -243,6 +260,9 @@ class FleetKernel(Kernel):
                 stop=stop,
                 output=output,
             )
+        except TimeoutError:
+            log.info("the store is not open yet: a history request gets no entries")
+            entries = []
         except Exception:
             log.warning("history failed", exc_info=True)
             entries = []

@@ -30,3 +30,7 @@ def kernel_json(python: str) -> dict[str, Any]:
         "interrupt_mode": "message",
         "metadata": {"debugger": False},
     }
+
+
+NOTEBOOK_DIR_ENV = "FLEET_NOTEBOOK_DIR"
+"""Set by Fleet's papermill engine for its kernel: the folder of the notebook papermill runs."""

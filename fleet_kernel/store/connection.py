@@ -204,7 +204,7 @@ class Database:
         store._file_id = identity
         try:
             current = await store.schema_revision()
-            head = migrate.head_revision()
+            head = await asyncio.to_thread(migrate.head_revision)  # reads the migration scripts: off the loop
             if current != head:
                 if not store.sqlite:
                     raise StoreUnavailableError(

@@ -16,6 +16,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 
 from fleet_kernel.events import (
+    NOT_SENT,
     Event,
     LMFinished,
     TurnCancelledData,
@@ -89,7 +90,7 @@ def observe_commit(events: list[Event], seconds: float | None = None) -> None:
                 if opened is not None:
                     TURNS_RUNNING.dec()
                     TURN_DURATION.observe(max(0.0, (_when(event) - opened[0]).total_seconds()))
-        if event.type == LMFinished.type:
+        if event.type == LMFinished.type and event.data.get("finish_reason") != NOT_SENT:
             role, usage = event.data["role"], event.data["usage"]
             _child(LM_CALLS, role).inc()
             _child(LM_TOKENS, role, "prompt").inc(usage["prompt_tokens"])

@@ -248,6 +248,8 @@ class TraceBuilder:
             attributes["gen_ai.provider.name"] = data.model.split("/", 1)[0] if "/" in data.model else "unknown"
         if data.cost_usd is not None:
             attributes["fleet.cost_usd"] = data.cost_usd
+        if data.finish_reason:
+            attributes["gen_ai.response.finish_reasons"] = [data.finish_reason]
         start = end - int(data.duration_ms * 1_000_000)
         span = self._start(f"chat {data.model or 'lm'}", agent.innermost(), start, attributes)
         span.end(end_time=end)

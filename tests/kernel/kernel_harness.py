@@ -48,10 +48,11 @@ class Run:
 class Kernel:
     """A real ``fleet-test`` kernel process and a blocking client."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], **start: Any) -> None:
+        """``start``: more of ``KernelManager.start_kernel``'s arguments (``cwd``)."""
         self.km: KernelManager
         self.kc: BlockingKernelClient
-        self.km, self.kc = start_new_kernel(kernel_name=KERNEL, env={**os.environ, **env}, startup_timeout=60)
+        self.km, self.kc = start_new_kernel(kernel_name=KERNEL, env={**os.environ, **env}, startup_timeout=60, **start)
 
     def submit(self, code: str, **kwargs: Any) -> str:
         return self.kc.execute(code, **kwargs)

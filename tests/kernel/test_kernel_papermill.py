@@ -102,3 +102,37 @@ def _text(cell: nbformat.NotebookNode) -> str:
         parts.append(output.get("text", ""))
         parts.append(output.get("data", {}).get("text/plain", ""))
     return "\n".join(parts)
+
+
+def test_papermill_turns_keep_their_cell_ids_and_a_missing_cwd_is_named(
+    fleet_env: dict[str, str], scripted_lm, entry_points: Path, tmp_path: Path
+) -> None:
+    """Without ``--cwd`` the kernel runs in papermill's folder: a relative path that is not found says to pass
+    it. The turns carry the notebook's own cell ids, as under JupyterLab."""
+    folder = tmp_path / "analysis"
+    (folder / "data").mkdir(parents=True)
+    (folder / "data" / "south.txt").write_text("south sold 42 boats\n")
+    task = _cell("count the boats")
+    cells = [task, _cell("%fleet history"), _cell("%fleet attach data/south.txt")]
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": KERNEL, "display_name": "Fleet RLM (test)", "language": "markdown"}
+    nbformat.write(nb, folder / "in.ipynb")
+    scripted_lm.add("count the boats", [step("done", "SUBMIT(answer='three boats')")])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {
+        **os.environ,
+        **fleet_env,
+        "FLEET_OUTPUT": "text",
+        "PYTHONPATH": os.pathsep.join([str(entry_points), os.environ.get("PYTHONPATH", "")]),
+    }
+    papermill = Path(sys.executable).parent / "papermill"
+    out = tmp_path / "out.ipynb"
+    args = [str(papermill), "-k", KERNEL, str(folder / "in.ipynb"), str(out)]
+    done = subprocess.run(args, env=env, cwd=elsewhere, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0  # the attach cell failed
+    result = nbformat.read(out, as_version=4)
+    history, attach = [c for c in result.cells if c.cell_type == "code"][-2:]
+    assert f"cell {task.id[:8]}" in _text(history), _text(history)
+    error = " ".join(" ".join(o.get("traceback", [])) + o.get("evalue", "") for o in attach.outputs)
+    assert f"pass --cwd {folder}" in error, error

@@ -1,0 +1,66 @@
+"""A model reply that cannot be parsed: the turn says what the model said, and why it may have stopped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from scripted_lm import ScriptedLM
+
+from fleet_kernel.config import load_settings
+from fleet_kernel.engine import TurnRunner
+from fleet_kernel.events import Event
+from fleet_kernel.store import Store
+
+CUT_REPLY = "[[ ## reasoning ## ]]\nFirst I will read data/sales.csv and sum the units by region, then"
+
+
+async def _turn(store: Store, fleet_env: dict[str, str], tmp_path: Path, task: str, toml: str = "") -> list[Event]:
+    config = tmp_path / "fleet.toml"
+    config.write_text(toml, encoding="utf-8")
+    runner = await TurnRunner(store, load_settings({**fleet_env, "FLEET_CONFIG": str(config)})).open()
+    try:
+        session = await store.create_session()
+        handle = await runner.start(session.session_id, task)
+        return [event async for event in handle.events()]
+    finally:
+        await runner.close()
+
+
+async def test_a_reply_cut_at_max_tokens_shows_what_the_model_said_and_the_key(
+    store: Store, fleet_env: dict[str, str], scripted_lm: ScriptedLM, tmp_path: Path
+) -> None:
+    scripted_lm.default = {"raw": CUT_REPLY, "finish_reason": "length"}
+    events = await _turn(store, fleet_env, tmp_path, "sum the sales by region", "[lm]\nmax_tokens = 64\n")
+    end = events[-1]
+    assert end.type == "turn.failed", end.data
+    error = end.data["error"]
+    assert error["type"] == "lm_parse_error"
+    message = error["message"]
+    assert "sum the units by region" in message  # what the model said
+    assert "[lm] max_tokens" in message and "64" in message  # where it was cut, and the key that raises it
+    assert len(message) <= 2000
+    finished = [e.data for e in events if e.type == "lm.finished"]
+    assert finished and all(d["finish_reason"] == "length" for d in finished)
+
+
+async def test_an_unparseable_complete_reply_is_shown_bounded(
+    store: Store, fleet_env: dict[str, str], scripted_lm: ScriptedLM, tmp_path: Path
+) -> None:
+    rambling = "I think the answer is in the data. " * 200
+    scripted_lm.default = {"raw": rambling}
+    events = await _turn(store, fleet_env, tmp_path, "what is in the data?")
+    end = events[-1]
+    assert end.type == "turn.failed" and end.data["error"]["type"] == "lm_parse_error", end.data
+    message = end.data["error"]["message"]
+    assert "I think the answer is in the data." in message and "more characters" in message
+    assert "max_tokens" not in message and len(message) <= 2000
+    assert {e.data["finish_reason"] for e in events if e.type == "lm.finished"} == {"stop"}
+
+
+async def test_a_turn_without_a_model_reports_its_lm_step_as_not_sent(
+    store: Store, fleet_env: dict[str, str], tmp_path: Path
+) -> None:
+    env = {k: v for k, v in fleet_env.items() if not k.startswith("FLEET_LM_")}
+    events = await _turn(store, env, tmp_path, "anything")
+    assert events[-1].type == "turn.failed"
+    assert [e.data["finish_reason"] for e in events if e.type == "lm.finished"] == ["not_sent"]
