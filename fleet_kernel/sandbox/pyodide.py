@@ -24,13 +24,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fleet_kernel import safe_files
 from fleet_kernel.cancel import CancelToken
 from fleet_kernel.config import SandboxLimits, Settings
 from fleet_kernel.errors import SandboxUnavailableError
 from fleet_kernel.sandbox._protocol import MAX_MESSAGE_BYTES, PipeSession, SessionClosed
 from fleet_kernel.sandbox.contract import describe
 from fleet_kernel.sandbox.interpreter import SandboxFactory
-from fleet_kernel.workspace import ARTIFACTS_DIR, MEMORY_DIR, Workspace, usage
+from fleet_kernel.workspace import ARTIFACTS_DIR, FULL_ERRNOS, MEMORY_DIR, Unsaved, Workspace, note_unsaved, usage
 
 logger = logging.getLogger(__name__)
 
@@ -290,13 +291,13 @@ class PyodideSession(PipeSession):
             if len(data) > self._limits.max_file_mb * 1024 * 1024:
                 raise ValueError(f"{relative!r} is larger than {self._limits.max_file_mb} MB")
             self._within_quota(target, len(data))
-            target.parent.mkdir(parents=True, exist_ok=True)
-            partial = target.with_name(f".{target.name}.fleet-partial")
-            partial.write_bytes(data)
-            os.chmod(partial, 0o600)
-            os.replace(partial, target)
+            safe_files.write_path(self._workspace.root, relative, data)  # whole or not at all, no link followed
         except (OSError, ValueError) as exc:
-            logger.warning("pyodide sandbox: workspace change not applied: %s", exc)
+            cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
+            if isinstance(cause, OSError) and cause.errno in FULL_ERRNOS:  # the turn fails naming the disk
+                note_unsaved(self._workspace.root, Unsaved(1, [(relative, cause.errno, cause.strerror or str(cause))]))
+            else:
+                logger.warning("pyodide sandbox: workspace change not applied: %s", exc)
 
     def _within_quota(self, target: Path, size: int) -> None:
         """The host's own check of ``[sandbox] workspace_mb`` / ``workspace_files`` (code can reach around

@@ -81,3 +81,29 @@ def test_host_refuses_write_backs_over_the_quota(tmp_path: Path) -> None:
     saved = sorted(p.name for p in (workspace / "artifacts").iterdir())
     assert saved[:1] == ["many"] and "part0.bin" in saved and "part1.bin" not in saved
     assert len(list((workspace / "artifacts" / "many").iterdir())) < 200
+
+
+def test_a_write_back_onto_a_full_disk_leaves_no_partial_and_is_reported(small_tmpfs: Path) -> None:
+    """A change the host has no room for is removed whole and noted for the turn, which fails naming the disk."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from disk_fill import fill_disk
+
+    from fleet_kernel.workspace import take_unsaved
+
+    settings = make_settings(small_tmpfs / "home")
+    workspace = Workspace.for_session(settings.workspaces_dir, "full").root
+    factory = open_pyodide(settings, workspace)
+    try:
+        interp = factory()
+        fill_disk(small_tmpfs / "filler")
+        interp.execute("open('/workspace/artifacts/lost.txt', 'w').write('x' * 100_000)")
+        interp.execute("print('after')")  # the write-back of the change above has been applied (or not) by now
+    finally:
+        factory.close()
+    unsaved = take_unsaved(workspace)
+    assert unsaved is not None and unsaved.disk_full
+    assert "is full" in unsaved.error(workspace)["message"]
+    assert not (workspace / "artifacts" / "lost.txt").exists()
+    assert sorted(p.name for p in (workspace / "artifacts").iterdir()) == []  # no partial holds the disk
