@@ -43,8 +43,18 @@ async def collect(runner: TurnRunner, session_id: str, task: str) -> list[Event]
     return [event async for event in handle.events()]
 
 
-def is_root(body: dict[str, Any]) -> bool:
-    return "[[ ## " in str(body["messages"][0].get("content", ""))
+is_root = ScriptedLM.is_root
+MARKER_TASK = "a marker turn after the one under test"
+
+
+async def requests_after(runner: TurnRunner, store: Store, scripted_lm: ScriptedLM, since: int) -> list[dict[str, Any]]:
+    """The LM requests after the first ``since`` that a marker turn, run to its end now, did not make: a turn that
+    went on calling its LM after it ended would show there."""
+    scripted_lm.add(MARKER_TASK, [step("Done.", "SUBMIT(answer='marked')")])
+    session = await store.create_session()
+    events = await collect(runner, session.session_id, MARKER_TASK)
+    assert events[-1].type == "turn.completed", events[-1].data
+    return [body for body in scripted_lm.requests[since:] if MARKER_TASK not in json.dumps(body)]
 
 
 def cap(body: dict[str, Any]) -> int | None:
@@ -115,8 +125,7 @@ async def test_token_budget_ends_the_turn_before_its_last_call(make_runner, stor
     assert turn.status == "failed" and turn.error["type"] == "budget_exceeded"
     assert turn.usage["budgets"] == {"max_turn_tokens": 6000, "max_turn_cost_usd": None}
     assert turn.usage["prompt_tokens"] + turn.usage["completion_tokens"] == used
-    await asyncio.sleep(0.5)
-    assert len(scripted_lm.requests) == calls
+    assert await requests_after(runner, store, scripted_lm, calls) == []
 
 
 async def test_cost_budget(make_runner, store, scripted_lm) -> None:
@@ -173,8 +182,7 @@ async def test_cancel_closes_a_slow_lm_request(make_runner, store, scripted_lm) 
     row = await handle.wait()
     assert row.status == "cancelled"
     await wait_for(lambda: len(scripted_lm.disconnects) == 1)  # the server saw the client leave
-    await asyncio.sleep(1.5)
-    assert len(scripted_lm.requests) == 1  # and no retry took its place
+    assert await requests_after(runner, store, scripted_lm, 1) == []  # and no retry took its place
 
 
 async def test_deadline_closes_a_slow_lm_request(make_runner, store, scripted_lm) -> None:
