@@ -46,6 +46,7 @@ def start_async(client: httpx.Client, session_id: str, task: str, key: str | Non
     return client.post(f"/api/sessions/{session_id}/turns", json={"task": task}, headers=headers)
 
 
+@pytest.mark.slow
 def test_watch_and_cancel_a_turn_running_elsewhere(
     client: httpx.Client, other: httpx.Client, session_id: str, scripted_lm: ScriptedLM
 ) -> None:
@@ -71,6 +72,7 @@ def test_watch_and_cancel_a_turn_running_elsewhere(
     assert other.get(f"/api/sessions/{session_id}/turns/{running['turn_id']}").json()["status"] == "cancelled"
 
 
+@pytest.mark.slow
 def test_one_key_two_processes_one_run(
     client: httpx.Client, other: httpx.Client, session_id: str, scripted_lm: ScriptedLM
 ) -> None:
@@ -96,6 +98,7 @@ def test_one_key_two_processes_one_run(
     assert [f.event for f in frames].count("turn.started") == 1 and frames[-1].event == "turn.completed"
 
 
+@pytest.mark.slow
 def test_serve_refuses_open_bind_without_token(fleet_env: dict[str, str]) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "fleet_api", "serve", "--host", "0.0.0.0", "--port", str(free_port())],
@@ -143,6 +146,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.slow
 def test_watch_and_cancel_a_turn_in_a_kernel_like_process(
     client: httpx.Client, session_id: str, scripted_lm: ScriptedLM, fleet_env: dict[str, str]
 ) -> None:

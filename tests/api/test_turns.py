@@ -6,6 +6,7 @@ import threading
 
 import httpx
 import nbformat
+import pytest
 from live_api import assert_error, events_of, iter_frames, run_turn
 from scripted_lm import ScriptedLM, step
 
@@ -75,6 +76,7 @@ def test_respond_async_then_replay(client: httpx.Client, session_id: str, script
     assert_error(client.get(f"/api/sessions/{other}/turns/{turn_id}"), 404)
 
 
+@pytest.mark.slow
 def test_disconnect_does_not_cancel_and_resume_has_no_gap(
     client: httpx.Client, session_id: str, scripted_lm: ScriptedLM
 ) -> None:
@@ -96,6 +98,7 @@ def test_disconnect_does_not_cancel_and_resume_has_no_gap(
     assert "".join(f.envelope["data"]["text"] for f in frames if f.event == "output").count("tick") == 6
 
 
+@pytest.mark.slow
 def test_many_watchers_see_the_same_stream(client: httpx.Client, session_id: str, scripted_lm: ScriptedLM) -> None:
     scripted_lm.add("watched turn", SLOW)
     accepted = client.post(

@@ -42,6 +42,7 @@ class Recorder:
         pass
 
 
+@pytest.mark.slow
 def test_interpreter_runs_code_tools_and_submit(settings: Settings, workspace: Workspace) -> None:
     factory = daytona.open_daytona(settings, workspace.root)
     interp = factory()
@@ -86,6 +87,7 @@ def test_big_values_cross_in_marker_pieces(settings: Settings, workspace: Worksp
     factory.close()
 
 
+@pytest.mark.slow
 def test_timeout_interrupts_and_keeps_state(env: dict[str, str], tmp_path: Path, workspace: Workspace) -> None:
     (tmp_path / "fleet.toml").write_text("[limits]\nexec_timeout_s = 1\n")
     settings = load_settings({**env, "FLEET_CONFIG": str(tmp_path / "fleet.toml")})

@@ -29,6 +29,7 @@ def outputs(nb: nbformat.NotebookNode, source_start: str) -> list:
     return cell.outputs
 
 
+@pytest.mark.slow
 def test_each_turn_cell_keeps_images_and_one_transcript(executed: nbformat.NotebookNode) -> None:
     first = outputs(executed, "The attached ship's log")
     assert [o.output_type for o in first] == ["display_data", "execute_result"]

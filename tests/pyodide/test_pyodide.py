@@ -161,6 +161,7 @@ def test_submit(interp: SandboxInterpreter) -> None:
         interp.output_fields = None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code", ["while True:\n    pass", "import time\ntime.sleep(60)"])
 def test_timeout_interrupts_and_keeps_state(interp: SandboxInterpreter, code: str) -> None:
     interp.execute("kept = 'still here'")
@@ -257,6 +258,7 @@ def test_dspy_rlm_with_dummy_lm(workspace: Path) -> None:
     assert result.trajectory[0]["output"] == "45"
 
 
+@pytest.mark.slow
 def test_unusable_snapshot_falls_back_to_a_normal_start(tmp_path: Path) -> None:
     deno_dir = tmp_path / "deno"
     shutil.copytree(find_cache() or "", deno_dir, ignore=shutil.ignore_patterns("fleet"))
@@ -302,6 +304,7 @@ finally:
 """
 
 
+@pytest.mark.slow
 def test_works_with_no_network_at_all(tmp_path: Path) -> None:
     if shutil.which("unshare") is None or subprocess.run(["unshare", "-n", "true"], check=False).returncode:
         pytest.skip("unshare -n (a private network namespace) is not permitted here")
@@ -316,6 +319,7 @@ def test_works_with_no_network_at_all(tmp_path: Path) -> None:
     assert done.stdout.strip().splitlines()[-2:] == ["no network: OSError", "42"]
 
 
+@pytest.mark.slow
 async def test_turn_runner_with_pyodide(
     fleet_env: dict[str, str], store: Any, scripted_lm: Any, tmp_path: Path
 ) -> None:
