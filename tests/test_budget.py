@@ -172,6 +172,7 @@ async def test_sub_lm_calls_count_and_stop_the_code(make_runner, store, scripted
     assert sum(1 for b in scripted_lm.requests if is_root(b)) == 1  # the turn did not go on to another step
 
 
+@pytest.mark.slow
 async def test_cancel_closes_a_slow_lm_request(make_runner, store, scripted_lm) -> None:
     scripted_lm.add("*", [{"delay": 60, "reasoning": "slow", "code": "SUBMIT(answer='late')"}])
     runner = await make_runner()
@@ -185,6 +186,7 @@ async def test_cancel_closes_a_slow_lm_request(make_runner, store, scripted_lm) 
     assert await requests_after(runner, store, scripted_lm, 1) == []  # and no retry took its place
 
 
+@pytest.mark.slow
 async def test_deadline_closes_a_slow_lm_request(make_runner, store, scripted_lm) -> None:
     scripted_lm.add("*", [{"delay": 60, "reasoning": "slow", "code": "SUBMIT(answer='late')"}])
     runner = await make_runner("[limits]\nturn_timeout_s = 1\n")

@@ -117,6 +117,7 @@ async def test_no_model_configured(make_runner, store: Store) -> None:
     assert (await store.get_turn(events[0].turn_id)).status == "failed"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("script", "env", "expect"),
     [
@@ -296,6 +297,7 @@ async def _abandon(store: Store, session_id: str, seqs: int) -> str:
     return turn.turn_id
 
 
+@pytest.mark.slow
 async def test_a_new_turn_takes_over_a_dead_owner_s_session_and_ends_its_stream(
     make_runner, store: Store, scripted_lm: ScriptedLM
 ) -> None:
@@ -316,6 +318,7 @@ async def test_a_new_turn_takes_over_a_dead_owner_s_session_and_ends_its_stream(
     assert (await store.get_turn(old)).status == "interrupted"
 
 
+@pytest.mark.slow
 async def test_two_processes_reaping_one_turn_end_it_once(make_runner, store: Store, settings, scripted_lm) -> None:
     other_store = await Store.open(settings.database_url)
     try:

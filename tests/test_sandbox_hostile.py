@@ -196,6 +196,7 @@ def restarted(out: str) -> bool:
 # -- reading what is not the workspace's ----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_host_files_are_invisible(box: Box, interp: SandboxInterpreter) -> None:
     targets = {  # what the code asks for (a /workspace path, or a host path) -> where Deno would find it
         str(Path.home()): None,
@@ -393,6 +394,7 @@ def _host_address() -> str | None:
             return None
 
 
+@pytest.mark.slow
 def test_no_network_at_all(box: Box, interp: SandboxInterpreter) -> None:
     """Stand-ins for the LM server (loopback) and the API (all interfaces) listen on the host; nothing reaches them."""
     lm = ThreadingHTTPServer(("127.0.0.1", 0), _Counting)
@@ -552,6 +554,7 @@ def test_fork_bomb_is_contained(box: Box, interp: SandboxInterpreter) -> None:
     still_works(interp)
 
 
+@pytest.mark.slow
 def test_memory_bomb_is_a_memory_error_or_an_oom_restart(box: Box, interp: SandboxInterpreter) -> None:
     out = run(interp, "hog = bytearray(4 * 1024 ** 3)")
     if box.backend == "local":
@@ -577,6 +580,7 @@ def test_memory_bomb_in_a_child_process_is_killed(box: Box, interp: SandboxInter
     still_works(interp)
 
 
+@pytest.mark.slow
 def test_infinite_loop_times_out(interp: SandboxInterpreter) -> None:
     started = time.monotonic()
     assert f"timed out after {EXEC_TIMEOUT_S} s" in run(interp, "while True:\n    pass")
@@ -587,6 +591,7 @@ def test_infinite_loop_times_out(interp: SandboxInterpreter) -> None:
 # -- output floods --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_output_flood_is_capped_and_fast(box: Box, interp: SandboxInterpreter, seen: Seen) -> None:
     started = time.monotonic()
     out = run(interp, "for _ in range(1000):\n    sys.stdout.write('x' * 100_000)")
@@ -609,6 +614,7 @@ def test_output_flood_is_capped_and_fast(box: Box, interp: SandboxInterpreter, s
     still_works(interp)
 
 
+@pytest.mark.slow
 def test_flooding_the_protocol_channel_is_capped_by_the_host(box: Box, interp: SandboxInterpreter, seen: Seen) -> None:
     """Code can write to its own end of the channel, past the runtime's cap: the host caps what it passes on."""
     started = time.monotonic()
@@ -625,6 +631,7 @@ def test_flooding_the_protocol_channel_is_capped_by_the_host(box: Box, interp: S
     assert time.monotonic() - started < 20
 
 
+@pytest.mark.slow
 def test_a_forged_done_with_a_malformed_or_huge_tail_is_checked_and_capped(
     interp: SandboxInterpreter, seen: Seen
 ) -> None:
@@ -680,6 +687,7 @@ def test_a_message_written_in_pieces_arrives_whole(box: Box, interp: SandboxInte
 # -- crashes ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_segfault_restarts_the_worker(box: Box, interp: SandboxInterpreter) -> None:
     out = run(interp, "print('before')\ntime.sleep(0.2)\nimport ctypes\nctypes.string_at(0)")
     if box.backend == "local":
@@ -699,6 +707,7 @@ def test_segfault_restarts_the_worker(box: Box, interp: SandboxInterpreter) -> N
     still_works(interp, state_kept=False)
 
 
+@pytest.mark.slow
 def test_killing_the_parent_or_itself(box: Box, interp: SandboxInterpreter) -> None:
     out = run(interp, "os.kill(os.getppid(), 9)\nsubprocess.Popen(['sleep', '60'])\nos.kill(-1, 9)\n'survived'")
     if box.backend == "local":  # the parent is the pid namespace's init, which ignores signals from inside

@@ -150,6 +150,7 @@ def test_tools_round_trip_with_context_and_errors(factory: SandboxFactory, recor
     assert recorder.tools[3][1][1] is False
 
 
+@pytest.mark.slow
 @needs_bwrap
 def test_timeout_interrupts_and_keeps_state(tmp_path: Path) -> None:
     factory = open_sandbox(make_settings(tmp_path, exec_timeout_s=1), tmp_path / "ws")
@@ -232,6 +233,7 @@ print(round(times.children_user + times.children_system, 2))
 """
 
 
+@pytest.mark.slow
 @needs_bwrap
 def test_busy_processes_get_only_their_share_of_cores(tmp_path: Path) -> None:
     probe = _confine.Cgroup.create(64, 16, 0.5)
