@@ -61,6 +61,7 @@ def test_interpreter_runs_code_tools_and_submit(settings: Settings, workspace: W
     factory.close()
 
 
+@pytest.mark.slow
 def test_output_streams_to_the_observer_while_code_runs(settings: Settings, workspace: Workspace) -> None:
     factory = daytona.open_daytona(settings, workspace.root)
     recorder = Recorder()

@@ -43,6 +43,7 @@ def test_each_turn_cell_keeps_images_and_one_transcript(executed: nbformat.Noteb
     assert "1851-04" in second[-1].data["text/markdown"]
 
 
+@pytest.mark.slow
 def test_the_model_loads_a_skill(executed: nbformat.NotebookNode) -> None:
     (result,) = [
         o
