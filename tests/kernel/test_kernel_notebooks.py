@@ -55,6 +55,7 @@ def test_the_model_loads_a_skill(executed: nbformat.NotebookNode) -> None:
     assert "67 times, in 22 months" in result.data["text/markdown"]
 
 
+@pytest.mark.slow
 def test_the_model_keeps_a_memory(executed: nbformat.NotebookNode) -> None:
     (result,) = [o for o in outputs(executed, "From now on, write dates") if o.output_type == "execute_result"]
     assert result.metadata["fleet"]["status"] == "completed"
@@ -65,6 +66,7 @@ def test_the_model_keeps_a_memory(executed: nbformat.NotebookNode) -> None:
     assert "[preference]" in listed and "3 March 1851" in listed
 
 
+@pytest.mark.slow
 def test_no_output_depends_on_widgets_or_a_kernel(executed: nbformat.NotebookNode) -> None:
     for cell in executed.cells:
         for output in cell.get("outputs", []):
