@@ -77,6 +77,7 @@ def test_output_streams_to_the_observer_while_code_runs(settings: Settings, work
     assert recorder.chunks[0][0] - started < finished - started - 0.4
 
 
+@pytest.mark.slow
 def test_big_values_cross_in_marker_pieces(settings: Settings, workspace: Workspace) -> None:
     factory = daytona.open_daytona(settings, workspace.root)
     interp = factory()
