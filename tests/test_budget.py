@@ -206,7 +206,7 @@ async def test_cancel_answers_a_waiting_sub_lm_call(make_runner, store, scripted
     started = time.monotonic()
     handle.cancel("stopped by the user")
     row = await handle.wait()
-    assert row.status == "cancelled" and time.monotonic() - started < 5
+    assert row.status == "cancelled" and time.monotonic() - started < 30  # liveness: the answer takes a minute
     await wait_for(lambda: len(scripted_lm.disconnects) == 1)
     assert not is_root(scripted_lm.disconnects[0])
 
