@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -52,8 +53,26 @@ def median(call: Callable[[], Any], runs: int) -> float:
     return statistics.median(times)
 
 
+def interrupt_latency(interp: Any) -> float | None:
+    """Seconds from ``interrupt()`` to ``execute`` giving up on code sleeping for 30 s; None without ``interrupt``."""
+    interrupt = getattr(interp, "interrupt", None)
+    if interrupt is None:
+        return None
+    fired: list[float] = []
+    timer = threading.Timer(0.3, lambda: (fired.append(time.perf_counter()), interrupt()))
+    timer.start()
+    try:
+        interp.execute("import time\ntime.sleep(30)")
+    except Exception:  # noqa: BLE001 - the interrupted execute raises; only its timing matters here
+        pass
+    finally:
+        timer.cancel()
+    return time.perf_counter() - fired[0] if fired else None
+
+
 def measure(factory: Callable[[], Any], runs: int = 30) -> dict[str, float | None]:
-    """Cold start (``factory()`` to the first result), per-execute latency, 1 MB variables, streaming latency."""
+    """Cold start (``factory()`` to the first result), per-execute latency, 1 MB variables, streaming latency,
+    and how soon an interrupt stops running code."""
     started = time.perf_counter()
     interp = factory()
     interp.execute("x = 0")
@@ -72,6 +91,7 @@ def measure(factory: Callable[[], Any], runs: int = 30) -> dict[str, float | Non
             interp.execute(STREAM_CODE)
         finally:
             base.observer.reset(token)
+        interrupted = interrupt_latency(interp)
     finally:
         interp.shutdown()
     delays = arrivals.delays
@@ -83,6 +103,7 @@ def measure(factory: Callable[[], Any], runs: int = 30) -> dict[str, float | Non
         "round_trip_1mb_variable_ms": ms(round_trip),
         "stream_latency_median_ms": ms(statistics.median(delays)) if delays else None,
         "stream_latency_max_ms": ms(max(delays)) if delays else None,
+        "interrupt_ms": ms(interrupted),
     }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -25,10 +26,29 @@ os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 
 
+@pytest.fixture(scope="session")
+def migrated_store_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite store migrated to head once per test session: each test copies it instead of running Alembic."""
+    from fleet_kernel.store import Store
+
+    path = tmp_path_factory.mktemp("store-template") / "fleet.db"
+
+    async def migrate() -> None:
+        await (await Store.open(f"sqlite+aiosqlite:///{path}")).close()  # closing checkpoints the WAL into the file
+
+    asyncio.run(migrate())
+    return path
+
+
 @pytest.fixture
-def fleet_home(tmp_path: Path) -> Path:
+def fleet_home(tmp_path: Path, migrated_store_file: Path) -> Path:
+    """A private FLEET_HOME whose ``fleet.db`` is a fresh copy of the migrated template (on SQLite runs):
+    the store fixture, servers and kernels opening it find it at head and skip the migration."""
     home = tmp_path / "fleet-home"
     home.mkdir()
+    if not os.environ.get("FLEET_TEST_DATABASE_URL"):
+        shutil.copyfile(migrated_store_file, home / "fleet.db")
+        (home / "fleet.db").chmod(0o600)
     return home
 
 

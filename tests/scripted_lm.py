@@ -107,6 +107,17 @@ class ScriptedLM:
         self._server.shutdown()
         self._server.server_close()
 
+    @staticmethod
+    def is_root(body: dict[str, Any]) -> bool:
+        """Whether a request is the root model's (a dspy ChatAdapter prompt) rather than a sub-LM call:
+        the one place that knows what dspy's prompts look like, so tests need not."""
+        messages = body.get("messages") or []
+        system = str(messages[0].get("content", "")) if messages and messages[0].get("role") == "system" else ""
+        return "[[ ## " in system
+
+    def root_requests(self) -> list[dict[str, Any]]:
+        return [body for body in self.requests if self.is_root(body)]
+
     # ------------------------------------------------------------------ answering
 
     def _next_step(self, text: str) -> Step | None:
@@ -127,12 +138,11 @@ class ScriptedLM:
         """The response to one request; ``wait`` sleeps for the delays (and may raise to abandon it)."""
         messages = body.get("messages") or []
         text = "\n".join(str(m.get("content", "")) for m in messages)
-        system = str(messages[0].get("content", "")) if messages and messages[0].get("role") == "system" else ""
         with self._lock:
             self.requests.append(body)
         if self.delay_s:
             wait(self.delay_s)
-        if "[[ ## " in system:
+        if self.is_root(body):
             found = self._next_step(text)
             if found is None:
                 return 500, {"error": {"message": "scripted LM: no step left for this request", "type": "server_error"}}

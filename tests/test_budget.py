@@ -43,8 +43,18 @@ async def collect(runner: TurnRunner, session_id: str, task: str) -> list[Event]
     return [event async for event in handle.events()]
 
 
-def is_root(body: dict[str, Any]) -> bool:
-    return "[[ ## " in str(body["messages"][0].get("content", ""))
+is_root = ScriptedLM.is_root
+MARKER_TASK = "a marker turn after the one under test"
+
+
+async def requests_after(runner: TurnRunner, store: Store, scripted_lm: ScriptedLM, since: int) -> list[dict[str, Any]]:
+    """The LM requests after the first ``since`` that a marker turn, run to its end now, did not make: a turn that
+    went on calling its LM after it ended would show there."""
+    scripted_lm.add(MARKER_TASK, [step("Done.", "SUBMIT(answer='marked')")])
+    session = await store.create_session()
+    events = await collect(runner, session.session_id, MARKER_TASK)
+    assert events[-1].type == "turn.completed", events[-1].data
+    return [body for body in scripted_lm.requests[since:] if MARKER_TASK not in json.dumps(body)]
 
 
 def cap(body: dict[str, Any]) -> int | None:
@@ -115,8 +125,7 @@ async def test_token_budget_ends_the_turn_before_its_last_call(make_runner, stor
     assert turn.status == "failed" and turn.error["type"] == "budget_exceeded"
     assert turn.usage["budgets"] == {"max_turn_tokens": 6000, "max_turn_cost_usd": None}
     assert turn.usage["prompt_tokens"] + turn.usage["completion_tokens"] == used
-    await asyncio.sleep(0.5)
-    assert len(scripted_lm.requests) == calls
+    assert await requests_after(runner, store, scripted_lm, calls) == []
 
 
 async def test_cost_budget(make_runner, store, scripted_lm) -> None:
@@ -163,6 +172,7 @@ async def test_sub_lm_calls_count_and_stop_the_code(make_runner, store, scripted
     assert sum(1 for b in scripted_lm.requests if is_root(b)) == 1  # the turn did not go on to another step
 
 
+@pytest.mark.slow
 async def test_cancel_closes_a_slow_lm_request(make_runner, store, scripted_lm) -> None:
     scripted_lm.add("*", [{"delay": 60, "reasoning": "slow", "code": "SUBMIT(answer='late')"}])
     runner = await make_runner()
@@ -173,10 +183,10 @@ async def test_cancel_closes_a_slow_lm_request(make_runner, store, scripted_lm) 
     row = await handle.wait()
     assert row.status == "cancelled"
     await wait_for(lambda: len(scripted_lm.disconnects) == 1)  # the server saw the client leave
-    await asyncio.sleep(1.5)
-    assert len(scripted_lm.requests) == 1  # and no retry took its place
+    assert await requests_after(runner, store, scripted_lm, 1) == []  # and no retry took its place
 
 
+@pytest.mark.slow
 async def test_deadline_closes_a_slow_lm_request(make_runner, store, scripted_lm) -> None:
     scripted_lm.add("*", [{"delay": 60, "reasoning": "slow", "code": "SUBMIT(answer='late')"}])
     runner = await make_runner("[limits]\nturn_timeout_s = 1\n")
@@ -196,7 +206,7 @@ async def test_cancel_answers_a_waiting_sub_lm_call(make_runner, store, scripted
     started = time.monotonic()
     handle.cancel("stopped by the user")
     row = await handle.wait()
-    assert row.status == "cancelled" and time.monotonic() - started < 5
+    assert row.status == "cancelled" and time.monotonic() - started < 30  # liveness: the answer takes a minute
     await wait_for(lambda: len(scripted_lm.disconnects) == 1)
     assert not is_root(scripted_lm.disconnects[0])
 

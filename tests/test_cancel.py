@@ -177,6 +177,7 @@ async def test_the_first_source_wins_over_a_later_one(make_runner, store, script
     assert events[-1].type == "turn.cancelled" and events[-1].data == {"reason": "stopped from the notebook"}
 
 
+@pytest.mark.slow
 async def test_the_deadline_fails_the_turn(make_runner, store, scripted_lm) -> None:
     scripted_lm.add("*", [SLEEP])
     runner = await make_runner(turn_timeout_s=2)

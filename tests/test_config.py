@@ -82,6 +82,7 @@ def test_secrets_are_hidden_in_repr(tmp_path: Path) -> None:
     assert settings.secrets() == ["sk-very-secret"]
 
 
+@pytest.mark.slow
 def test_import_and_startup_make_no_network_calls(tmp_path: Path) -> None:
     """Importing Fleet, dspy and litellm and loading settings opens no socket to anything but loopback."""
     code = """

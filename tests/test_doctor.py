@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "notebooks" / "quickstart.cassette.json"
 
@@ -31,6 +33,7 @@ def lm_line(result: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_replay_model_checks_its_cassette(tmp_path: Path) -> None:
     result = doctor("replay/notebooks/quickstart.cassette.json", tmp_path, "lm")
     line = lm_line(result)
@@ -48,6 +51,7 @@ def test_missing_cassette_fails_saying_how_to_record_one(tmp_path: Path) -> None
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_broken_cassettes_fail_saying_what_to_do(tmp_path: Path) -> None:
     broken = {
         "not-json.json": "{ this is not json",

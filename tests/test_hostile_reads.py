@@ -252,6 +252,7 @@ SUBMIT(answer='forged')
     assert any(line.strip().startswith("files/evil\\n  files/forged.txt") for line in lines), lines
 
 
+@pytest.mark.slow
 async def test_pyodide_turns_work_beside_what_local_code_left(
     fleet_env: dict[str, str], store: Store, scripted_lm: ScriptedLM, tmp_path: Path
 ) -> None:

@@ -187,6 +187,7 @@ def types(events: list[Event]) -> list[str]:
     return [e.type for e in events]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("crash", sorted(CRASHES))
 async def test_a_crash_is_an_error_the_model_reads_and_the_session_goes_on(
     backend: str, crash: str, runner: Any, store: Store, settings: Settings, scripted_lm: ScriptedLM

@@ -43,6 +43,7 @@ def validate(schema: dict[str, Any], value: Any, **options: Any) -> dict[str, An
     return outcome
 
 
+@pytest.mark.slow
 def test_unique_items_is_checked_in_linear_time() -> None:
     rows = [{"n": i, "tags": [str(i)]} for i in range(20_000)]
     assert validate(UNIQUE_ROWS, {"rows": rows}) == {"value": {"rows": rows}}

@@ -78,6 +78,7 @@ def heard() -> Iterator[Heard]:
 # -- 1. host memory ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_forged_lines_between_executions_do_not_grow_the_host(tmp_path: Path) -> None:
     """A background process flooding the protocol channel while no code runs: the host used to queue every line
     (68 MB to 1.1 GB of RSS in 8 s, kept after the turn). Now it reads nothing it is not waiting for. Lines stay
@@ -205,6 +206,7 @@ async def test_last_words_are_an_output_event_before_the_crash_is_reported(
     assert events[-1].type == "turn.completed"
 
 
+@pytest.mark.slow
 def test_forged_tool_calls_do_not_start_a_host_thread_each(tmp_path: Path) -> None:
     """Each tool call runs on a host thread; forged calls written to the channel used to start one thread each."""
     factory = open_backend("local", tmp_path)

@@ -238,6 +238,7 @@ def sandboxes_of(support: str) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_nothing_is_left_running_at_shutdown(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-c", SHUTDOWN_SCRIPT, str(tmp_path)],
@@ -253,6 +254,7 @@ def test_nothing_is_left_running_at_shutdown(tmp_path: Path) -> None:
     wait_for(lambda: not sandboxes_of(report["support"]), timeout_s=30)
 
 
+@pytest.mark.slow
 def test_ready_sandboxes_end_when_their_host_is_killed(tmp_path: Path) -> None:
     script = SHUTDOWN_SCRIPT + "time.sleep(600)\n"
     host = subprocess.Popen(

@@ -172,6 +172,7 @@ async def test_unreachable_store_is_a_clear_error(tmp_path: Path) -> None:
         await Store.open("postgresql+asyncpg://nobody:x@127.0.0.1:1/none")
 
 
+@pytest.mark.slow
 def test_processes_opening_a_new_sqlite_store_at_once_all_get_it(tmp_path: Path) -> None:
     """A kernel and its sidecar open a fresh store together: each must find it created, none may fail."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'fresh.db'}"
@@ -204,6 +205,7 @@ WRITER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 async def test_three_processes_write_at_once_without_locks_or_loss(store: Store, tmp_path: Path) -> None:
     sessions = [await store.create_session() for _ in range(3)]
     turns = [(await store.claim_turn(s.session_id, "t"))[0] for s in sessions]
@@ -256,6 +258,7 @@ CANCELLER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 async def test_callers_cancelled_mid_query_do_not_hang_shutdown(store: Store, tmp_path: Path) -> None:
     # An SSE client that goes away cancels its reader in the middle of a query; the process must still exit.
     # (Without the store's ``uninterrupted`` guard this hangs in most runs: aiosqlite 0.22 under SQLAlchemy 2.1.)

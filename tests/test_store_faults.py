@@ -46,6 +46,7 @@ async def test_a_turn_of_an_exited_process_gives_way_to_the_next_claim(store: St
     assert await store.events_after(old.turn_id) == []
 
 
+@pytest.mark.slow
 async def test_the_reaper_finds_an_exited_owner_without_waiting_for_a_lease(store: Store) -> None:
     ses = await store.create_session()
     old, _ = await store.claim_turn(ses.session_id, "t")

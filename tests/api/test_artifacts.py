@@ -7,6 +7,7 @@ import base64
 import hashlib
 
 import httpx
+import pytest
 from live_api import assert_error, run_turn
 from scripted_lm import ScriptedLM, step
 
@@ -27,6 +28,7 @@ with open('/workspace/artifacts/summary.csv', 'w') as f:
 """
 
 
+@pytest.mark.slow
 def test_attachment_in_artifact_out(
     client: httpx.Client, session_id: str, scripted_lm: ScriptedLM, settings: Settings
 ) -> None:

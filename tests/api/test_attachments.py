@@ -84,6 +84,7 @@ def test_size_limit_is_413(fleet_env: dict[str, str], tmp_path: Path) -> None:
         assert_error(client.post("/api/sessions", json={"title": "x" * 3_000_000}), 413, "payload_too_large")
 
 
+@pytest.mark.slow
 def test_uploads_never_write_through_links_code_keeps_planting(
     client: httpx.Client, session_id: str, scripted_lm: ScriptedLM, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

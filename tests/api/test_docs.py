@@ -80,6 +80,7 @@ def offline_page(browser: Browser, blocked: list[str]) -> Page:
     return page
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 @pytest.mark.parametrize("with_token", [False, True], ids=["loopback", "token"])
 def test_docs_render_offline(browser: Browser, settings: Settings, token_settings: Settings, with_token: bool) -> None:

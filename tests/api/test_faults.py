@@ -102,6 +102,7 @@ def _slow_turn(client: httpx.Client, session_id: str, scripted_lm: ScriptedLM) -
     return turn
 
 
+@pytest.mark.slow
 def test_a_restarted_server_takes_over_the_session_of_a_killed_one(
     doomed: tuple[subprocess.Popen[bytes], httpx.Client], fleet_env: dict[str, str], scripted_lm: ScriptedLM
 ) -> None:
@@ -126,6 +127,7 @@ def test_a_restarted_server_takes_over_the_session_of_a_killed_one(
         second.wait(20)
 
 
+@pytest.mark.slow
 def test_the_next_request_takes_over_a_killed_server_s_session(
     doomed: tuple[subprocess.Popen[bytes], httpx.Client], live: LiveServer, client: httpx.Client,
     session_id: str, scripted_lm: ScriptedLM,
@@ -179,6 +181,7 @@ def fill(path: Path) -> None:
                 assert exc.errno == errno.ENOSPC, exc
 
 
+@pytest.mark.slow
 def test_a_full_disk_fails_the_turn_without_a_gap_and_health_says_so(
     small_disk: Path, fleet_env: dict[str, str], scripted_lm: ScriptedLM
 ) -> None:

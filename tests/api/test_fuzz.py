@@ -49,6 +49,7 @@ def aim(case: schemathesis.Case, url: str) -> None:
 _count = 0
 
 
+@pytest.mark.slow
 @schema.parametrize()
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None)
 def test_no_server_errors(case: schemathesis.Case, fuzz_url: str) -> None:

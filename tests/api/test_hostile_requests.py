@@ -64,6 +64,7 @@ class PeakRss:
         return self.peak - self.start
 
 
+@pytest.mark.slow
 def test_a_large_workspace_file_streams_from_disk(client: httpx.Client, session_id: str, settings: Settings) -> None:
     folder = settings.workspaces_dir / session_id / "files"
     folder.mkdir(parents=True, exist_ok=True)

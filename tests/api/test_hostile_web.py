@@ -85,6 +85,7 @@ def test_bad_allowed_hosts_setting_says_what_to_write(fleet_env: dict[str, str])
             load_settings({**fleet_env, "FLEET_ALLOWED_HOSTS": value})
 
 
+@pytest.mark.slow
 def test_fleet_serve_reads_allowed_hosts(fleet_env: dict[str, str]) -> None:
     port = free_port()
     process = spawn_sidecar(port, env={**fleet_env, "FLEET_ALLOWED_HOSTS": "fleet.example.com"})
@@ -108,6 +109,7 @@ def _outside_address() -> str | None:
     return None if address.startswith("127.") else address
 
 
+@pytest.mark.slow
 def test_wildcard_bind_answers_the_address_it_was_reached_on(fleet_env: dict[str, str]) -> None:
     port = free_port()
     process = spawn_sidecar(port, host="0.0.0.0", env={**fleet_env, "FLEET_API_TOKEN": TOKEN})
@@ -246,6 +248,7 @@ def slow_sockets() -> Iterator[list[socket.socket]]:
         s.close()
 
 
+@pytest.mark.slow
 def test_half_sent_headers_time_out(live: LiveServer, client: httpx.Client, slow_sockets: list[socket.socket]) -> None:
     partial = b"GET /api/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
     slow_sockets += _open_slow(live.port, 290, partial)

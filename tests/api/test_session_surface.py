@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 import httpx
+import pytest
 from live_api import LiveServer, assert_error, frames_until, run_turn
 from scripted_lm import ScriptedLM, step
 
@@ -130,6 +131,7 @@ def test_workspace_files_over_http(client: httpx.Client, session_id: str, settin
     assert_error(cross, 403, "cross_origin_refused")
 
 
+@pytest.mark.slow
 def test_workspace_writes_wait_for_the_turn(client: httpx.Client, session_id: str, scripted_lm: ScriptedLM) -> None:
     scripted_lm.add("hold the workspace", [
         step("Wait.", "import time\nprint('waiting', flush=True)\ntime.sleep(3)"),

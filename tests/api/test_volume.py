@@ -113,6 +113,7 @@ def test_names_that_are_not_utf8_are_listed_escaped(client: httpx.Client, sessio
     } <= paths
 
 
+@pytest.mark.slow
 def test_a_folder_swapped_for_a_link_while_listed_is_never_listed_through(
     client: httpx.Client, session_id: str, scripted_lm: ScriptedLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -42,6 +42,7 @@ class Recorder:
         pass
 
 
+@pytest.mark.slow
 def test_interpreter_runs_code_tools_and_submit(settings: Settings, workspace: Workspace) -> None:
     factory = daytona.open_daytona(settings, workspace.root)
     interp = factory()
@@ -60,6 +61,7 @@ def test_interpreter_runs_code_tools_and_submit(settings: Settings, workspace: W
     factory.close()
 
 
+@pytest.mark.slow
 def test_output_streams_to_the_observer_while_code_runs(settings: Settings, workspace: Workspace) -> None:
     factory = daytona.open_daytona(settings, workspace.root)
     recorder = Recorder()
@@ -75,6 +77,7 @@ def test_output_streams_to_the_observer_while_code_runs(settings: Settings, work
     assert recorder.chunks[0][0] - started < finished - started - 0.4
 
 
+@pytest.mark.slow
 def test_big_values_cross_in_marker_pieces(settings: Settings, workspace: Workspace) -> None:
     factory = daytona.open_daytona(settings, workspace.root)
     interp = factory()
@@ -86,6 +89,7 @@ def test_big_values_cross_in_marker_pieces(settings: Settings, workspace: Worksp
     factory.close()
 
 
+@pytest.mark.slow
 def test_timeout_interrupts_and_keeps_state(env: dict[str, str], tmp_path: Path, workspace: Workspace) -> None:
     (tmp_path / "fleet.toml").write_text("[limits]\nexec_timeout_s = 1\n")
     settings = load_settings({**env, "FLEET_CONFIG": str(tmp_path / "fleet.toml")})
@@ -95,7 +99,7 @@ def test_timeout_interrupts_and_keeps_state(env: dict[str, str], tmp_path: Path,
     started = time.perf_counter()
     with pytest.raises(CodeExecutionError, match="timed out after 1 s and was interrupted"):
         interp.execute("import time\nwhile True:\n    time.sleep(0.05)")
-    assert time.perf_counter() - started < 3
+    assert time.perf_counter() - started < 30  # liveness: the loop never ends by itself
     assert interp.execute("kept") == "'yes'"
     with pytest.raises(CodeExecutionError, match="did not stop"):  # swallows every interrupt: a new context
         interp.execute(
@@ -329,7 +333,7 @@ def test_cancel_stops_running_code(settings: Settings, workspace: Workspace) -> 
     started = time.perf_counter()
     with pytest.raises(TurnCancelled):
         interp.execute("import time\nwhile True:\n    time.sleep(0.05)")
-    assert time.perf_counter() - started < 3
+    assert time.perf_counter() - started < 30  # liveness: the loop never ends by itself
     factory.close()
     assert json.dumps({"cancelled": cancel.cancelled}) == '{"cancelled": true}'
 

@@ -86,6 +86,7 @@ def lab(tmp_path: Path, fleet_env: dict[str, str]) -> Iterator[tuple[str, Path]]
         log.close()
 
 
+@pytest.mark.slow
 def test_lab_shows_the_live_card_then_the_transcript(lab: tuple[str, Path], scripted_lm) -> None:
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import expect, sync_playwright
@@ -142,6 +143,7 @@ def test_lab_shows_the_live_card_then_the_transcript(lab: tuple[str, Path], scri
                     shutil.copy(log, os.environ["KERNEL_TEST_SCREENSHOTS"])
 
 
+@pytest.mark.slow
 def test_lab_shows_a_fleet_cell_of_a_python_notebook_live_then_its_transcript(
     lab: tuple[str, Path], scripted_lm
 ) -> None:
@@ -247,6 +249,7 @@ def test_the_static_html_of_an_exported_turn_sets_code_in_monospace_and_wraps_lo
                 shutil.copy(tmp_path / "static.png", os.environ["KERNEL_TEST_SCREENSHOTS"])
 
 
+@pytest.mark.slow
 def test_lab_edits_and_reruns_a_cell_and_history_shows_the_new_version(lab: tuple[str, Path], scripted_lm) -> None:
     """JupyterLab sends each cell's id: a cell edited and run again replaces its turn in what the next turn sees."""
     from playwright.sync_api import expect, sync_playwright

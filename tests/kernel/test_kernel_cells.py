@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kernel_harness import Kernel, Run
 from scripted_lm import ScriptedLM, step
 
@@ -53,6 +54,7 @@ def turn_started(fleet_home: Path, turn: str) -> dict[str, Any]:
     return asyncio.run(read())
 
 
+@pytest.mark.slow
 def test_a_cell_run_again_replaces_its_earlier_turn_in_the_history(
     kernel: Kernel, scripted_lm: ScriptedLM, fleet_home: Path
 ) -> None:
@@ -74,6 +76,7 @@ def test_a_cell_run_again_replaces_its_earlier_turn_in_the_history(
     assert turn_started(fleet_home, first_a)["supersedes_turn_id"] is None
 
 
+@pytest.mark.slow
 def test_a_cancelled_rerun_leaves_the_cells_earlier_turn_in_place(kernel: Kernel, scripted_lm: ScriptedLM) -> None:
     answer(scripted_lm, "apple-one")
     run_cell(kernel, "alpha: name a fruit", "cell-a")
@@ -94,6 +97,7 @@ def test_a_cancelled_rerun_leaves_the_cells_earlier_turn_in_place(kernel: Kernel
     assert "blue-one" in history and "slowly" not in history and "cancelled" not in history
 
 
+@pytest.mark.slow
 def test_history_lists_what_the_next_turn_sees_and_forgets_and_restores_a_turn(
     kernel: Kernel, scripted_lm: ScriptedLM
 ) -> None:

@@ -13,10 +13,12 @@ import urllib.request
 from pathlib import Path
 
 import nbformat
+import pytest
 from kernel_harness import Kernel
 from scripted_lm import step
 
 
+@pytest.mark.slow
 def test_attach_puts_the_file_in_the_workspace_for_the_next_turn(
     kernel: Kernel, scripted_lm, tmp_path: Path, fleet_home: Path
 ) -> None:
@@ -38,6 +40,7 @@ def test_attach_puts_the_file_in_the_workspace_for_the_next_turn(
     assert (workspace / "files" / "notes.txt").read_text() == "the secret word is albatross\n"
 
 
+@pytest.mark.slow
 def test_export_writes_the_session_as_a_notebook(kernel: Kernel, scripted_lm, tmp_path: Path) -> None:
     scripted_lm.add("first", [step("done", "SUBMIT(answer='one')")])
     kernel.run("the first task")
@@ -51,6 +54,7 @@ def test_export_writes_the_session_as_a_notebook(kernel: Kernel, scripted_lm, tm
     assert "scripted" in title.source and "created 20" in title.source  # the model and the dates
 
 
+@pytest.mark.slow
 def test_export_names_the_file_after_the_session(kernel: Kernel, scripted_lm, tmp_path: Path) -> None:
     scripted_lm.add("Ünïcode", [step("done", "SUBMIT(answer='ok')")])
     kernel.run("Ünïcode: a title / with *punctuation*!")
@@ -61,6 +65,7 @@ def test_export_names_the_file_after_the_session(kernel: Kernel, scripted_lm, tm
     assert str(written) in run.text() and written.exists()
 
 
+@pytest.mark.slow
 def test_session_use_continues_a_session_with_its_history(start_kernel, scripted_lm) -> None:
     first = start_kernel()
     scripted_lm.add("colour", [step("done", "SUBMIT(answer='my favourite colour is teal')")])
@@ -77,6 +82,7 @@ def test_session_use_continues_a_session_with_its_history(start_kernel, scripted
     assert session_id in listing and "remember my favourite colour" in listing
 
 
+@pytest.mark.slow
 def test_serve_starts_the_api_on_the_kernel_store(kernel: Kernel, scripted_lm) -> None:
     kernel.graceful = True
     scripted_lm.add("hello", [step("done", "SUBMIT(answer='hi')")])
@@ -108,6 +114,7 @@ def test_model_sandbox_and_output_commands(kernel: Kernel) -> None:
     assert "%fleet export" in display["text"]
 
 
+@pytest.mark.slow
 def test_help_has_a_header_per_column_and_status_names_the_sandbox_turns_use(kernel: Kernel, scripted_lm) -> None:
     (help_md,) = [c["data"]["text/markdown"] for c in kernel.run("%fleet help").of("display_data")]
     header = next(line for line in help_md.splitlines() if line.startswith("| "))
@@ -140,6 +147,7 @@ def test_fleet_kernel_install_writes_a_spec_jupyter_reads(tmp_path: Path) -> Non
     assert (Path(spec.resource_dir) / "logo-64x64.png").is_file()
 
 
+@pytest.mark.slow
 def test_usage_shows_the_last_turn_against_its_budget(start_kernel, scripted_lm, tmp_path: Path) -> None:
     config = tmp_path / "fleet.toml"
     config.write_text("[limits]\nmax_turn_tokens = 500000\n")
@@ -150,6 +158,7 @@ def test_usage_shows_the_last_turn_against_its_budget(start_kernel, scripted_lm,
     assert re.search(r"last turn: [\d,]+ tokens of 500,000 \(limits\.max_turn_tokens\), \$0\.0000", text), text
 
 
+@pytest.mark.slow
 def test_skill_commands_choose_the_cards_of_the_next_turns(kernel: Kernel, scripted_lm, fleet_home: Path) -> None:
     import sqlite3
 
@@ -189,6 +198,7 @@ def test_skill_commands_choose_the_cards_of_the_next_turns(kernel: Kernel, scrip
     assert [s["skills"] for s in started] == [["harbour-notes", "tabular-analysis"], []]
 
 
+@pytest.mark.slow
 def test_memory_commands_show_search_and_forget_what_turns_remembered(kernel: Kernel, scripted_lm) -> None:
     assert "No session yet" in kernel.run("%fleet memory").text()
     keep = "print(remember('the deploy window is Friday 18:00', kind='fact'), remember('likes terse answers'))"
@@ -205,6 +215,7 @@ def test_memory_commands_show_search_and_forget_what_turns_remembered(kernel: Ke
     assert "usage" in kernel.run("%fleet memory forget").reply["content"]["evalue"]
 
 
+@pytest.mark.slow
 def test_model_command_sets_the_sessions_model(kernel: Kernel, scripted_lm) -> None:
     assert "The next turns use openai/other" in kernel.run("%fleet model openai/other").text()
     session_id = kernel.run("%fleet session").text().split()[1].rstrip(":")

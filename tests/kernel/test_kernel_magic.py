@@ -39,6 +39,7 @@ def py(fleet_env: dict[str, str]) -> Any:
     kernel.close()
 
 
+@pytest.mark.slow
 def test_help_and_a_turn_with_a_dataframe_and_a_10_mb_string(py: PythonKernel, scripted_lm) -> None:
     assert "%fleet session" in py.ok("%fleet help").text()
     py.ok(
@@ -69,6 +70,7 @@ def test_help_and_a_turn_with_a_dataframe_and_a_10_mb_string(py: PythonKernel, s
     assert any("DataFrame" in p and "3 rows x 2 columns" in p for p in prompts)
 
 
+@pytest.mark.slow
 def test_streams_before_the_reply_and_later_cells_continue_the_session(py: PythonKernel, scripted_lm) -> None:
     scripted_lm.add("first", [step("say", "print('first line', flush=True)"), step("done", "SUBMIT(answer='one')")])
     msg_id = py.submit("%%fleet\nfirst task")
@@ -88,6 +90,7 @@ def test_streams_before_the_reply_and_later_cells_continue_the_session(py: Pytho
     assert third.result["metadata"]["fleet"]["session_id"] != session
 
 
+@pytest.mark.slow
 def test_interrupt_cancels_the_turn_and_python_lives_on(py: PythonKernel, scripted_lm) -> None:
     py.ok("kept = 41")
     scripted_lm.add("sleepy", [step("wait", "import time\nprint('sleeping', flush=True)\ntime.sleep(60)")])
@@ -105,6 +108,7 @@ def test_interrupt_cancels_the_turn_and_python_lives_on(py: PythonKernel, script
     assert "back again" in py.ok("%%fleet\nagain please").result["data"]["text/plain"]
 
 
+@pytest.mark.slow
 def test_an_interrupt_the_os_hands_to_another_thread_still_cancels_the_turn(
     py: PythonKernel, scripted_lm, tmp_path
 ) -> None:
@@ -130,6 +134,7 @@ def test_an_interrupt_the_os_hands_to_another_thread_still_cancels_the_turn(
     assert run.result["metadata"]["fleet"]["status"] == "cancelled"
 
 
+@pytest.mark.slow
 def test_bad_options_and_unknown_names_say_what_to_do(py: PythonKernel, scripted_lm) -> None:
     run = py.run("%%fleet --in nowhere\ntask")
     assert run.reply["content"]["ename"] == "NameError" and "nowhere" in run.reply["content"]["evalue"]
@@ -155,6 +160,7 @@ def test_model_and_dash_dash_model_keep_to_the_configured_provider(py: PythonKer
     assert scripted_lm.requests == []
 
 
+@pytest.mark.slow
 def test_the_api_sees_the_notebook_session_and_its_events(py: PythonKernel, scripted_lm, settings) -> None:
     import httpx
     from live_api import LiveServer, iter_frames
@@ -173,6 +179,7 @@ def test_the_api_sees_the_notebook_session_and_its_events(py: PythonKernel, scri
         assert types[0] == "turn.started" and types[-1] == "turn.completed" and "output" in types
 
 
+@pytest.mark.slow
 def test_schema_stores_the_validated_value(py: PythonKernel, scripted_lm) -> None:
     py.ok(
         "from pydantic import BaseModel\nclass Total(BaseModel):\n    total: int\n    label: str\n"
@@ -186,6 +193,7 @@ def test_schema_stores_the_validated_value(py: PythonKernel, scripted_lm) -> Non
     assert py.value("as_dict") == "{'total': 8}"
 
 
+@pytest.mark.slow
 def test_nbclient_runs_a_notebook_of_python_and_fleet_cells(fleet_env: dict[str, str], scripted_lm, tmp_path) -> None:
     import nbformat
     from nbclient import NotebookClient
@@ -212,6 +220,7 @@ def test_nbclient_runs_a_notebook_of_python_and_fleet_cells(fleet_env: dict[str,
     assert nb.cells[3].outputs[0]["text"] == "twice 6.0\n"
 
 
+@pytest.mark.slow
 def test_a_100_mb_string_is_handled(py: PythonKernel, scripted_lm) -> None:
     py.ok("huge = 'ab' * 50_000_000")
     scripted_lm.add("huge", [step("done", "SUBMIT(answer=f'{len(huge)} {huge.count(\"b\")}')")])
@@ -219,6 +228,7 @@ def test_a_100_mb_string_is_handled(py: PythonKernel, scripted_lm) -> None:
     assert py.value("counted") == repr("100000000 50000000"), run.text()
 
 
+@pytest.mark.slow
 def test_inputs_above_the_cap_are_refused_with_the_setting_to_change(fleet_env, scripted_lm, tmp_path) -> None:
     config = tmp_path / "fleet.toml"
     config.write_text("[kernel]\nmax_input_mb = 1\n")
@@ -234,6 +244,7 @@ def test_inputs_above_the_cap_are_refused_with_the_setting_to_change(fleet_env, 
         kernel.close()
 
 
+@pytest.mark.slow
 def test_the_python_and_fleet_notebook_runs_offline_on_its_cassette(fleet_home, tmp_path, monkeypatch) -> None:
     import sys
     from pathlib import Path
@@ -264,6 +275,7 @@ def test_the_extension_loads_from_the_ipython_config(fleet_env, scripted_lm, tmp
         kernel.close()
 
 
+@pytest.mark.slow
 def test_terminal_ipython_prints_the_turn_as_text(fleet_env, scripted_lm, tmp_path) -> None:
     import subprocess
     import sys

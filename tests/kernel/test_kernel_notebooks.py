@@ -29,6 +29,7 @@ def outputs(nb: nbformat.NotebookNode, source_start: str) -> list:
     return cell.outputs
 
 
+@pytest.mark.slow
 def test_each_turn_cell_keeps_images_and_one_transcript(executed: nbformat.NotebookNode) -> None:
     first = outputs(executed, "The attached ship's log")
     assert [o.output_type for o in first] == ["display_data", "execute_result"]
@@ -42,6 +43,7 @@ def test_each_turn_cell_keeps_images_and_one_transcript(executed: nbformat.Noteb
     assert "1851-04" in second[-1].data["text/markdown"]
 
 
+@pytest.mark.slow
 def test_the_model_loads_a_skill(executed: nbformat.NotebookNode) -> None:
     (result,) = [
         o
@@ -53,6 +55,7 @@ def test_the_model_loads_a_skill(executed: nbformat.NotebookNode) -> None:
     assert "67 times, in 22 months" in result.data["text/markdown"]
 
 
+@pytest.mark.slow
 def test_the_model_keeps_a_memory(executed: nbformat.NotebookNode) -> None:
     (result,) = [o for o in outputs(executed, "From now on, write dates") if o.output_type == "execute_result"]
     assert result.metadata["fleet"]["status"] == "completed"
@@ -63,6 +66,7 @@ def test_the_model_keeps_a_memory(executed: nbformat.NotebookNode) -> None:
     assert "[preference]" in listed and "3 March 1851" in listed
 
 
+@pytest.mark.slow
 def test_no_output_depends_on_widgets_or_a_kernel(executed: nbformat.NotebookNode) -> None:
     for cell in executed.cells:
         for output in cell.get("outputs", []):

@@ -42,6 +42,7 @@ def _cell(source: str, *tags: str) -> nbformat.NotebookNode:
     return cell
 
 
+@pytest.mark.slow
 def test_papermill_runs_a_fleet_notebook_with_parameters(
     fleet_env: dict[str, str], scripted_lm, entry_points: Path, tmp_path: Path
 ) -> None:

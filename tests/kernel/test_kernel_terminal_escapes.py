@@ -11,7 +11,7 @@ CODE = (
 )
 
 
-@pytest.mark.parametrize("output", ["text", "rich"])
+@pytest.mark.parametrize("output", ["text", pytest.param("rich", marks=pytest.mark.slow)])
 def test_control_sequences_are_shown_not_obeyed(start_kernel, scripted_lm, output: str) -> None:
     scripted_lm.add("escapes", [step("clear the screen \x1b[2J\x1b[H", CODE)])
     kernel = start_kernel(FLEET_OUTPUT=output)

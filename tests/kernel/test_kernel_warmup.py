@@ -5,10 +5,12 @@ from __future__ import annotations
 import time
 from queue import Empty
 
+import pytest
 from kernel_harness import Kernel
 from scripted_lm import step
 
 
+@pytest.mark.slow
 def test_commands_and_a_turn_sent_right_after_start_work_while_the_engine_loads(kernel: Kernel, scripted_lm) -> None:
     status = kernel.run("%fleet status")  # the first request after kernel_info: dspy is still loading
     assert status.reply["content"]["status"] == "ok" and "engine loaded:" in status.text()

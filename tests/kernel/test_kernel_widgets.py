@@ -6,6 +6,7 @@ import time
 import uuid
 from typing import Any
 
+import pytest
 from kernel_harness import Kernel
 from scripted_lm import step
 
@@ -29,6 +30,7 @@ def widget_models(messages: list[dict[str, Any]]) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_widget_frontends_get_a_live_card_then_the_transcript(kernel: Kernel, scripted_lm) -> None:
     attach_widget_manager(kernel)
     code = "import time\nfor i in range(3):\n    print('tick', i, flush=True)\n    time.sleep(0.3)"
@@ -68,6 +70,7 @@ def test_the_stop_button_cancels_the_turn(kernel: Kernel, scripted_lm) -> None:
     assert "stopped from the notebook" in run.reply["content"]["evalue"]
 
 
+@pytest.mark.slow
 def test_the_card_stays_under_the_message_budget(kernel: Kernel, scripted_lm) -> None:
     attach_widget_manager(kernel)
     chatty = "import time\nfor i in range(150):\n    print('line', i, flush=True)\n    time.sleep(0.01)"

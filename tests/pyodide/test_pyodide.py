@@ -104,21 +104,26 @@ def test_errors_keep_partial_output(interp: SandboxInterpreter) -> None:
 
 
 def test_output_streams_before_execute_returns(interp: SandboxInterpreter, recorder: Recorder) -> None:
-    started = time.monotonic()
-    result = interp.execute("import time\nprint('first')\ntime.sleep(0.6)\nprint('second')")
-    returned = time.monotonic()
-    assert result == "first\nsecond"
-    first = next(t for t, text in recorder.output if "first" in text)
-    assert first - started < 0.4 and returned - first > 0.4
+    """The code asks the host (a tool) whether its first line arrived, and waits until it has."""
+    interp.tools["arrived"] = lambda: any("first" in text for _, text in recorder.output)
+    try:
+        result = interp.execute(
+            "import time\nprint('first')\nwaited = time.monotonic()\n"
+            "while not arrived() and time.monotonic() - waited < 2.5:\n    time.sleep(0.05)\n"
+            "print('arrived' if arrived() else 'never arrived')"
+        )
+    finally:
+        del interp.tools["arrived"]
+    assert result == "first\narrived"
 
 
 def test_output_buffered_mid_burst_is_flushed_while_code_runs(interp: SandboxInterpreter, recorder: Recorder) -> None:
     """Without threads the runtime flushes on a timer signal, so a burst followed by silence streams too."""
-    code = "import time\nfor i in range(50):\n    print(i)\nt = time.monotonic()\nwhile time.monotonic() - t < 0.8:\n    pass"
+    code = "import time\nfor i in range(50):\n    print(i)\nt = time.monotonic()\nwhile time.monotonic() - t < 2.5:\n    pass"
     interp.execute(code)
     returned = time.monotonic()
     last = max(t for t, text in recorder.output if "49" in text)
-    assert returned - last > 0.5
+    assert returned - last > 1, "the burst arrived only when the code ended"  # of a 2.5 s silence
 
 
 def test_fd_level_output_is_captured(interp: SandboxInterpreter) -> None:
@@ -156,13 +161,14 @@ def test_submit(interp: SandboxInterpreter) -> None:
         interp.output_fields = None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code", ["while True:\n    pass", "import time\ntime.sleep(60)"])
 def test_timeout_interrupts_and_keeps_state(interp: SandboxInterpreter, code: str) -> None:
     interp.execute("kept = 'still here'")
     started = time.monotonic()
     with pytest.raises(CodeExecutionError, match="timed out after 3 s and was interrupted"):
         interp.execute(code)
-    assert time.monotonic() - started < EXEC_TIMEOUT_S + 1.5
+    assert time.monotonic() - started < 30  # liveness: the code never ends by itself
     assert interp.execute("kept") == "'still here'"
 
 
@@ -177,7 +183,7 @@ def test_interrupt_reaches_code_waiting_for_a_tool(interp: SandboxInterpreter) -
         started = time.monotonic()
         with pytest.raises(CodeExecutionError, match="KeyboardInterrupt"):
             interp.execute("wait()\nprint('never')")
-        assert time.monotonic() - started < 2.0
+        assert time.monotonic() - started < 20  # liveness: the tool waits 30 s
     finally:
         release.set()
         del interp.tools["wait"]
@@ -252,6 +258,7 @@ def test_dspy_rlm_with_dummy_lm(workspace: Path) -> None:
     assert result.trajectory[0]["output"] == "45"
 
 
+@pytest.mark.slow
 def test_unusable_snapshot_falls_back_to_a_normal_start(tmp_path: Path) -> None:
     deno_dir = tmp_path / "deno"
     shutil.copytree(find_cache() or "", deno_dir, ignore=shutil.ignore_patterns("fleet"))
@@ -297,6 +304,7 @@ finally:
 """
 
 
+@pytest.mark.slow
 def test_works_with_no_network_at_all(tmp_path: Path) -> None:
     if shutil.which("unshare") is None or subprocess.run(["unshare", "-n", "true"], check=False).returncode:
         pytest.skip("unshare -n (a private network namespace) is not permitted here")
@@ -311,6 +319,7 @@ def test_works_with_no_network_at_all(tmp_path: Path) -> None:
     assert done.stdout.strip().splitlines()[-2:] == ["no network: OSError", "42"]
 
 
+@pytest.mark.slow
 async def test_turn_runner_with_pyodide(
     fleet_env: dict[str, str], store: Any, scripted_lm: Any, tmp_path: Path
 ) -> None:

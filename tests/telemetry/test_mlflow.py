@@ -136,6 +136,7 @@ def _check_tree(trace: Any, events: list[dict[str, Any]]) -> None:
     assert tokens["output_tokens"] == usage["completion_tokens"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)  # a real MLflow server on a shared machine: slow to start and to ingest the first trace
 def test_turns_from_the_api_and_a_kernel_land_in_mlflow(
     mlflow_server: str, fleet_env: dict[str, str], scripted_lm: ScriptedLM, kernelspec: Path,

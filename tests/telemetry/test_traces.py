@@ -132,6 +132,7 @@ async def test_a_turn_is_one_trace_with_iterations_lm_calls_tools_and_children(
     assert not any(b"delegate and fail" in body for body in collector.bodies)
 
 
+@pytest.mark.slow
 async def test_failed_turn_has_error_status_and_content_only_when_asked(
     make_runner, store: Store, scripted_lm: ScriptedLM
 ) -> None:
@@ -164,6 +165,7 @@ def _dead_endpoint() -> str:
     return f"http://127.0.0.1:{port}/v1/traces"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("collector", ["dead", "slow"])
 async def test_an_unreachable_or_slow_collector_never_touches_the_turn(
     make_runner, store: Store, scripted_lm: ScriptedLM, collector: str
@@ -187,6 +189,7 @@ async def test_an_unreachable_or_slow_collector_never_touches_the_turn(
         assert metrics.SPANS_LOST._value.get() > lost_before
 
 
+@pytest.mark.slow
 async def test_fleet_trace_export_sends_stored_turns(
     fleet_env: dict[str, str], settings, store: Store, scripted_lm: ScriptedLM
 ) -> None:
@@ -224,6 +227,7 @@ async def test_fleet_trace_export_sends_stored_turns(
     assert unknown.returncode == 1 and "no turn 'no-such-turn'" in unknown.stderr
 
 
+@pytest.mark.slow
 def test_without_an_endpoint_the_sdk_is_never_imported(fleet_env: dict[str, str]) -> None:
     program = """
 import sys
