@@ -44,6 +44,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "fleet_kernel.workspace",
             "fleet_kernel.skills",
             "fleet_kernel.telemetry",
+            "fleet_kernel.ownership",
+            "fleet_kernel.redact",
+            "fleet_kernel.markdown",
         ),
     ),
     ("store", ("fleet_kernel.store",)),
@@ -62,6 +65,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "fleet_kernel.doctor",
             "fleet_kernel.demo",
             "fleet_kernel.papermill",
+            "fleet_kernel.cell_ids",
             "fleet_kernel.telemetry.export",  # ``fleet trace``
             "fleet_api.cli",
             "fleet_api.__main__",
