@@ -33,6 +33,16 @@ say "Installing fleet-kernel[$extras] into .venv"
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[$extras]"
 
+if [[ "${FLEET_SETUP_TEST:-0}" == 1 ]]; then
+  # fleet-rlm's own terminal client, for tests/api/test_fleet_rlm_client.py. Its package pins versions of
+  # fastapi and others that Fleet's differ from, so it goes, without its dependencies, into a folder of
+  # its own that only the client's process puts on its path (with textual, the one it needs that
+  # Fleet does not install).
+  say "Installing the fleet-rlm 0.8.1 client into .cache/fleet-rlm-client"
+  .venv/bin/python -m pip install -q --no-deps --upgrade --target .cache/fleet-rlm-client \
+    fleet-rlm==0.8.1 textual==8.2.8
+fi
+
 say "Caching Pyodide for offline use"
 .venv/bin/python -c "from fleet_kernel.sandbox.pyodide import ensure_pyodide; ensure_pyodide()" \
   || echo "   (Pyodide cache not prepared; the pyodide sandbox stays unavailable, the local one is unaffected)"
