@@ -21,7 +21,12 @@ MULTIPART_OVERHEAD = 64 * 1024
 
 class BodyLimit:
     def __init__(
-        self, app: ASGIApp, *, upload_limit: int, upload_paths: re.Pattern[str], raw_paths: re.Pattern[str] | None = None
+        self,
+        app: ASGIApp,
+        *,
+        upload_limit: int,
+        upload_paths: re.Pattern[str],
+        raw_paths: re.Pattern[str] | None = None,
     ) -> None:
         self.app = app
         self.upload_limit = upload_limit
@@ -44,7 +49,9 @@ class BodyLimit:
         declared = Headers(scope=scope).get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             response = error_response(
-                413, "payload_too_large", _message(limit, self.upload_paths.match(scope["path"]) is not None, self._raw(scope["path"]))
+                413,
+                "payload_too_large",
+                _message(limit, self.upload_paths.match(scope["path"]) is not None, self._raw(scope["path"])),
             )
             await response(scope, receive, send)
             return
@@ -57,7 +64,8 @@ class BodyLimit:
                 seen += len(message.get("body", b""))
                 if seen > limit:
                     raise HTTPException(
-                        413, _message(limit, self.upload_paths.match(scope["path"]) is not None, self._raw(scope["path"]))
+                        413,
+                        _message(limit, self.upload_paths.match(scope["path"]) is not None, self._raw(scope["path"])),
                     )
             return message
 

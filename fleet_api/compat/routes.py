@@ -16,9 +16,9 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from contextlib import aclosing, nullcontext
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, File, Query, Request, Response, UploadFile
 from fastapi.exceptions import RequestValidationError
@@ -67,7 +67,7 @@ def _plain(errors: Any) -> list[dict[str, Any]]:
 class ReferenceRoute(APIRoute):
     """Answers the profile's errors in the reference's shape, leaving Fleet's handlers for Fleet's routes."""
 
-    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def handle(request: Request) -> Response:
@@ -298,18 +298,20 @@ def _cancel(state: FleetState, turn: TurnRow) -> None:
     task.add_done_callback(_background.discard)
 
 
-async def _fleet_events(state: FleetState, turn: TurnRow) -> AsyncIterator[Event]:
+async def _fleet_events(state: FleetState, turn: TurnRow) -> AsyncGenerator[Event, None]:
     """The turn's events from seq 1, followed live (through the store tail when it runs elsewhere)."""
     elsewhere = not state.runner.is_running_here(turn.turn_id)
     tailing = state.tail.tailing(turn.turn_id, turn.last_seq) if elsewhere else nullcontext()
-    async with tailing, aclosing(state.runner.follow(turn.turn_id, 0)) as events:
+    async with tailing, aclosing(cast(AsyncGenerator[Event, None], state.runner.follow(turn.turn_id, 0))) as events:
         async for event in events:
             yield event
             if event.terminal:
                 return
 
 
-async def _turn_frames(state: FleetState, session_id: str, turn: TurnRow | None, failure: str | None) -> AsyncIterator[bytes]:
+async def _turn_frames(
+    state: FleetState, session_id: str, turn: TurnRow | None, failure: str | None
+) -> AsyncIterator[bytes]:
     translator = wire.StreamTranslator(session_id, turn.turn_id if turn is not None else "")
     yield wire.sse_frame(translator.prelude(time.time()))
     if turn is None:

@@ -8,10 +8,10 @@ The mapping, and what has no counterpart, is documented in ``docs/api.md`` ("fle
 from __future__ import annotations
 
 import json
-from xml.sax.saxutils import escape, quoteattr
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+from xml.sax.saxutils import escape, quoteattr
 
 from fleet_kernel.events import Event
 from fleet_kernel.store import TurnRow
@@ -34,7 +34,7 @@ def sse_frame(envelope: dict[str, Any]) -> bytes:
 
 
 def _ms(value: float) -> int:
-    return int(round(value))
+    return round(value)
 
 
 def _epoch(ts: str) -> float:
@@ -118,7 +118,12 @@ class StreamTranslator:
                 }
             case "code":
                 self._stdout[exec_id], self._stderr[exec_id] = [], []
-                return "repl_code", {"execution_id": exec_id, "phase": "task", "code": d["code"], "status": "progressing"}
+                return "repl_code", {
+                    "execution_id": exec_id,
+                    "phase": "task",
+                    "code": d["code"],
+                    "status": "progressing",
+                }
             case "output":
                 (self._stdout if d["stream"] == "stdout" else self._stderr).setdefault(exec_id, []).append(d["text"])
                 return None

@@ -53,7 +53,9 @@ class SessionStore(Database):
             ConflictError: a session of that id exists (or was created concurrently).
         """
         now = utcnow()
-        row = SessionRow(session_id=session_id or new_id("ses"), title=title[:200], created_at=now, updated_at=now, turn_count=0)
+        row = SessionRow(
+            session_id=session_id or new_id("ses"), title=title[:200], created_at=now, updated_at=now, turn_count=0
+        )
         try:
             await self._write(lambda s: s.add(row))
         except IntegrityError:

@@ -105,11 +105,18 @@ def run_client(live: LiveServer, session_id: str, cwd: Path) -> Client:
 
 
 def test_the_reference_client_holds_a_conversation(live: LiveServer, scripted_lm: ScriptedLM, tmp_path: Path) -> None:
-    scripted_lm.add("say hello", [step("Greet the user.", "print('hello from the sandbox')\nSUBMIT(answer='hi there')")])
+    scripted_lm.add(
+        "say hello", [step("Greet the user.", "print('hello from the sandbox')\nSUBMIT(answer='hi there')")]
+    )
     scripted_lm.add("add numbers", [step("Add them in code.", "print(17 * 3)\nSUBMIT(answer='51')")])
     scripted_lm.add(
         "slow work",
-        [step("Count slowly.", "import time\nfor i in range(600):\n    print('tick', i, flush=True)\n    time.sleep(0.1)")],
+        [
+            step(
+                "Count slowly.",
+                "import time\nfor i in range(600):\n    print('tick', i, flush=True)\n    time.sleep(0.1)",
+            )
+        ],
     )
     scripted_lm.add("again please", [step("Answer again.", "SUBMIT(answer='resumed fine')")])
     notes = tmp_path / "notes.txt"

@@ -74,9 +74,7 @@ def test_a_turn_streams_in_the_reference_envelopes(client: httpx.Client, scripte
     assert native["answer"] == "done" and native["task"] == "say hello"
 
 
-def test_a_repeated_key_replays_the_outcome_without_a_second_run(
-    client: httpx.Client, scripted_lm: ScriptedLM
-) -> None:
+def test_a_repeated_key_replays_the_outcome_without_a_second_run(client: httpx.Client, scripted_lm: ScriptedLM) -> None:
     scripted_lm.add("once", DONE)
     first = turn(client, "s-key", "once", idempotency_key="same")
     again = turn(client, "s-key", "once", idempotency_key="same")
