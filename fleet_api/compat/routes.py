@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from contextlib import aclosing, nullcontext
@@ -45,7 +46,8 @@ ATTACH_PATH = rf"^{PREFIX}/sessions/[^/]+/attach$"
 BUSY = "A Turn is running on this Session; retry when it completes"
 CANCEL_REASON = "the client closed the turn's stream (fleet-rlm profile)"
 WORKSPACE_ROOTS = ("files", "artifacts", "memory")
-MODES = ("rlm", "flex", "hybrid")
+SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+MEMORY_KINDS = "^(observation|preference|hypothesis|procedure)$"
 _background: set[asyncio.Task[Any]] = set()  # durable cancellations still being written
 
 
@@ -118,9 +120,16 @@ def _sessions(state: FleetState) -> Sessions:
     return Sessions(state.store, state.settings)
 
 
+def _session_id(value: str) -> str:
+    """The reference refuses an id that cannot name a volume folder with 422, before anything else."""
+    if not SESSION_ID.fullmatch(value) or ".." in value:
+        raise ValidationError("session_id must be 1-64 letters, digits, dots, underscores, or hyphens")
+    return value
+
+
 async def _ensure_session(state: FleetState, session_id: str) -> None:
     """The reference creates a session on the first call that needs it, under the client's id."""
-    check_id(session_id, "session")
+    _session_id(session_id)
     try:
         await state.store.get_session(session_id)
     except NotFoundError:
@@ -128,6 +137,13 @@ async def _ensure_session(state: FleetState, session_id: str) -> None:
             await _sessions(state).create("", session_id)
         except ConflictError:  # created by a concurrent first call
             pass
+
+
+async def _idle_session(state: FleetState, session_id: str) -> None:
+    """The reference's LOCKED routes: an existing session with no running turn, else 409."""
+    await _ensure_session(state, session_id)
+    if await state.store.running_turn_id(session_id) is not None:
+        raise ConflictError(BUSY)
 
 
 def _not_supported(what: str) -> ValidationError:
@@ -160,9 +176,9 @@ async def list_sessions(state: State) -> dict[str, Any]:
 @router.delete("/sessions/{session_id}")
 async def evict_session(session_id: str, state: State) -> dict[str, Any]:
     """The reference drops the session's runtime and keeps its history; Fleet holds no runtime between
-    turns, so this only refuses a busy session, as the reference does."""
-    await state.store.get_session(check_id(session_id, "session"))
-    if any(t.status == "running" for t in await state.store.list_turns(session_id)):
+    turns, so this only refuses an unknown (404) or busy (409) session, as the reference does."""
+    await state.store.get_session(_session_id(session_id))
+    if await state.store.running_turn_id(session_id) is not None:
         raise ConflictError(BUSY)
     return {"deleted": session_id}
 
@@ -197,7 +213,7 @@ async def session_config(session_id: str, state: State) -> dict[str, Any]:
 
 @router.put("/sessions/{session_id}/model")
 async def select_model(session_id: str, body: ModelRequest, state: State) -> dict[str, Any]:
-    await _ensure_session(state, session_id)
+    await _idle_session(state, session_id)
     await _sessions(state).update(session_id, {"model" if body.role == "root" else "sub_model": body.model})
     return {"role": body.role, "model": body.model}
 
@@ -210,7 +226,7 @@ async def get_mode(session_id: str, state: State) -> dict[str, Any]:
 
 @router.put("/sessions/{session_id}/mode")
 async def set_mode(session_id: str, body: ModeRequest, state: State) -> dict[str, Any]:
-    await _ensure_session(state, session_id)
+    await _idle_session(state, session_id)
     if body.mode != "rlm":
         raise _not_supported(f"mode {body.mode!r}")
     return {"mode": "rlm"}
@@ -218,21 +234,20 @@ async def set_mode(session_id: str, body: ModeRequest, state: State) -> dict[str
 
 @router.put("/sessions/{session_id}/context")
 async def select_context(session_id: str, body: ContextRequest, state: State) -> dict[str, Any]:
-    await _ensure_session(state, session_id)
+    await _idle_session(state, session_id)
     raise _not_supported("binding a workspace file as the context")
 
 
 @router.delete("/sessions/{session_id}/context")
 async def clear_context(session_id: str, state: State) -> dict[str, Any]:
-    await _ensure_session(state, session_id)
+    await _idle_session(state, session_id)
     return {"status": "cleared"}  # nothing is ever bound
 
 
 @router.get("/sessions/{session_id}/history")
 async def history(session_id: str, state: State) -> dict[str, Any]:
-    check_id(session_id, "session")
     try:
-        rows = await state.store.list_turns(session_id)
+        rows = await state.store.list_turns(_session_id(session_id))
     except NotFoundError:
         rows = []  # the reference reads its table directly: no session, no turns
     return {"session_id": session_id, "turns": [wire.history_record(r) for r in rows if r.status == "completed"]}
@@ -240,7 +255,7 @@ async def history(session_id: str, state: State) -> dict[str, Any]:
 
 @router.get("/sessions/{session_id}/turns/{turn_id}")
 async def turn_status(session_id: str, turn_id: str, state: State) -> dict[str, Any]:
-    row = await state.store.get_turn(check_id(turn_id, "turn"), check_id(session_id, "session"))
+    row = await state.store.get_turn(check_id(turn_id, "turn"), _session_id(session_id))
     return wire.turn_status(row)
 
 
@@ -263,6 +278,8 @@ async def workspace_files(session_id: str, state: State) -> dict[str, Any]:
 @router.post("/sessions/{session_id}/attach")
 async def attach(session_id: str, file: Annotated[UploadFile, File()], state: State) -> dict[str, Any]:
     """Into ``files/``; unlike the reference, a different file of the same name is kept (the new one is renamed)."""
+    if not file.filename:  # what a browser sends for a file input with nothing chosen
+        raise ValidationError("choose a file to attach")
     await _ensure_session(state, session_id)
     sessions = _sessions(state)
     data = await file.read(sessions.max_upload_bytes + 1)
@@ -279,6 +296,33 @@ async def list_memory(session_id: str, state: State, q: str = Query("", max_leng
         {"memory_id": r.memory_id, "content": r.content, "kind": r.kind, "sources": {}, "reviewed": True} for r in rows
     ]
     return {"memories": memories[:20]}
+
+
+class MemoryRequest(_Request):
+    content: str = Field(min_length=1, max_length=10_000)
+    kind: str = Field(default="observation", pattern=MEMORY_KINDS)
+    sources: dict[str, str] = Field(default_factory=dict, max_length=100)
+    reviewed: bool = False
+
+
+@router.put("/sessions/{session_id}/memory/{memory_id}")
+async def put_memory(session_id: str, memory_id: str, body: MemoryRequest, state: State) -> dict[str, Any]:
+    """Saved in Fleet's memory store (``sources`` and ``reviewed`` are not kept: every memory is in the prompt)."""
+    await _ensure_session(state, session_id)
+    memories = Memories(state.store, state.settings, session_id)
+    row = await memories.put(body.content, body.kind, memory_id=check_id(memory_id, "memory"))
+    await memories.mirror()
+    return {"memory_id": row.memory_id}
+
+
+@router.delete("/sessions/{session_id}/memory/{memory_id}")
+async def delete_memory(session_id: str, memory_id: str, state: State) -> dict[str, Any]:
+    await _ensure_session(state, session_id)
+    memories = Memories(state.store, state.settings, session_id)
+    if not await memories.forget(check_id(memory_id, "memory")):
+        raise NotFoundError("Memory not found")
+    await memories.mirror()
+    return {"deleted": memory_id}
 
 
 @router.get("/skills")

@@ -230,6 +230,8 @@ def history_record(turn: TurnRow) -> dict[str, Any]:
 def turn_status(turn: TurnRow) -> dict[str, Any]:
     """``GET /sessions/{id}/turns/{turn_id}``: the recovery read after a dropped stream."""
     status = TURN_STATUS.get(turn.status, "failed")
+    if status == "failed" and (turn.error or {}).get("type") == "deadline_exceeded":
+        status = "cancelled"  # the reference records a Turn past its deadline as cancelled
     result: dict[str, Any] = {}
     if status == "completed":
         result = {"answer": turn.answer or "", "route": ROUTE}

@@ -180,8 +180,9 @@ def test_errors_are_the_reference_detail(client: httpx.Client) -> None:
     assert missing.status_code == 404 and set(missing.json()) == {"detail"}
     assert client.get(f"{P}/sessions/nope/history").json() == {"session_id": "nope", "turns": []}
     assert client.delete(f"{P}/sessions/nope").status_code == 404
-    bad_id = client.get(f"{P}/sessions/..bad/config")
-    assert bad_id.status_code == 404 and set(bad_id.json()) == {"detail"}
+    for bad in ("bad id", "..bad", "x" * 65):  # reference: an invalid session id is a 422 before anything runs
+        response = client.get(f"{P}/sessions/{bad}/mode")
+        assert response.status_code == 422 and set(response.json()) == {"detail"}, bad
 
 
 def test_fleet_api_is_unchanged_and_the_profile_stays_out_of_its_schema(client: httpx.Client) -> None:
@@ -189,3 +190,100 @@ def test_fleet_api_is_unchanged_and_the_profile_stays_out_of_its_schema(client: 
     assert not any(path.startswith(P) for path in schema["paths"])
     missing = client.get("/api/sessions/nope")
     assert missing.status_code == 404 and set(missing.json()) == {"error"}
+
+
+def wait_for_code(response: httpx.Response) -> str:
+    """Read a turn's stream until its code is shown (the turn is running); its turn_id."""
+    for line in response.iter_lines():
+        if line.startswith("data:"):
+            event = json.loads(line[5:])
+            if event["event"] == "repl_code":
+                return str(event["turn_id"])
+    raise AssertionError("the stream ended before any code ran")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("put", "/mode", {"mode": "rlm"}),
+        ("put", "/model", {"role": "root", "model": "openai/x.y.z"}),
+        ("put", "/context", {"path": "files/a.csv"}),
+        ("delete", "/context", None),
+        ("delete", "", None),
+    ],
+)
+def test_session_routes_return_409_instead_of_waiting_on_a_running_turn(
+    client: httpx.Client, scripted_lm: ScriptedLM, method: str, path: str, body: dict[str, Any] | None
+) -> None:
+    scripted_lm.add("slow work", SLOW)
+    with client.stream("POST", f"{P}/sessions/s-locked/turn", json={"task": "slow work"}) as r:
+        wait_for_code(r)
+        response = client.request(method.upper(), f"{P}/sessions/s-locked{path}", json=body)
+        assert response.status_code == 409, response.text
+        assert "Turn" in response.json()["detail"]
+
+
+def test_a_disconnect_releases_the_session_for_the_next_turn(client: httpx.Client, scripted_lm: ScriptedLM) -> None:
+    scripted_lm.add("slow work", SLOW)
+    scripted_lm.add("next one", DONE)
+    with client.stream("POST", f"{P}/sessions/s-release/turn", json={"task": "slow work"}) as r:
+        wait_for_code(r)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        response = client.post(f"{P}/sessions/s-release/turn", json={"task": "next one"})
+        if response.status_code != 409:
+            break
+        time.sleep(0.1)
+    assert response.status_code == 200, response.text
+    assert '"turn_complete"' in response.text
+
+
+def test_a_deadline_ends_the_stream_with_an_error_and_is_stored_as_cancelled(
+    client: httpx.Client, scripted_lm: ScriptedLM
+) -> None:
+    scripted_lm.add("slow work", SLOW)
+    events = turn(client, "s-deadline", "slow work", timeout_seconds=10)
+    check_stream(events, "s-deadline")
+    assert events[-2]["event"] == "error" and events[-2]["outcome"] == "timeout"
+    status = client.get(f"{P}/sessions/s-deadline/turns/{events[1]['turn_id']}").json()
+    assert status["status"] == "cancelled" and status["result"]["error"]
+
+
+def test_a_bare_null_turn_body_is_a_422_and_never_runs_a_turn(client: httpx.Client) -> None:
+    response = client.post(f"{P}/sessions/s-null/turn", content=b"null", headers={"Content-Type": "application/json"})
+    assert response.status_code == 422
+    assert client.get(f"{P}/sessions/s-null/history").json()["turns"] == []
+
+
+def test_explicit_nulls_are_accepted_on_optional_turn_fields_and_rejected_on_record_replay(
+    client: httpx.Client, scripted_lm: ScriptedLM
+) -> None:
+    scripted_lm.add("nulls", DONE)
+    events = turn(client, "s-nulls", "nulls", idempotency_key=None, timeout_seconds=None)
+    assert events[-2]["event"] == "turn_complete"
+    response = client.post(f"{P}/sessions/s-nulls/turn", json={"task": "nulls", "record_replay": None})
+    assert response.status_code == 422
+
+
+def test_memory_routes_save_list_delete_and_refuse_invalid_input(client: httpx.Client) -> None:
+    saved = client.put(f"{P}/sessions/s-mem/memory/m1", json={"content": "likes tea", "kind": "preference"})
+    assert saved.status_code == 200 and saved.json() == {"memory_id": "m1"}
+    listed = client.get(f"{P}/sessions/s-mem/memory", params={"q": "tea"}).json()["memories"]
+    assert [(m["memory_id"], m["content"], m["kind"]) for m in listed] == [("m1", "likes tea", "preference")]
+    assert client.put(f"{P}/sessions/s-mem/memory/m2", json={"content": "x", "kind": "rumour"}).status_code == 422
+    assert client.put(f"{P}/sessions/s-mem/memory/m2", json={"content": ""}).status_code == 422
+    assert client.delete(f"{P}/sessions/s-mem/memory/m1").json() == {"deleted": "m1"}
+    assert client.delete(f"{P}/sessions/s-mem/memory/m1").status_code == 404
+    assert client.get(f"{P}/sessions/s-mem/memory").json() == {"memories": []}
+
+
+def test_attach_treats_an_empty_browser_file_input_as_missing(client: httpx.Client) -> None:
+    response = client.post(f"{P}/sessions/s-att/attach", files={"file": ("", b"", "application/octet-stream")})
+    assert response.status_code == 422, response.text
+    assert set(response.json()) == {"detail"}
+
+
+def test_attach_accepts_a_named_zero_byte_file(client: httpx.Client) -> None:
+    response = client.post(f"{P}/sessions/s-att/attach", files={"file": ("empty.txt", b"", "text/plain")})
+    assert response.status_code == 200, response.text
+    assert response.json()["rel_path"] == "files/empty.txt"
