@@ -113,7 +113,7 @@ def create_app(
     for router in routes.ROUTERS:
         app.include_router(router, prefix="/api")
     app.include_router(metrics.router)
-    app.include_router(compat.router)  # fleet-rlm's wire profile, under its own prefix
+    app.include_router(compat.router, include_in_schema=False)  # fleet-rlm's wire profile, under its own prefix
     upload_limit = int(settings.policy.storage.max_upload_mb * 1024 * 1024)
     upload_paths = re.compile(rf"^{re.escape(UPLOAD_PATH)}$|{compat.ATTACH_PATH}")
     names = own_names(settings.allowed_hosts, bind_host)

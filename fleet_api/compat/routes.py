@@ -23,6 +23,7 @@ from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, File, Query, Request, Response, UploadFile
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -81,7 +82,9 @@ class ReferenceRoute(APIRoute):
         return handle
 
 
-router = APIRouter(prefix=PREFIX, route_class=ReferenceRoute, include_in_schema=False)
+router = APIRouter(prefix=PREFIX, route_class=ReferenceRoute)
+"""Mounted with ``include_in_schema=False``: Fleet's document leaves the profile out, and the profile serves
+its own at ``{PREFIX}/openapi.json`` (built from these routes)."""
 
 
 class _Request(BaseModel):
@@ -390,3 +393,17 @@ async def stream_turn(session_id: str, body: TurnRequest, state: State) -> Respo
     except ValidationError as exc:  # the reference reports these inside the stream
         failure = exc.message
     return event_stream(_turn_frames(state, session_id, turn, failure), heartbeat_s=state.heartbeat_s)
+
+
+@router.get("/openapi.json", include_in_schema=False)
+async def profile_schema() -> dict[str, Any]:
+    """The profile's own document, in the reference's paths (relative to this prefix)."""
+    document = get_openapi(
+        title="Fleet: fleet-rlm 0.8.1 profile",
+        version=__version__,
+        description="fleet-rlm 0.8.1's HTTP + SSE contract over Fleet's engine and store (docs/api.md).",
+        routes=router.routes,
+        servers=[{"url": PREFIX}],
+    )
+    document["paths"] = {path.removeprefix(PREFIX): item for path, item in document["paths"].items()}
+    return document

@@ -190,6 +190,10 @@ def test_fleet_api_is_unchanged_and_the_profile_stays_out_of_its_schema(client: 
     assert not any(path.startswith(P) for path in schema["paths"])
     missing = client.get("/api/sessions/nope")
     assert missing.status_code == 404 and set(missing.json()) == {"error"}
+    own = client.get(f"{P}/openapi.json").json()  # the profile's document, in the reference's paths
+    assert own["servers"] == [{"url": P}]
+    assert {"/sessions/{session_id}/turn", "/sessions/{session_id}/history", "/health"} <= set(own["paths"])
+    assert "/openapi.json" not in own["paths"]
 
 
 def wait_for_code(response: httpx.Response) -> str:
