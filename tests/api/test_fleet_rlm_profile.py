@@ -291,3 +291,19 @@ def test_attach_accepts_a_named_zero_byte_file(client: httpx.Client) -> None:
     response = client.post(f"{P}/sessions/s-att/attach", files={"file": ("empty.txt", b"", "text/plain")})
     assert response.status_code == 200, response.text
     assert response.json()["rel_path"] == "files/empty.txt"
+
+
+def test_concurrent_first_calls_create_the_session_once(client: httpx.Client, live: Any) -> None:
+    def first_call(results: list[int]) -> None:
+        with httpx.Client(base_url=live.url, timeout=60) as c:
+            results.append(c.get(f"{P}/sessions/s-race/mode").status_code)
+
+    results: list[int] = []
+    threads = [threading.Thread(target=first_call, args=(results,)) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == [200] * 6
+    assert [s["session_id"] for s in client.get(f"{P}/sessions").json()["sessions"]] == ["s-race"]
+    assert client.get("/api/sessions/s-race").status_code == 200  # a session of Fleet's own API too
