@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -16,7 +17,7 @@ from fastapi_offline import FastAPIOffline
 from starlette.routing import Match
 from starlette.types import Scope
 
-from fleet_api import routes
+from fleet_api import compat, routes
 from fleet_api.auth import BearerAuth
 from fleet_api.deps import FleetState
 from fleet_api.errors import install_error_handlers
@@ -112,8 +113,9 @@ def create_app(
     for router in routes.ROUTERS:
         app.include_router(router, prefix="/api")
     app.include_router(metrics.router)
+    app.include_router(compat.router, include_in_schema=False)  # fleet-rlm's wire profile, under its own prefix
     upload_limit = int(settings.policy.storage.max_upload_mb * 1024 * 1024)
-    upload_paths = frozenset({UPLOAD_PATH})
+    upload_paths = re.compile(rf"^{re.escape(UPLOAD_PATH)}$|{compat.ATTACH_PATH}")
     names = own_names(settings.allowed_hosts, bind_host)
     app.add_middleware(BodyLimit, upload_limit=upload_limit, upload_paths=upload_paths, raw_paths=RAW_PATHS)
     proxies = frozenset(settings.allowed_hosts)  # an Origin of a loopback or bind name must be this very origin

@@ -21,7 +21,12 @@ MULTIPART_OVERHEAD = 64 * 1024
 
 class BodyLimit:
     def __init__(
-        self, app: ASGIApp, *, upload_limit: int, upload_paths: frozenset[str], raw_paths: re.Pattern[str] | None = None
+        self,
+        app: ASGIApp,
+        *,
+        upload_limit: int,
+        upload_paths: re.Pattern[str],
+        raw_paths: re.Pattern[str] | None = None,
     ) -> None:
         self.app = app
         self.upload_limit = upload_limit
@@ -34,7 +39,7 @@ class BodyLimit:
     def _limit(self, path: str) -> int:
         if self._raw(path):
             return self.upload_limit
-        return self.upload_limit + MULTIPART_OVERHEAD if path in self.upload_paths else JSON_BODY_LIMIT
+        return self.upload_limit + MULTIPART_OVERHEAD if self.upload_paths.match(path) else JSON_BODY_LIMIT
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -44,7 +49,9 @@ class BodyLimit:
         declared = Headers(scope=scope).get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             response = error_response(
-                413, "payload_too_large", _message(limit, scope["path"] in self.upload_paths, self._raw(scope["path"]))
+                413,
+                "payload_too_large",
+                _message(limit, self.upload_paths.match(scope["path"]) is not None, self._raw(scope["path"])),
             )
             await response(scope, receive, send)
             return
@@ -57,7 +64,8 @@ class BodyLimit:
                 seen += len(message.get("body", b""))
                 if seen > limit:
                     raise HTTPException(
-                        413, _message(limit, scope["path"] in self.upload_paths, self._raw(scope["path"]))
+                        413,
+                        _message(limit, self.upload_paths.match(scope["path"]) is not None, self._raw(scope["path"])),
                     )
             return message
 

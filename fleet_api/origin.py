@@ -49,7 +49,7 @@ class SameOriginWrites:
         app: ASGIApp,
         *,
         names: frozenset[str],
-        upload_paths: frozenset[str],
+        upload_paths: re.Pattern[str],
         raw_paths: re.Pattern[str] | None = None,
         routed: Callable[[Scope], bool] | None = None,
     ) -> None:
@@ -106,7 +106,7 @@ class SameOriginWrites:
         if declared is None and not has_body:
             return None
         raw = self.raw_paths is not None and self.raw_paths.match(path) is not None
-        wanted = MULTIPART if path in self.upload_paths else OCTETS if raw else JSON
+        wanted = MULTIPART if self.upload_paths.match(path) else OCTETS if raw else JSON
         if declared is not None and declared.partition(";")[0].strip().lower() == wanted:
             return None
         if wanted == OCTETS:

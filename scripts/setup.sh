@@ -64,6 +64,17 @@ install_package() {
 }
 step "Installing fleet-kernel[$extras] into $VENV" install_package
 
+if [[ "${FLEET_SETUP_TEST:-0}" == 1 ]]; then
+  # fleet-rlm's own terminal client, for tests/api/test_fleet_rlm_client.py. Its package pins versions of
+  # fastapi and others that Fleet's differ from, so it goes, without its dependencies, into a folder of
+  # its own that only the client's process puts on its path (with textual, the one it needs that
+  # Fleet does not install).
+  install_reference_client() {
+    "$PY" -m pip install -q --no-deps --upgrade --target .cache/fleet-rlm-client fleet-rlm==0.8.1 textual==8.2.8
+  }
+  step "Installing the fleet-rlm 0.8.1 client into .cache/fleet-rlm-client" install_reference_client
+fi
+
 cache_pyodide() {
   "$PY" -c "from fleet_kernel.sandbox.pyodide import ensure_pyodide; ensure_pyodide()" \
     || echo "   (Pyodide cache not prepared; the pyodide sandbox stays unavailable, the local one is unaffected)"

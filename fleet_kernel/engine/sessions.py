@@ -78,8 +78,8 @@ class Sessions:
         self.store = store
         self.settings = settings
 
-    async def create(self, title: str = "") -> SessionRow:
-        return await self.store.create_session(title)
+    async def create(self, title: str = "", session_id: str | None = None) -> SessionRow:
+        return await self.store.create_session(title, session_id)
 
     async def get(self, session_id: str) -> SessionRow:
         """Raises ``NotFoundError``."""

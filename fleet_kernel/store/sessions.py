@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from sqlalchemy import and_, delete, exists, func, or_, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from fleet_kernel.errors import ConflictError, NotFoundError, ValidationError
@@ -45,10 +46,20 @@ def _after(cursor: str) -> tuple[datetime, str]:
 
 
 class SessionStore(Database):
-    async def create_session(self, title: str = "") -> SessionRow:
+    async def create_session(self, title: str = "", session_id: str | None = None) -> SessionRow:
+        """A new session; ``session_id`` names it (a client-chosen id), else a fresh ``ses_`` one.
+
+        Raises:
+            ConflictError: a session of that id exists (or was created concurrently).
+        """
         now = utcnow()
-        row = SessionRow(session_id=new_id("ses"), title=title[:200], created_at=now, updated_at=now, turn_count=0)
-        await self._write(lambda s: s.add(row))
+        row = SessionRow(
+            session_id=session_id or new_id("ses"), title=title[:200], created_at=now, updated_at=now, turn_count=0
+        )
+        try:
+            await self._write(lambda s: s.add(row))
+        except IntegrityError:
+            raise ConflictError(f"session {row.session_id!r} already exists", code="session_exists") from None
         return row
 
     async def get_session(self, session_id: str) -> SessionRow:
