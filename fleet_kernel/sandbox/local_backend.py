@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from fleet_kernel.cancel import CancelToken
     from fleet_kernel.sandbox.interpreter import SandboxFactory, SandboxSession
 
-logger = logging.getLogger("fleet_kernel.sandbox.local")
+logger = logging.getLogger(__name__)
 
 ADMIT_WAIT_S = 3.0  # a turn waits this long for a slot when it starts, then is refused (503)
 _NOTABLE_PACKAGES = ("numpy", "pandas", "scipy", "matplotlib", "sklearn", "sympy", "networkx", "bs4", "yaml")
