@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from scripted_lm import step  # noqa: E402
 
-from fleet_api.server import spawn_sidecar  # noqa: E402
 from fleet_kernel.events import TurnCompleted  # noqa: E402
+from fleet_kernel.kernel.sidecar import spawn_sidecar  # noqa: E402
 
 TARGET_FIRST_EVENT_MS = 20.0
 TARGET_CROSS_P95_MS = 100.0

@@ -37,10 +37,10 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import dspy
 from scripted_lm import ScriptedLM, step
 
-from fleet_api.server import spawn_sidecar
 from fleet_kernel.config import load_settings
 from fleet_kernel.engine import TurnRunner
 from fleet_kernel.engine.turn import FleetTask
+from fleet_kernel.kernel.sidecar import spawn_sidecar
 from fleet_kernel.sandbox import open_sandbox, pool
 from fleet_kernel.store import Store
 

@@ -20,10 +20,10 @@ from starlette.types import Scope
 from fleet_api import compat, routes
 from fleet_api.auth import BearerAuth
 from fleet_api.deps import FleetState
+from fleet_api.docs import install_docs_redirect, install_openapi
 from fleet_api.errors import install_error_handlers
 from fleet_api.hosts import AllowedHosts, own_names
 from fleet_api.limits import BodyLimit
-from fleet_api.openapi import install_docs_redirect, install_openapi
 from fleet_api.origin import SameOriginWrites
 from fleet_api.routes import metrics
 from fleet_api.routes.attachments import UPLOAD_PATH

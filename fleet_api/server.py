@@ -1,6 +1,6 @@
 """``fleet serve``: run the app under uvicorn, loopback unless a token protects it.
 
-``spawn_sidecar`` (from ``fleet_kernel.kernel.sidecar``) starts the same server as a detached process,
+The kernel starts the same server as a detached process (``fleet_kernel.kernel.sidecar.spawn_sidecar``),
 so a notebook kernel can offer the API and the API keeps serving after the kernel exits.
 """
 
@@ -16,7 +16,6 @@ from fleet_api.auth import is_loopback
 from fleet_api.connections import bounded_h11
 from fleet_kernel.config import Settings, load_settings
 from fleet_kernel.errors import ConfigError
-from fleet_kernel.kernel.sidecar import spawn_sidecar
 from fleet_kernel.redact import LOG_FORMAT, RedactingFormatter
 from fleet_kernel.store import Store
 
@@ -30,7 +29,7 @@ MAX_CONNECTIONS = 500
 MIN_TOKEN_CHARS = 32
 MAKE_TOKEN = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
 
-__all__ = ["build_server", "check_bind", "serve", "spawn_sidecar"]
+__all__ = ["build_server", "check_bind", "serve"]
 
 
 def check_bind(host: str, settings: Settings) -> None:

@@ -21,16 +21,14 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, fi
 from pydantic import ValidationError as PydanticValidationError
 from pydantic_core import PydanticCustomError
 
-from fleet_kernel import ownership
+from fleet_kernel import ownership, sandbox_registry
 from fleet_kernel.errors import ConfigError, ValidationError
 from fleet_kernel.redact import Redactor, env_secrets
 
 
 def _registered_sandbox(name: str) -> str:
-    """A sandbox name must be registered (``fleet_kernel.sandbox.contract``, read when a value is checked)."""
-    from fleet_kernel.sandbox import contract  # the contract imports config: a cycle at import time
-
-    known = contract.names()
+    """A sandbox name must be registered (``fleet_kernel.sandbox_registry``, read when a value is checked)."""
+    known = sandbox_registry.names()
     if name not in known:
         expected = " or ".join(filter(None, (", ".join(map(repr, known[:-1])), repr(known[-1]))))
         raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})

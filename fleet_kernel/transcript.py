@@ -16,8 +16,8 @@ import re
 import unicodedata
 from typing import TYPE_CHECKING, Any
 
+from fleet_kernel import identity
 from fleet_kernel.events import Event
-from fleet_kernel.kernel import spec
 from fleet_kernel.markdown import NO_MATH, md_block, md_escape
 from fleet_kernel.render import (
     MONO,
@@ -241,8 +241,8 @@ async def session_notebook(store: Store, session_id: str) -> nbformat.NotebookNo
         cell.metadata["fleet"] = {"turn_id": turn.turn_id, "status": turn.status}
         cells.append(cell)
     nb = v4.new_notebook(cells=cells)
-    nb.metadata["kernelspec"] = dict(spec.KERNELSPEC)
-    nb.metadata["language_info"] = dict(spec.LANGUAGE_INFO)
+    nb.metadata["kernelspec"] = dict(identity.KERNELSPEC)
+    nb.metadata["language_info"] = dict(identity.LANGUAGE_INFO)
     nb.metadata["fleet"] = {"session_id": session.session_id, "title": session.title}
     nbformat.validate(nb)
     return nb

@@ -12,9 +12,7 @@ Every ``import`` and ``from ... import`` is read with ``ast``, those inside func
 - entry points: the command line, ``python -m``, the IPython extension, doctor, demo, papermill
 
 A module imports only its own layer or a lower one; ``fleet_kernel`` never imports ``fleet_api``; no
-two modules import each other, directly or round a loop. The known breaks (issue 26) are listed in
-``KNOWN_BREAKS``: each rule's test ignores them, and each has a test of its own that is expected to
-fail, so this file fails both when a new break appears and when a known one is fixed (then drop it).
+two modules import each other, directly or round a loop.
 """
 
 from __future__ import annotations
@@ -47,6 +45,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "fleet_kernel.ownership",
             "fleet_kernel.redact",
             "fleet_kernel.markdown",
+            "fleet_kernel.identity",
+            "fleet_kernel.sandbox_registry",
         ),
     ),
     ("store", ("fleet_kernel.store",)),
@@ -85,21 +85,6 @@ RANK = {
 }
 # Layers of one rank may import each other only along these edges.
 SIDEWAYS = {("magic", "kernel")}  # the magic runs the kernel's KernelContext, commands and display
-
-# A known break is an import edge (importer, imported), or an import cycle (its modules).
-KNOWN_BREAKS: dict[str, tuple[str, str] | frozenset[str]] = {
-    "fleet_api re-exports the kernel's spawn_sidecar": ("fleet_api.server", "fleet_kernel.kernel.sidecar"),
-    "engine/sessions.py -> transcript.py -> kernel/spec.py": ("fleet_kernel.transcript", "fleet_kernel.kernel.spec"),
-    "config.py imports the sandbox registry": ("fleet_kernel.config", "fleet_kernel.sandbox.contract"),
-    "cycle app.py <-> openapi.py": frozenset({"fleet_api.app", "fleet_api.openapi"}),
-    "cycle config.py <-> sandbox/contract.py": frozenset({"fleet_kernel.config", "fleet_kernel.sandbox.contract"}),
-    "cycle engine/lm.py <-> engine/replay.py": frozenset({"fleet_kernel.engine.lm", "fleet_kernel.engine.replay"}),
-    "cycle sandbox/local.py <-> sandbox/pool.py": frozenset(
-        {"fleet_kernel.sandbox.local", "fleet_kernel.sandbox.pool"}
-    ),
-}
-KNOWN_EDGES = {b for b in KNOWN_BREAKS.values() if isinstance(b, tuple)}
-KNOWN_CYCLES = {b for b in KNOWN_BREAKS.values() if isinstance(b, frozenset)}
 
 
 def module_name(path: Path) -> str:
@@ -188,10 +173,7 @@ def breaks_of(lower: str, upper: str) -> list[str]:
         f"{a} imports {b}"
         for a, targets in graph().items()
         for b in targets
-        if {layer(a), layer(b)} <= {lower, upper}
-        and layer(a) != layer(b)
-        and forbidden(a, b)
-        and (a, b) not in KNOWN_EDGES
+        if {layer(a), layer(b)} <= {lower, upper} and layer(a) != layer(b) and forbidden(a, b)
     )
 
 
@@ -222,23 +204,7 @@ def test_no_module_of_fleet_kernel_imports_fleet_api() -> None:
 
 
 def test_no_import_cycles() -> None:
-    assert not [sorted(c) for c in cycles() if c not in KNOWN_CYCLES]
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="known layering break, issue 26"))
-        for n in KNOWN_BREAKS
-    ],
-)
-def test_known_break_is_gone(name: str) -> None:
-    """Each fails while its break stands; once fixed it passes, strict xfail fails: drop it from KNOWN_BREAKS."""
-    known = KNOWN_BREAKS[name]
-    if isinstance(known, tuple):
-        assert known[1] not in graph().get(known[0], ()), f"{known[0]} imports {known[1]}"
-    else:
-        assert known not in cycles(), f"import cycle {sorted(known)}"
+    assert not [sorted(c) for c in cycles()]
 
 
 def test_the_reader_sees_imports_inside_functions(tmp_path: Path) -> None:

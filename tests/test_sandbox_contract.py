@@ -13,6 +13,7 @@ import pytest
 from live_api import LiveServer
 from scripted_lm import ScriptedLM, step
 
+from fleet_kernel import sandbox_registry
 from fleet_kernel.config import load_settings
 from fleet_kernel.engine import TurnRunner
 from fleet_kernel.errors import ConfigError
@@ -45,11 +46,13 @@ def new_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     module.write_text(
         textwrap.dedent('''
         """A second name for the real unsafe-local backend, as a plug-in module would define one."""
-        from fleet_kernel.sandbox.local import UNSAFE_LOCAL as BACKEND
+        from fleet_kernel.sandbox.local_backend import UNSAFE_LOCAL as BACKEND
     ''')
     )
     monkeypatch.syspath_prepend(str(module.parent))
-    monkeypatch.setattr(contract, "_registry", dict(contract._registry))  # the registration ends with the test
+    monkeypatch.setattr(
+        sandbox_registry, "entries", dict(sandbox_registry.entries)
+    )  # the registration ends with the test
     contract.register(NEW_BACKEND, "fleet_plain_python:BACKEND")
     return NEW_BACKEND
 

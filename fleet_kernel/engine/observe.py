@@ -30,7 +30,8 @@ from dspy.primitives.code_interpreter import CodeExecutionError
 from dspy.utils.callback import BaseCallback
 
 from fleet_kernel.cancel import CancelToken
-from fleet_kernel.engine.lm import reported, scrub, take_last_call
+from fleet_kernel.engine.lm import scrub
+from fleet_kernel.engine.metered import reported, take_last_call
 from fleet_kernel.engine.sink import TurnEmitter
 from fleet_kernel.errors import TurnCancelled
 from fleet_kernel.events import (

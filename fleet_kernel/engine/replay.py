@@ -25,7 +25,7 @@ from typing import Any
 import dspy
 from dspy.lm15 import Message, Request, Response, TextPart, Usage, response_to_events
 
-from fleet_kernel.engine.lm import MeteredLM
+from fleet_kernel.engine.metered import MeteredLM
 from fleet_kernel.errors import LMError
 
 CASSETTE_VERSION = 1

@@ -1,4 +1,4 @@
-"""Who the kernel is, said once: its name, display name and language, for Jupyter, the kernel and exported notebooks.
+"""The kernelspec that starts this kernel; its name, display name and language are ``fleet_kernel.identity``'s.
 
 ``share/jupyter/kernels/fleet/kernel.json`` (the spec pip installs) is ``kernel_json("python")``; a test keeps it so.
 """
@@ -7,18 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-NAME = "fleet"
-DISPLAY_NAME = "Fleet RLM"
-LANGUAGE_INFO: dict[str, object] = {
-    "name": "markdown",
-    "mimetype": "text/markdown",
-    "file_extension": ".md",
-    "pygments_lexer": "markdown",
-    "codemirror_mode": "markdown",
-}
-LANGUAGE = LANGUAGE_INFO["name"]
-KERNELSPEC = {"name": NAME, "display_name": DISPLAY_NAME, "language": LANGUAGE}
-"""A notebook's ``metadata.kernelspec``."""
+from fleet_kernel.identity import DISPLAY_NAME, KERNELSPEC, LANGUAGE, LANGUAGE_INFO, NAME
+
+__all__ = ["DISPLAY_NAME", "KERNELSPEC", "LANGUAGE", "LANGUAGE_INFO", "NAME", "kernel_json"]
 
 
 def kernel_json(python: str) -> dict[str, Any]:

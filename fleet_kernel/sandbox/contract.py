@@ -1,10 +1,10 @@
 """The sandbox contract: what a backend implements, what every backend tells the model, and the registry.
 
 A backend is one module with an object that has ``status``, ``instructions``, ``open`` and ``forget``
-(see ``Backend``), named once in ``register`` (built-ins: ``_BUILTIN`` below). Front doors never look
-at a backend themselves: they ask ``status(settings)`` which backend turns use and whether it can start,
-``open_backend`` for an interpreter factory, and ``forget`` when a session is deleted. ``execute`` is the
-interpreters' (``InterpreterFactory``). Stdlib only, so choosing a backend never imports dspy.
+(see ``Backend``), named once in ``register`` (built-ins: ``fleet_kernel.sandbox_registry.BUILTIN``).
+Front doors never look at a backend themselves: they ask ``status(settings)`` which backend turns use and
+whether it can start, ``open_backend`` for an interpreter factory, and ``forget`` when a session is deleted.
+``execute`` is the interpreters' (``InterpreterFactory``). Stdlib only, so choosing a backend never imports dspy.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
+from fleet_kernel import sandbox_registry
 from fleet_kernel.errors import SandboxUnavailableError
 from fleet_kernel.lazy import import_module
 from fleet_kernel.workspace import ARTIFACTS_DIR, FILES_DIR, MEMORY_FILE
@@ -87,34 +88,24 @@ class Status:
         return detail if self.passed_over is None else f"{detail} ({self.passed_over})"
 
 
-# name -> a Backend, or "module:attribute" naming one (imported on first use, so listing names is cheap)
-_BUILTIN: dict[str, str] = {
-    "local": "fleet_kernel.sandbox.local:LOCAL",
-    "pyodide": "fleet_kernel.sandbox.pyodide:BACKEND",
-    "daytona": "fleet_kernel.sandbox.daytona:BACKEND",
-    "unsafe-local": "fleet_kernel.sandbox.local:UNSAFE_LOCAL",
-}
-_registry: dict[str, Backend | str] = dict(_BUILTIN)
-
-
 def register(name: str, backend: Backend | str) -> None:
     """Make ``backend`` selectable as ``FLEET_SANDBOX=name`` (a ``"module:attribute"`` is imported lazily)."""
-    _registry[name] = backend
+    sandbox_registry.entries[name] = backend
 
 
 def names() -> tuple[str, ...]:
-    return tuple(_registry)
+    return sandbox_registry.names()
 
 
 def get(name: str) -> Backend:
     """The backend registered as ``name``; raises ``SandboxUnavailableError`` naming the known ones."""
-    entry = _registry.get(name)
+    entry = sandbox_registry.entries.get(name)
     if entry is None:
         raise SandboxUnavailableError(f"Unknown sandbox {name!r}; use {', '.join(names())}.")
     if isinstance(entry, str):
         module, _, attribute = entry.partition(":")
-        entry = _registry[name] = getattr(import_module(module), attribute)
-    return entry
+        entry = sandbox_registry.entries[name] = getattr(import_module(module), attribute)
+    return cast("Backend", entry)
 
 
 def choose(settings: Settings) -> str:

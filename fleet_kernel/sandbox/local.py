@@ -1,4 +1,4 @@
-"""The ``local`` backend: a CPython worker running ``runtime.py`` under bubblewrap; and ``unsafe-local``.
+"""The ``local`` sandbox: a CPython worker running ``runtime.py`` under bubblewrap; and ``unsafe-local``.
 
 ``local`` (the default on Linux): no network, no host files but the Python install (read-only), a
 fresh ``/tmp``, a quota-limited copy of the session workspace at ``/workspace`` (``_stage.py`` mounts it
@@ -6,6 +6,8 @@ and copies changes back), uid 65534 without capabilities (mapped to the host use
 own when the host is root), a seccomp filter, rlimits and, where the hierarchy is writable, a cgroup
 for memory and process count.
 ``unsafe-local`` runs the same runtime as a plain subprocess of the host user: explicit opt-in only.
+This module starts and stops those processes (``ProcessSession``) and probes bubblewrap; the backend
+objects that turns use, over this and the pool (``pool.py``), are ``local_backend.py``'s.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import atexit
 import contextlib
 import fcntl
 import functools
-import importlib.util
 import json
 import logging
 import os
@@ -33,18 +34,13 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from fleet_kernel.config import SandboxLimits, Settings
-from fleet_kernel.errors import SandboxBusyError, SandboxUnavailableError
+from fleet_kernel.config import SandboxLimits
 from fleet_kernel.sandbox import _confine, _pyfarm, _slots
 from fleet_kernel.sandbox._protocol import PipeSession, SessionClosed
-from fleet_kernel.sandbox.contract import describe
-from fleet_kernel.workspace import Unsaved, Workspace, note_unsaved
+from fleet_kernel.workspace import Unsaved, note_unsaved
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from fleet_kernel.cancel import CancelToken
-    from fleet_kernel.sandbox.interpreter import SandboxFactory, SandboxSession
+    pass
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +50,8 @@ STOP_TIMEOUT_S = 60.0  # for the copy-back of a stopped sandbox's workspace
 SANDBOX_RUNTIME = "/run/fleet/runtime.pyc"
 START_TIMEOUT_S = 10.0
 SLOT_WAIT_S = 30.0  # a sandbox a turn starts beyond its reserved one (a child RLM's) waits this long for a slot
-ADMIT_WAIT_S = 3.0  # a turn waits this long for a slot when it starts, then is refused (503)
 _ETC_BINDS = ("fonts",)  # fontconfig, for matplotlib and friends
 _LIVE: weakref.WeakSet[ProcessSession] = weakref.WeakSet()  # killed at exit, so no cgroup outlives us
-_NOTABLE_PACKAGES = ("numpy", "pandas", "scipy", "matplotlib", "sklearn", "sympy", "networkx", "bs4", "yaml")
 
 
 @functools.cache
@@ -700,106 +694,3 @@ def _said_saved(fd: int, timeout: float) -> Unsaved | Literal[True] | None:
 def _kill_live_sessions() -> None:
     for session in list(_LIVE):
         session.kill()
-
-
-# -- the backends ---------------------------------------------------------------------------------
-
-
-@functools.cache
-def _installed_packages() -> str:
-    found = [name for name in _NOTABLE_PACKAGES if importlib.util.find_spec(name) is not None]
-    return f" Installed packages include {', '.join(found)}." if found else ""
-
-
-class LocalBackend:
-    """``local`` (``isolated``: under bubblewrap) or ``unsafe-local`` (a plain subprocess of the host user)."""
-
-    def __init__(self, *, isolated: bool) -> None:
-        self.isolated = isolated
-
-    def status(self, settings: Settings) -> str | None:
-        return probe_bwrap() if self.isolated else None
-
-    def absent(self, settings: Settings) -> str | None:
-        """Why bubblewrap cannot run here at all (the default backend then moves on); None otherwise."""
-        reason = self.status(settings)
-        return reason if reason is not None and cannot_run_here(reason) else None
-
-    def instructions(self, settings: Settings, workspace: Path) -> str:
-        version = ".".join(map(str, sys.version_info[:2]))
-        where = (
-            "in an isolated sandbox with no network access"
-            if self.isolated
-            else "directly on the host machine (no sandbox)"
-        )
-        return describe(
-            f"Python {version} (CPython) runs {where}",
-            exec_timeout_s=settings.limits.exec_timeout_s,
-            root="/workspace" if self.isolated else str(workspace.absolute()),
-            memory_mb=settings.policy.sandbox.memory_mb,
-            notes=f"Nothing can be installed.{_installed_packages()}",
-        )
-
-    def open(self, settings: Settings, workspace: Path, *, cancel: CancelToken | None = None) -> SandboxFactory:
-        from fleet_kernel.sandbox.interpreter import SandboxFactory  # the interpreter imports dspy
-
-        limits, exec_timeout_s = settings.policy.sandbox, settings.limits.exec_timeout_s
-        if self.isolated and (reason := probe_bwrap()) is not None:
-            raise SandboxUnavailableError(
-                f"The local sandbox cannot run: {reason}; or set FLEET_SANDBOX=unsafe-local to run without isolation."
-            )
-        # made without following a link, then named by its real path: the stage's copy-back refuses a link
-        workspace = Path(os.path.realpath(Workspace(workspace.absolute()).ensure().root))
-        if not self.isolated:
-            logger.warning(
-                "FLEET_SANDBOX=unsafe-local: model-written code runs WITHOUT isolation, with your user's "
-                "files, network and credentials, in %s",
-                workspace,
-            )
-        if self.isolated and limits.pool > 0:
-            from fleet_kernel.sandbox import pool  # the pool imports this module: a cycle
-
-            pool.POOL.configure(limits, limits.pool, limits.idle_stop_s)
-            new_session: Callable[[], SandboxSession] = functools.partial(pool.sessions, workspace, limits)
-        else:
-            new_session = functools.partial(ProcessSession, workspace, limits, isolated=self.isolated)
-        return SandboxFactory(
-            new_session,
-            backend="local" if self.isolated else "unsafe-local",
-            execution_instructions=self.instructions(settings, workspace),
-            exec_timeout_s=exec_timeout_s,
-            cancel=cancel,
-            max_output_bytes=limits.max_output_bytes,
-        )
-
-    def forget(self, settings: Settings, session_id: str) -> None:
-        """Nothing outlives a turn: the workspace is the session's, deleted with it."""
-
-    def admit(self, settings: Settings, workspace: Path) -> _slots.Reservation | None:
-        """Reserve a slot under ``[sandbox] max_sandboxes`` for a turn working in ``workspace``, waiting briefly.
-
-        None when a turn of that workspace runs in this process already (its claim is refused, or is its own).
-
-        Raises:
-            SandboxBusyError: no slot freed within ``ADMIT_WAIT_S``; the message names the cap.
-        """
-        key = str(workspace.absolute())
-        if _slots.reserved(key):
-            return None
-        cap = settings.policy.sandbox.sandbox_cap
-        reservation = _slots.reserve(key, cap, wait_s=ADMIT_WAIT_S)
-        if reservation is None:
-            raise SandboxBusyError(busy_message(cap))
-        return reservation
-
-    def prepare(self, settings: Settings) -> None:
-        """Fill the pool of pre-started sandboxes now, before the first turn needs one (a server starting)."""
-        limits = settings.policy.sandbox
-        if self.isolated and limits.pool > 0 and probe_bwrap() is None:
-            from fleet_kernel.sandbox import pool  # the pool imports this module: a cycle
-
-            pool.POOL.configure(limits, limits.pool, limits.idle_stop_s)
-
-
-LOCAL = LocalBackend(isolated=True)
-UNSAFE_LOCAL = LocalBackend(isolated=False)

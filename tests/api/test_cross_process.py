@@ -16,7 +16,7 @@ import pytest
 from live_api import LiveServer, assert_error, events_of, frames_until
 from scripted_lm import ScriptedLM, step
 
-from fleet_api.server import spawn_sidecar
+from fleet_kernel.kernel.sidecar import spawn_sidecar
 
 FOREVER = [step("Wait.", "import time\nwhile True:\n    time.sleep(0.05)")]
 DONE = [step("Answer.", "SUBMIT(answer='once')")]

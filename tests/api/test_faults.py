@@ -23,8 +23,8 @@ import pytest
 from live_api import Frame, LiveServer, events_of, frames_until
 from scripted_lm import ScriptedLM, step
 
-from fleet_api.server import spawn_sidecar
 from fleet_kernel.config import Settings, load_settings
+from fleet_kernel.kernel.sidecar import spawn_sidecar
 
 # The model takes a minute to answer: the turn is mid-flight when its process is killed.
 SLOW = {"delay": 60, **step("Think slowly.", "SUBMIT(answer='too late')")}

@@ -12,9 +12,10 @@ import httpx
 import pytest
 from live_api import LiveServer, assert_error
 
-from fleet_api.server import HEADER_TIMEOUT_S, spawn_sidecar
+from fleet_api.server import HEADER_TIMEOUT_S
 from fleet_kernel.config import Settings, load_settings
 from fleet_kernel.errors import ConfigError
+from fleet_kernel.kernel.sidecar import spawn_sidecar
 
 EVIL = "rebind.evil.example"
 TOKEN = "s3cret-token-for-tests-0123456789abcdef"
