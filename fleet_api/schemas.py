@@ -259,3 +259,17 @@ class Health(BaseModel):
     version: str
     store: ComponentHealth
     sandbox: ComponentHealth
+
+
+class FeedbackCreate(_Request):
+    rating: Literal["good", "bad"] = Field(..., description="what the user thinks of the turn's answer")
+    note: str = Field("", max_length=4000, description="why, in the user's words")
+
+
+class Feedback(BaseModel):
+    turn_id: str
+    session_id: str
+    rating: Literal["good", "bad"]
+    note: str
+    created_at: str
+    updated_at: str = Field(..., description="when it was last marked (a new mark replaces the earlier one)")

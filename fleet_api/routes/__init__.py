@@ -3,6 +3,7 @@
 from fleet_api.routes import (
     artifacts,
     attachments,
+    feedback,
     health,
     memory,
     notebook,
@@ -26,4 +27,5 @@ ROUTERS = [
     skills.router,
     memory.router,
     workspace.router,
+    feedback.router,
 ]
