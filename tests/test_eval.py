@@ -199,3 +199,34 @@ def test_fleet_eval_command(fleet_env: dict[str, str], scripted_lm: ScriptedLM, 
 
     missing = CliRunner().invoke(main, ["eval", str(tmp_path / "nope.jsonl")])
     assert missing.exit_code == 1 and "no data set at" in missing.output
+
+
+async def test_a_recorded_real_model_is_measured_offline(tmp_path: Path) -> None:
+    """The cassette of a real small model (tests/test_real_model.py): it never SUBMITs, so every run fails, 0."""
+    from fleet_kernel.config import load_settings
+
+    cassette = Path(__file__).parent / "data" / "real-model.cassette.json"
+    recorded = json.loads(cassette.read_text(encoding="utf-8"))
+    config = tmp_path / "fleet.toml"
+    limits = {k: recorded["limits"][k] for k in ("max_iters", "max_llm_calls", "max_output_chars")}
+    config.write_text("[limits]\n" + "".join(f"{k} = {v}\n" for k, v in limits.items()), encoding="utf-8")
+    (tmp_path / "home").mkdir()
+    settings = load_settings(
+        {"FLEET_HOME": str(tmp_path / "home"), "FLEET_CONFIG": str(config), "FLEET_LM_MODEL": f"replay/{cassette}"}
+    )
+    rows = [
+        {"id": f"t{n}", "task": t["task"], "expected": 51, "scorer": "numeric"} for n, t in enumerate(recorded["turns"])
+    ]
+    store = await Store.open(settings.database_url)
+    runner = await TurnRunner(store, settings).open()
+    try:
+        outcome = await run_dataset(runner, write_jsonl(tmp_path / "real.jsonl", rows), out=tmp_path / "out")
+    finally:
+        await runner.close()
+        await store.close()
+    results = outcome.report.results
+    assert [(r.status, r.score) for r in results] == [("failed", 0.0)] * len(recorded["turns"])
+    assert all(r.error and r.error["type"] == "lm_parse_error" for r in results)
+    assert all(r.iterations == 1 for r in results)
+    (summary,) = outcome.report.summary()
+    assert (summary.model, summary.passed, summary.runs) == (f"replay/{cassette}", 0, len(results))
