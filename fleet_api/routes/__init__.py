@@ -3,6 +3,7 @@
 from fleet_api.routes import (
     artifacts,
     attachments,
+    evals,
     feedback,
     health,
     memory,
@@ -28,4 +29,5 @@ ROUTERS = [
     memory.router,
     workspace.router,
     feedback.router,
+    evals.router,
 ]

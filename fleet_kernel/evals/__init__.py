@@ -6,8 +6,10 @@ the data set, run it (``run.evaluate``), and save the results and the report in 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from fleet_kernel.engine import TurnRunner
@@ -26,6 +28,7 @@ __all__ = [
     "load_dataset",
     "model_judge",
     "run_dataset",
+    "run_tasks",
     "score_answer",
 ]
 
@@ -54,16 +57,38 @@ async def run_dataset(
         ValidationError: a bad data set, repeat, concurrency or model (before anything runs).
         LMError: a rubric needs a judge and no judge model can be built.
     """
-    import asyncio
-    from datetime import UTC, datetime
+    tasks = await asyncio.to_thread(load_dataset, dataset)
+    return await run_tasks(
+        runner,
+        tasks,
+        dataset.stem,
+        models=models,
+        repeat=repeat,
+        concurrency=concurrency,
+        judge_model=judge_model,
+        out=out,
+        progress=progress,
+    )
 
+
+async def run_tasks(
+    runner: TurnRunner,
+    tasks: Sequence[EvalTask],
+    name: str,
+    *,
+    models: Sequence[str | None] = (None,),
+    repeat: int = 1,
+    concurrency: int = 1,
+    judge_model: str | None = None,
+    out: Path | None = None,
+    progress: Progress | None = None,
+) -> EvalOutcome:
+    """``run_dataset`` for tasks already loaded; ``name`` names the runs' sessions and the output folder."""
     from fleet_kernel.evals.report import write_report, write_results
 
-    tasks = await asyncio.to_thread(load_dataset, dataset)
     judge = None
     if any(t.scorer == "judge" for t in tasks):
         judge = await asyncio.to_thread(model_judge, runner.settings, judge_model)
-    name = dataset.stem
     report = await evaluate(
         runner, tasks, models=models, repeat=repeat, concurrency=concurrency, judge=judge, name=name, progress=progress
     )

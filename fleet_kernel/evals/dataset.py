@@ -72,10 +72,15 @@ def load_dataset(path: Path) -> list[EvalTask]:
     tasks = [task_of(row, f"{path.name} row {n}", path.parent) for n, row in enumerate(rows, 1)]
     if not tasks:
         raise ValidationError(f"{path.name} holds no tasks")
+    return unique_ids(tasks, path.name)
+
+
+def unique_ids(tasks: list[EvalTask], where: str) -> list[EvalTask]:
+    """``tasks``, when no id names two of them. Raises ``ValidationError``."""
     ids = [t.task_id for t in tasks]
     duplicate = next((i for i in ids if ids.count(i) > 1), None)
     if duplicate is not None:
-        raise ValidationError(f"{path.name}: the id {duplicate!r} names more than one task; ids must be unique")
+        raise ValidationError(f"{where}: the id {duplicate!r} names more than one task; ids must be unique")
     return tasks
 
 
