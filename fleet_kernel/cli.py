@@ -110,6 +110,22 @@ def eval_command(
     run_eval(dataset, list(models), repeat=repeat, concurrency=concurrency, judge_model=judge_model, out=out)
 
 
+@main.command("optimize")
+@click.argument("dataset", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--holdout", default=0.3, show_default=True, type=float, help="Fraction of tasks held out to decide.")
+@click.option("--budget", default=20, show_default=True, type=int, help="Task runs GEPA may spend on training.")
+@click.option("--reflection", "reflection_model", help="The model that proposes instructions; default: FLEET_LM_MODEL.")
+@click.option("--judge", "judge_model", help="The model that grades rubric tasks; default: FLEET_LM_MODEL.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the split and of GEPA.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Folder of the instruction versions.")
+@friendly
+def optimize_command(dataset: Path, **options: Any) -> None:
+    """Evolve the RLM's instructions with GEPA on DATASET; adopt them only if they score better on held-out tasks."""
+    from fleet_kernel.evals.cli import run_optimize  # the engine, dspy and gepa: only this command needs them
+
+    run_optimize(dataset, **options)
+
+
 main.add_command(trace)
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -13,6 +15,11 @@ from fleet_kernel.evals import EvalOutcome, run_dataset
 from fleet_kernel.evals.report import render_table
 from fleet_kernel.evals.run import RunResult
 
+if TYPE_CHECKING:
+    from fleet_kernel.engine import TurnRunner
+
+T = TypeVar("T")
+
 
 def _progress(result: RunResult, done: int, total: int) -> None:
     mark = "pass" if result.passed else "FAIL"
@@ -20,7 +27,8 @@ def _progress(result: RunResult, done: int, total: int) -> None:
     click.echo(f"[{done}/{total}] {mark} {run}: {result.score:.2f} {result.reason}"[:200], err=True)
 
 
-async def _run(dataset: Path, models: list[str], **options: object) -> EvalOutcome:
+async def _with_runner(work: Callable[[TurnRunner], Awaitable[T]]) -> T:
+    """``work`` with a runner over the configured store, both closed after it."""
     from fleet_kernel.engine import TurnRunner
     from fleet_kernel.store import Store
 
@@ -30,10 +38,16 @@ async def _run(dataset: Path, models: list[str], **options: object) -> EvalOutco
     store = await Store.open(settings.database_url)
     runner = await TurnRunner(store, settings).open()
     try:
-        return await run_dataset(runner, dataset, models=models or [None], progress=_progress, **options)  # type: ignore[arg-type]
+        return await work(runner)
     finally:
         await runner.close()
         await store.close()
+
+
+async def _run(dataset: Path, models: list[str], **options: Any) -> EvalOutcome:
+    return await _with_runner(
+        lambda runner: run_dataset(runner, dataset, models=models or [None], progress=_progress, **options)
+    )
 
 
 def run_eval(dataset: Path, models: list[str], **options: object) -> None:
@@ -41,3 +55,16 @@ def run_eval(dataset: Path, models: list[str], **options: object) -> None:
     click.echo(render_table(outcome.report, width=max(80, shutil.get_terminal_size((120, 24)).columns)))
     for path in outcome.files:
         click.echo(f"wrote {path}")
+
+
+def run_optimize(dataset: Path, **options: Any) -> None:
+    from fleet_kernel.evals.optimize import optimize
+
+    outcome = asyncio.run(_with_runner(lambda runner: optimize(runner, dataset, progress=_progress, **options)))
+    held = ", ".join(outcome.heldout)
+    click.echo(f"held out: {held}; baseline {outcome.baseline:.2f}, candidate {outcome.candidate:.2f}")
+    if outcome.instructions is not None:
+        click.echo(f"adopted: wrote {outcome.instructions}; select it in fleet.toml with")
+        click.echo(f'[lm]\ninstructions = "{outcome.instructions}"')
+    else:
+        click.echo("kept the baseline: the candidate did not score better on the held-out tasks")
