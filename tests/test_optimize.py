@@ -14,8 +14,8 @@ from scripted_lm import ScriptedLM, step
 from fleet_kernel.config import load_settings
 from fleet_kernel.engine import TurnRunner
 from fleet_kernel.errors import ValidationError
-from fleet_kernel.evals.optimize import optimize, split
 from fleet_kernel.evals.dataset import load_dataset
+from fleet_kernel.evals.optimize import optimize, split
 from fleet_kernel.store import Store
 
 MARKER = "ALWAYS-SAY-XYZZY"  # in the instructions the reflection proposes; the LM answers right when it sees it
@@ -35,7 +35,7 @@ async def make(tmp_path: Path) -> AsyncIterator[Callable[..., object]]:
     """A runner over a fresh store, wired to a scripted LM whose reflection proposes ``proposal``."""
     opened: list[tuple[ScriptedLM, Store, TurnRunner]] = []
 
-    async def build(proposal: str, config: str = "") -> tuple[ScriptedLM, TurnRunner]:
+    async def build(proposal: str, config: str = "") -> TurnRunner:
         lm = ScriptedLM({MARKER: [RIGHT] * 60}, default=WRONG, sub=lambda prompt: f"```\n{proposal}\n```").start()
         (tmp_path / "fleet.toml").write_text(config)
         home = tmp_path / f"home-{len(opened)}"
@@ -44,7 +44,7 @@ async def make(tmp_path: Path) -> AsyncIterator[Callable[..., object]]:
         store = await Store.open(settings.database_url)
         runner = await TurnRunner(store, settings).open()
         opened.append((lm, store, runner))
-        return lm, runner
+        return runner
 
     yield build
     for lm, store, runner in opened:
@@ -65,7 +65,7 @@ def test_the_split_is_seeded_and_keeps_both_sides(tmp_path: Path) -> None:
 
 
 async def test_a_better_candidate_is_adopted_and_fleet_toml_selects_it(make, tmp_path: Path) -> None:
-    lm, runner = await make(f"{MARKER}: answer with the magic word.")
+    runner = await make(f"{MARKER}: answer with the magic word.")
     out = tmp_path / "instructions"
     outcome = await optimize(runner, _dataset(tmp_path), out=out, holdout=0.34, budget=12)
     assert (outcome.baseline, outcome.candidate, outcome.adopted) == (0.0, 1.0, True)
@@ -76,14 +76,14 @@ async def test_a_better_candidate_is_adopted_and_fleet_toml_selects_it(make, tmp
     assert len(record["heldout"]) == 1 and len(record["train"]) == 2
 
     # [lm] instructions selects the file: a plain turn now runs with those instructions
-    _, chosen = await make("unused", config=f'[lm]\ninstructions = "{outcome.instructions}"\n')
+    chosen = await make("unused", config=f'[lm]\ninstructions = "{outcome.instructions}"\n')
     session = await chosen.store.create_session("check")
     turn = await chosen.run(session.session_id, "Say the magic word")
     assert turn.answer == "xyzzy"
 
 
 async def test_a_candidate_that_is_no_better_on_held_out_tasks_is_not_adopted(make, tmp_path: Path) -> None:
-    lm, runner = await make("Think harder about the magic word.")  # no marker: the answers stay wrong
+    runner = await make("Think harder about the magic word.")  # no marker: the answers stay wrong
     out = tmp_path / "instructions"
     outcome = await optimize(runner, _dataset(tmp_path), out=out, holdout=0.34, budget=12)
     assert outcome.adopted is False and outcome.instructions is None
