@@ -230,3 +230,26 @@ async def test_a_recorded_real_model_is_measured_offline(tmp_path: Path) -> None
     assert all(r.iterations == 1 for r in results)
     (summary,) = outcome.report.summary()
     assert (summary.model, summary.passed, summary.runs) == (f"replay/{cassette}", 0, len(results))
+
+
+async def test_runs_beyond_the_sandbox_cap_wait_for_a_slot(
+    fleet_env: dict[str, str], store: Store, scripted_lm: ScriptedLM, tmp_path: Path
+) -> None:
+    from fleet_kernel.config import load_settings
+
+    config = tmp_path / "fleet.toml"
+    config.write_text("[sandbox]\nmax_sandboxes = 1\n")
+    settings = load_settings({**fleet_env, "FLEET_CONFIG": str(config)})
+    rows = [{"id": f"t{n}", "task": f"Say ok (cap {n})", "expected": "ok"} for n in range(3)]
+    for n in range(3):
+        scripted_lm.add(f"(cap {n})", [{"delay": 0.5, **step("Slowly.", "SUBMIT(answer='ok')")}])
+    runner = await TurnRunner(store, settings).open()
+    try:
+        outcome = await run_dataset(
+            runner, write_jsonl(tmp_path / "cap.jsonl", rows), concurrency=3, out=tmp_path / "o"
+        )
+    finally:
+        await runner.close()
+    assert [(r.status, r.score) for r in outcome.report.results] == [("completed", 1.0)] * 3, [
+        r.reason for r in outcome.report.results
+    ]

@@ -130,7 +130,7 @@ async def evaluate(
     """Run each task on each model ``repeat`` times, at most ``concurrency`` at once, in fresh sessions.
 
     ``None`` as a model is the configured one (``FLEET_LM_MODEL``). A run that fails scores 0; nothing
-    is lost when one does.
+    is lost when one does. ``concurrency`` is lowered to ``[sandbox] max_sandboxes`` when that is smaller.
 
     Raises:
         ValidationError: a repeat or concurrency out of range, or a model the operator does not allow
@@ -147,7 +147,8 @@ async def evaluate(
         raise ValidationError("a model is named twice: give each --model once")
     report = EvalReport(name, names, [t.task_id for t in tasks], repeat)
     sessions = Sessions(runner.store, runner.settings)
-    gate = asyncio.Semaphore(concurrency)
+    # no more runs at once than sandboxes may run ([sandbox] max_sandboxes): one more would fail, busy
+    gate = asyncio.Semaphore(min(concurrency, runner.settings.policy.sandbox.sandbox_cap))
     jobs = [
         (t, m, label, n) for n in range(1, repeat + 1) for t in tasks for m, label in zip(models, names, strict=True)
     ]
