@@ -15,6 +15,8 @@ from fleet_kernel.evals.dataset import task_of, unique_ids
 
 router = APIRouter(tags=["evals"])
 
+MAX_RUNS = 1000  # tasks x models x repeat of one request: a request may not start more turns than this
+
 
 @router.post("/evals", response_model=EvalResult, responses=errors())
 async def create_eval(body: EvalCreate, state: State) -> EvalResult:
@@ -23,6 +25,9 @@ async def create_eval(body: EvalCreate, state: State) -> EvalResult:
     The response comes when every run has ended; the runs' sessions stay in the store, and the results and
     report are also written under ``$FLEET_HOME/evals/``.
     """
+    runs = len(body.tasks) * max(1, len(body.models)) * body.repeat
+    if runs > MAX_RUNS:
+        raise ValidationError(f"this evaluation is {runs} runs; one request may start at most {MAX_RUNS}")
     tasks = []
     for n, row in enumerate(body.tasks, 1):
         if row.get("attachments"):

@@ -38,5 +38,7 @@ def test_a_bad_eval_is_refused_before_anything_runs(client: httpx.Client, script
     assert_error(client.post("/api/evals", json={"tasks": [row], "repeat": 0}), 422)
     assert_error(client.post("/api/evals", json={"tasks": [row], "models": ["anthropic/claude"]}), 422)
     assert_error(client.post("/api/evals", json={"tasks": [{**row, "id": "a"}, {**row, "id": "a"}]}), 422)
+    many = {"tasks": [{**row, "id": str(n)} for n in range(200)], "models": ["openai/a", "openai/b"], "repeat": 3}
+    assert "at most 1000" in assert_error(client.post("/api/evals", json=many), 422)["message"]
     assert client.get("/api/sessions").json()["sessions"] == []
     assert scripted_lm.requests == []
