@@ -290,3 +290,70 @@ class Health(BaseModel):
     version: str
     store: ComponentHealth
     sandbox: ComponentHealth
+
+
+class FeedbackCreate(_Request):
+    rating: Literal["good", "bad"] = Field(..., description="what the user thinks of the turn's answer")
+    note: str = Field("", max_length=4000, description="why, in the user's words")
+
+
+class Feedback(BaseModel):
+    turn_id: str
+    session_id: str
+    rating: Literal["good", "bad"]
+    note: str
+    created_at: str
+    updated_at: str = Field(..., description="when it was last marked (a new mark replaces the earlier one)")
+
+
+class EvalCreate(_Request):
+    tasks: list[dict[str, Any]] = Field(
+        ..., min_length=1, max_length=200, description="data set rows (docs/eval.md), without attachments"
+    )
+    models: list[str] = Field(
+        [], max_length=8, description="models to run every task on; none: the configured one (FLEET_LM_MODEL)"
+    )
+    repeat: int = Field(1, ge=1, le=100, description="runs of each task on each model")
+    concurrency: int = Field(1, ge=1, le=32, description="runs at once")
+    judge: str | None = Field(None, max_length=200, description="the model that grades rubric tasks")
+    name: str = Field(
+        "api", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="names the runs' sessions and the report"
+    )
+
+
+class EvalRun(BaseModel):
+    task_id: str
+    model: str
+    repeat: int
+    session_id: str = Field(..., description="the run's own session, open and exportable like any other")
+    turn_id: str
+    status: str
+    answer: str | None
+    score: float = Field(..., description="0 to 1; the run passes at 1")
+    reason: str
+    iterations: int
+    tokens: int
+    cost_usd: float
+    duration_s: float
+    error: dict[str, Any] | None
+
+
+class EvalSummary(BaseModel):
+    model: str
+    mean: float
+    spread: float = Field(..., description="standard deviation of the per-repeat mean scores")
+    passed: int
+    runs: int
+    iterations: float
+    tokens: int
+    cost_usd: float
+    duration_s: float
+
+
+class EvalResult(BaseModel):
+    name: str
+    models: list[str]
+    tasks: list[str]
+    repeat: int
+    summary: list[EvalSummary]
+    results: list[EvalRun]

@@ -10,6 +10,7 @@ import asyncio
 import sys
 from collections.abc import Callable
 from functools import wraps
+from pathlib import Path
 from typing import Any
 
 import click
@@ -88,6 +89,41 @@ def doctor(target: str) -> None:
 
     ok = asyncio.run(run_checks(target, echo=click.echo))
     sys.exit(0 if ok else 1)
+
+
+@main.command("eval")
+@click.argument("dataset", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--model", "models", multiple=True, help="A model to run every task on (repeat for more); default: FLEET_LM_MODEL."
+)
+@click.option("--repeat", default=1, show_default=True, type=int, help="Runs of each task on each model.")
+@click.option("--concurrency", default=1, show_default=True, type=int, help="Runs at once.")
+@click.option("--judge", "judge_model", help="The model that grades rubric tasks; default: FLEET_LM_MODEL.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Folder for the results and report.")
+@friendly
+def eval_command(
+    dataset: Path, models: tuple[str, ...], repeat: int, concurrency: int, judge_model: str | None, out: Path | None
+) -> None:
+    """Run every task of DATASET (.jsonl, .csv, .ipynb) on every model, each in a fresh session, and score it."""
+    from fleet_kernel.evals.cli import run_eval  # the engine and the store: only this command needs them
+
+    run_eval(dataset, list(models), repeat=repeat, concurrency=concurrency, judge_model=judge_model, out=out)
+
+
+@main.command("optimize")
+@click.argument("dataset", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--holdout", default=0.3, show_default=True, type=float, help="Fraction of tasks held out to decide.")
+@click.option("--budget", default=20, show_default=True, type=int, help="Task runs GEPA may spend on training.")
+@click.option("--reflection", "reflection_model", help="The model that proposes instructions; default: FLEET_LM_MODEL.")
+@click.option("--judge", "judge_model", help="The model that grades rubric tasks; default: FLEET_LM_MODEL.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the split and of GEPA.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Folder of the instruction versions.")
+@friendly
+def optimize_command(dataset: Path, **options: Any) -> None:
+    """Evolve the RLM's instructions with GEPA on DATASET; adopt them only if they score better on held-out tasks."""
+    from fleet_kernel.evals.cli import run_optimize  # the engine, dspy and gepa: only this command needs them
+
+    run_optimize(dataset, **options)
 
 
 main.add_command(trace)

@@ -52,7 +52,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("store", ("fleet_kernel.store",)),
     ("sandbox", ("fleet_kernel.sandbox",)),
     ("view", ("fleet_kernel.view", "fleet_kernel.render", "fleet_kernel.transcript")),
-    ("engine", ("fleet_kernel.engine",)),
+    ("engine", ("fleet_kernel.engine", "fleet_kernel.evals")),
     ("kernel", ("fleet_kernel.kernel",)),
     ("magic", ("fleet_kernel.magic",)),
     ("api", ("fleet_api",)),
@@ -66,6 +66,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "fleet_kernel.demo",
             "fleet_kernel.papermill",
             "fleet_kernel.cell_ids",
+            "fleet_kernel.evals.cli",  # ``fleet eval``, ``fleet optimize``
             "fleet_kernel.telemetry.export",  # ``fleet trace``
             "fleet_api.cli",
             "fleet_api.__main__",

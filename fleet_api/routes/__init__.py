@@ -3,6 +3,8 @@
 from fleet_api.routes import (
     artifacts,
     attachments,
+    evals,
+    feedback,
     health,
     memory,
     notebook,
@@ -26,4 +28,6 @@ ROUTERS = [
     skills.router,
     memory.router,
     workspace.router,
+    feedback.router,
+    evals.router,
 ]

@@ -26,7 +26,7 @@ from fleet_kernel.engine.lm import build_lms, explain_lm_error, scrub
 from fleet_kernel.engine.observe import TurnObserver, WatchedPredict
 from fleet_kernel.engine.outcome import Outcome, stopped
 from fleet_kernel.engine.sink import TurnEmitter
-from fleet_kernel.errors import FleetError, LMError, TurnCancelled
+from fleet_kernel.errors import ConfigError, FleetError, LMError, TurnCancelled
 from fleet_kernel.events import lm_not_sent
 from fleet_kernel.sandbox import base as sandbox_base
 from fleet_kernel.sandbox import open_sandbox
@@ -175,11 +175,29 @@ def as_tool(func: Callable[..., Any]) -> dspy.Tool:
     return spec.model_copy(update={"func": func})
 
 
+def base_instructions(settings: Settings) -> str:
+    """``[lm] instructions`` (a file, as ``fleet optimize`` writes it), else ``FleetTask``'s own.
+
+    Raises:
+        ConfigError: the file cannot be read or is empty.
+    """
+    path = settings.policy.lm.instructions
+    if path is None:
+        return str(FleetTask.instructions)
+    try:
+        text = path.expanduser().read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"[lm] instructions: cannot read {path}: {exc}") from exc
+    if not text:
+        raise ConfigError(f"[lm] instructions: {path} is empty; point it at a file of instructions, or remove it")
+    return text
+
+
 def turn_signature(job: TurnJob) -> type[dspy.Signature]:
     """``FleetTask`` with this turn's skills catalogue, preselected cards, files and output schema."""
     choices = job.choices
     parts = [
-        FleetTask.instructions,
+        base_instructions(job.settings),
         job.catalogue.prompt(choices.skills) if job.catalogue.skills else "",
         files_prompt(choices.files),
     ]

@@ -14,6 +14,8 @@
     %fleet skill [list | show N | use N... | clear]  list skill cards, read one, put up to 4 in the next turns' prompt
     %fleet skill trust [off]                         use (or stop using) the cards of ./.fleet/skills of this folder
     %fleet history [forget|restore <turn_id>]        what the next turn sees of earlier turns; take one out or back
+    %fleet eval DATA [--model M].. [--repeat N]      score a data set on models (--concurrency K --judge M --out D)
+    %fleet feedback [good|bad [note] | add F.jsonl]  show or mark the last turn's answer (--turn ID); add to a data set
 
 A command raises ``FleetError`` with advice when it cannot do what was asked; the kernel renders it once.
 """
@@ -374,6 +376,86 @@ async def cmd_history(ctx: KernelContext, args: list[str]) -> Reply:
     return Reply("\n".join(lines), markdown)
 
 
+EVAL_OPTIONS = {"--model": "models", "--repeat": "repeat", "--concurrency": "concurrency", "--judge": "judge_model"}
+EVAL_USAGE = (
+    "usage: %fleet eval DATA.jsonl|.csv|.ipynb [--model M].. [--repeat N] [--concurrency K] [--judge M] [--out DIR]"
+)
+
+
+def _eval_options(args: list[str]) -> dict[str, Any]:
+    """``%fleet eval``'s words as ``evals.run_dataset`` arguments. Raises a usage error."""
+    options: dict[str, Any] = {"models": []}
+    words = iter(args)
+    for word in words:
+        value = next(words, None)
+        if word not in (*EVAL_OPTIONS, "--out") or value is None:
+            raise _usage_error(EVAL_USAGE)
+        if word == "--model":
+            options["models"].append(value)
+        elif word == "--out":
+            options["out"] = Path(value).expanduser()
+        elif word in ("--repeat", "--concurrency"):
+            if not value.isdigit():
+                raise _usage_error(f"{word} takes a whole number; {EVAL_USAGE}")
+            options[EVAL_OPTIONS[word]] = int(value)
+        else:
+            options[EVAL_OPTIONS[word]] = value
+    options["models"] = options["models"] or [None]
+    return options
+
+
+async def cmd_eval(ctx: KernelContext, args: list[str]) -> Reply:
+    """Run a data set on each model, each run in a fresh session of this store (the kernel's session is kept)."""
+    if not args or args[0].startswith("--"):
+        raise _usage_error(EVAL_USAGE)
+    options = _eval_options(args[1:])
+    # the evaluation and its report (dspy, nbconvert) load only for this command
+    from fleet_kernel.evals import run_dataset
+    from fleet_kernel.evals.report import markdown_table, render_table
+
+    runner = await ctx.open()
+    outcome = await run_dataset(runner, Path(args[0]).expanduser(), **options)
+    files = [str(p.resolve()) for p in outcome.files]
+    text = render_table(outcome.report, width=100) + "\n" + "\n".join(f"wrote {f}" for f in files)
+    markdown = markdown_table(outcome.report) + "\n\n" + "\n".join(f"- wrote {md_code(f)}" for f in files)
+    return Reply(text, markdown)
+
+
+async def cmd_feedback(ctx: KernelContext, args: list[str]) -> Reply:
+    """Mark a turn's answer (the session's last turn unless ``--turn``), show its mark, or add it to a data set."""
+    from fleet_kernel.evals import feedback  # the store and the data sets load after the kernel starts
+
+    turn_id = None
+    if "--turn" in args:
+        at = args.index("--turn")
+        if at + 1 >= len(args):
+            raise _usage_error("usage: --turn <turn_id> (turn ids are listed by %fleet history)")
+        turn_id, args = args[at + 1], args[:at] + args[at + 2 :]
+    if args and (args[0] not in FEEDBACK_ACTIONS or (args[0] == "add" and len(args) != 2)):
+        raise _usage_error("usage: %fleet feedback [good|bad [note] | add DATA.jsonl] [--turn ID]")
+    if ctx.session_id is None:
+        raise _usage_error("no turn to mark yet: run a turn first, or %fleet session use <id>")
+    await ctx.open()
+    assert ctx.store is not None
+    if turn_id is None:
+        turns = await ctx.store.list_turns(ctx.session_id)
+        if not turns:
+            raise _usage_error("no turn to mark yet: run a turn first")
+        turn_id = turns[-1].turn_id
+    if not args:
+        row = await ctx.store.get_feedback(ctx.session_id, turn_id)
+        return Reply(f"Turn {turn_id} is marked {row.rating}" + (f": {row.note}" if row.note else "."))
+    if args[0] == "add":
+        target = Path(args[1]).expanduser()
+        await feedback.add_to_dataset(ctx.store, ctx.session_id, turn_id, target)
+        return Reply(f"Added turn {turn_id} to {target.resolve()}, its answer as the expected one.")
+    row = await feedback.mark(ctx.store, ctx.session_id, turn_id, args[0], " ".join(args[1:]))
+    return Reply(f"Marked turn {turn_id} {row.rating}" + (f": {row.note}" if row.note else "."))
+
+
+FEEDBACK_ACTIONS = ("good", "bad", "add")
+
+
 def _line(text: str, width: int = 60) -> str:
     """The first line of ``text``, cut to ``width`` characters."""
     line = " ".join(text.strip().split("\n", 1)[0].split())
@@ -467,6 +549,8 @@ COMMANDS: dict[str, Handler] = {
     "set": cmd_set,
     "skill": cmd_skill,
     "history": cmd_history,
+    "eval": cmd_eval,
+    "feedback": cmd_feedback,
 }
 HISTORY_ACTIONS = ("forget", "restore")
 SUBCOMMANDS = {
@@ -477,6 +561,7 @@ SUBCOMMANDS = {
     "history": HISTORY_ACTIONS,
     "skill": ("list", "show", "use", "clear", "trust"),
     "memory": ("search", "forget"),
+    "feedback": FEEDBACK_ACTIONS,
 }
 
 

@@ -2,7 +2,8 @@
 
 Split by concern: ``connection`` (engines, SQLite tuning, health), ``sessions``, ``turns`` (claims,
 leases, cancellation, ending abandoned turns), ``events`` (the log) and ``files`` (attachments,
-artifacts, blobs) and ``memories``. Every process that runs or watches turns opens its own ``Store`` on the same URL.
+artifacts, blobs), ``memories`` and ``feedback``. Every process that runs or watches turns opens its own
+``Store`` on the same URL.
 The store writes no event itself: the engine's one writer does (see ``turns``).
 """
 
@@ -12,9 +13,19 @@ import inspect
 
 from fleet_kernel.store.connection import describe_write_error, is_disk_full, uninterrupted
 from fleet_kernel.store.events import EVENTS_CHANNEL, EventStore, TurnEnding
+from fleet_kernel.store.feedback import FeedbackStore
 from fleet_kernel.store.files import FileStore
 from fleet_kernel.store.memories import MemoryStore
-from fleet_kernel.store.models import ArtifactRow, AttachmentRow, MemoryRow, SessionRow, TurnRow, new_id, utcnow
+from fleet_kernel.store.models import (
+    ArtifactRow,
+    AttachmentRow,
+    FeedbackRow,
+    MemoryRow,
+    SessionRow,
+    TurnRow,
+    new_id,
+    utcnow,
+)
 from fleet_kernel.store.turns import HUNG_AFTER, LEASE, PROCESS_OWNER, Claim, EndedTurn, TurnStore
 
 __all__ = [
@@ -26,6 +37,7 @@ __all__ = [
     "AttachmentRow",
     "Claim",
     "EndedTurn",
+    "FeedbackRow",
     "MemoryRow",
     "SessionRow",
     "Store",
@@ -38,8 +50,8 @@ __all__ = [
 ]  # fmt: skip
 
 
-class Store(TurnStore, EventStore, FileStore, MemoryStore):
-    """Sessions, turns, events, attachments, artifacts, blobs and memories over one async engine."""
+class Store(TurnStore, EventStore, FileStore, MemoryStore, FeedbackStore):
+    """Sessions, turns, events, attachments, artifacts, blobs, memories and feedback over one async engine."""
 
 
 # Every public coroutine method of the store runs to completion once started (see ``uninterrupted``).

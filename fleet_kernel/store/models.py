@@ -206,3 +206,26 @@ class MemoryRow(Base):
             "created_at": iso(self.created_at),
             "updated_at": iso(self.updated_at),
         }
+
+
+class FeedbackRow(Base):
+    """A user's mark on a turn's answer: ``good`` or ``bad``, with a note; one per turn, the latest kept."""
+
+    __tablename__ = "feedback"
+
+    turn_id: Mapped[str] = mapped_column(ForeignKey("turns.turn_id", ondelete="CASCADE"), primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.session_id", ondelete="CASCADE"), index=True)
+    rating: Mapped[str] = mapped_column(String(8))
+    note: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "turn_id": self.turn_id,
+            "session_id": self.session_id,
+            "rating": self.rating,
+            "note": self.note,
+            "created_at": iso(self.created_at),
+            "updated_at": iso(self.updated_at),
+        }
