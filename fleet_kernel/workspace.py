@@ -18,10 +18,13 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fleet_kernel import safe_files
-from fleet_kernel.config import SandboxLimits
 from fleet_kernel.errors import InsufficientStorageError
+
+if TYPE_CHECKING:
+    from fleet_kernel.config import SandboxLimits  # config loads pydantic: not in the kernel's cold start
 
 logger = logging.getLogger(__name__)
 
