@@ -143,7 +143,7 @@ def _file_mode(st: os.stat_result) -> int:
 def copy_in(host: str, stage: str, owner: int | None) -> Snapshot:
     """The host workspace into the tmpfs (regular files and folders; links are left out); what fits is listed."""
     snapshot: Snapshot = {}
-    for dirpath, dirnames, filenames in os.walk(host):  # never follows links
+    for dirpath, dirnames, filenames, folder in os.fwalk(host):  # never follows links; files opened at ``folder``
         rel = os.path.relpath(dirpath, host)
         _prune(rel, dirnames)
         for name in sorted(dirnames):
@@ -166,17 +166,47 @@ def copy_in(host: str, stage: str, owner: int | None) -> Snapshot:
                 _remove(os.path.join(dirpath, name))
                 continue
             try:
-                st = os.lstat(os.path.join(dirpath, name))
-                if not stat.S_ISREG(st.st_mode):
-                    continue
-                _copy_file(os.path.join(dirpath, name), target, _file_mode(st), owner)
-                copied = os.lstat(target)
-                snapshot[relative] = (copied.st_ino, copied.st_size, copied.st_mtime_ns)
+                copied = _copy_in_file(folder, name, target, owner)
+                if copied is not None:
+                    snapshot[relative] = (copied.st_ino, copied.st_size, copied.st_mtime_ns)
             except OSError as exc:  # over the quota: the rest stays on the host, untouched
                 print(f"fleet: {relative} not copied into the sandbox: {exc.strerror}", file=sys.stderr)
-                if os.path.lexists(target) and relative not in snapshot:
-                    os.unlink(target)
     return snapshot
+
+
+def _copy_in_file(folder: int, name: str, target: str, owner: int | None) -> os.stat_result | None:
+    """The host file ``name`` in ``folder`` into the fresh tmpfs: its stat there, or None for what is not a
+    regular file (a link is never followed, a FIFO never blocks the open). Nothing is at ``target`` yet, so no
+    temporary name is needed; a copy that fails (the quota) removes what it wrote. A few system calls a file,
+    since a workspace may hold up to ``[sandbox] workspace_files`` of them and every turn copies them in."""
+    try:
+        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a link: left out, as the walk leaves out linked folders
+            return None
+        raise
+    try:
+        st = os.fstat(src)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, _file_mode(st))
+        try:
+            if st.st_size <= _CHUNK and st.st_blocks * 512 >= st.st_size:  # small and not sparse: one read
+                data = memoryview(os.read(src, _CHUNK))
+                while data:
+                    data = data[os.write(dst, data) :]
+            else:
+                _copy_data(src, dst)
+            if owner is not None:
+                os.fchown(dst, owner, owner)
+            return os.fstat(dst)
+        except BaseException:
+            os.unlink(target)
+            raise
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
 
 
 def _prune(rel: str, dirnames: list[str]) -> None:
