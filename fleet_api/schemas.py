@@ -32,6 +32,16 @@ SESSION_UPDATE_EXAMPLES = {
     "rename": _example("Rename the session", {"title": "Sales by region, 2026"}),
     "archive": _example("Archive it", {"archived": True}),
 }
+FEEDBACK_EXAMPLES = {
+    "good": _example("Mark the answer good", {"rating": "good", "note": "right, and it showed its working"}),
+    "bad": _example("Mark the answer bad", {"rating": "bad", "note": "it summed the wrong column"}),
+}
+EVAL_EXAMPLES = {
+    "one": _example(
+        "One task on the configured model",
+        {"tasks": [{"id": "product", "task": "What is 6 times 7?", "expected": 42, "scorer": "numeric"}]},
+    ),
+}
 TURN_CREATE_EXAMPLES = {
     "task": _example("A task", {"task": "What is 6 times 7? Compute it in Python."}),
     "limits": _example(

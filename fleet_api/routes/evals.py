@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Body
 
 from fleet_api.deps import State
 from fleet_api.routes._docs import errors
-from fleet_api.schemas import EvalCreate, EvalResult
+from fleet_api.schemas import EVAL_EXAMPLES, EvalCreate, EvalResult
 from fleet_kernel.errors import ValidationError
 from fleet_kernel.evals import run_tasks
 from fleet_kernel.evals.dataset import task_of, unique_ids
@@ -19,7 +20,7 @@ MAX_RUNS = 1000  # tasks x models x repeat of one request: a request may not sta
 
 
 @router.post("/evals", response_model=EvalResult, responses=errors())
-async def create_eval(body: EvalCreate, state: State) -> EvalResult:
+async def create_eval(body: Annotated[EvalCreate, Body(openapi_examples=EVAL_EXAMPLES)], state: State) -> EvalResult:
     """Run every task on every model ``repeat`` times, each run in a fresh session, and score the answers.
 
     The response comes when every run has ended; the runs' sessions stay in the store, and the results and
