@@ -30,10 +30,13 @@ CLIENT_DIR = Path(os.environ.get("FLEET_RLM_CLIENT_DIR", ROOT / ".cache" / "flee
 PREFIX = "/compat/fleet-rlm"
 WAIT_S = 90.0  # liveness only
 
-pytestmark = pytest.mark.skipif(
-    not (CLIENT_DIR / "fleet_rlm" / "tui" / "app.py").is_file(),
-    reason=f"fleet-rlm 0.8.1's client is not installed in {CLIENT_DIR}: run FLEET_SETUP_TEST=1 scripts/setup.sh",
-)
+pytestmark = [
+    pytest.mark.slow,  # a whole conversation through the reference's client processes
+    pytest.mark.skipif(
+        not (CLIENT_DIR / "fleet_rlm" / "tui" / "app.py").is_file(),
+        reason=f"fleet-rlm 0.8.1's client is not installed in {CLIENT_DIR}: run FLEET_SETUP_TEST=1 scripts/setup.sh",
+    ),
+]
 
 
 class Client:

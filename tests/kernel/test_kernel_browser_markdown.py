@@ -18,7 +18,7 @@ from kernel_harness import KERNEL
 from scripted_lm import step
 from test_kernel_browser import CHROMIUM, FLAGS, lab  # noqa: F401 (lab: the JupyterLab fixture)
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 PRICES = "the basic plan costs $5 and the pro plan costs $10"
 HELP_ROWS = (
     "%fleet export",
