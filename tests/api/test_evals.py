@@ -31,6 +31,7 @@ def test_an_eval_over_http_scores_each_run_and_keeps_its_session(client: httpx.C
 
 def test_a_bad_eval_is_refused_before_anything_runs(client: httpx.Client, scripted_lm: ScriptedLM) -> None:
     row = {"task": "t", "expected": "x"}
+    before = client.get("/api/sessions").json()["sessions"]  # the newest first: a new one would lead
     assert_error(client.post("/api/evals", json={"tasks": []}), 422)
     assert_error(client.post("/api/evals", json={"tasks": [{"task": "t"}]}), 422)  # no expected answer
     assert_error(client.post("/api/evals", json={"tasks": [{**row, "attachments": ["/etc/passwd"]}]}), 422)
@@ -40,5 +41,5 @@ def test_a_bad_eval_is_refused_before_anything_runs(client: httpx.Client, script
     assert_error(client.post("/api/evals", json={"tasks": [{**row, "id": "a"}, {**row, "id": "a"}]}), 422)
     many = {"tasks": [{**row, "id": str(n)} for n in range(200)], "models": ["openai/a", "openai/b"], "repeat": 3}
     assert "at most 1000" in assert_error(client.post("/api/evals", json=many), 422)["message"]
-    assert client.get("/api/sessions").json()["sessions"] == []
+    assert client.get("/api/sessions").json()["sessions"] == before
     assert scripted_lm.requests == []

@@ -68,7 +68,9 @@ def test_a_turn_streams_in_the_reference_envelopes(client: httpx.Client, scripte
     assert history["session_id"] == "my-session-1"
     assert [(t["task"], t["answer"], t["turn_id"]) for t in history["turns"]] == [("say hello", "done", turn_id)]
     listed = client.get(f"{P}/sessions").json()["sessions"]
-    assert [(s["session_id"], s["turn_count"]) for s in listed] == [("my-session-1", 1)]
+    assert [(s["session_id"], s["turn_count"]) for s in listed if s["session_id"] == "my-session-1"] == [
+        ("my-session-1", 1)
+    ]  # the store may hold other tests' sessions (the PostgreSQL pass shares one database)
     # the same session in Fleet's own API, in Fleet's vocabulary: one store, two profiles
     native = client.get(f"/api/sessions/my-session-1/turns/{turn_id}").json()
     assert native["answer"] == "done" and native["task"] == "say hello"
@@ -305,5 +307,6 @@ def test_concurrent_first_calls_create_the_session_once(client: httpx.Client, li
     for t in threads:
         t.join(60)
     assert results == [200] * 6
-    assert [s["session_id"] for s in client.get(f"{P}/sessions").json()["sessions"]] == ["s-race"]
+    listed = [s["session_id"] for s in client.get(f"{P}/sessions").json()["sessions"]]
+    assert listed.count("s-race") == 1  # the store may hold other tests' sessions (PostgreSQL's pass)
     assert client.get("/api/sessions/s-race").status_code == 200  # a session of Fleet's own API too
