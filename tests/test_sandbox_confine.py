@@ -281,3 +281,14 @@ def test_sparse_files_cost_the_host_no_more_than_they_cost_the_sandbox(home: Pat
             assert handle.read(4) == b"head"
             handle.seek(190 << 20)
             assert handle.read() == b"tail"
+
+
+def test_sandbox_code_runs_under_the_configured_rlimits(home: Path) -> None:
+    """The stage sets the rlimits on itself (not in a preexec_fn), and the code it starts inherits them."""
+    settings = make_settings(home, memory_mb=300, cpu_seconds=77, max_file_mb=3)
+    code = (
+        "import resource as r\n"
+        "print(*(r.getrlimit(getattr(r, n)) for n in ('RLIMIT_AS', 'RLIMIT_CPU', 'RLIMIT_FSIZE', 'RLIMIT_CORE')))"
+    )
+    mib = 1024 * 1024
+    assert run_turn(settings, code) == f"({812 * mib}, {812 * mib}) (77, 82) ({3 * mib}, {3 * mib}) (0, 0)"

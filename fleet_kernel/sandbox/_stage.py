@@ -21,6 +21,7 @@ import errno
 import json
 import os
 import re
+import resource
 import signal
 import stat
 import subprocess
@@ -325,8 +326,14 @@ def main(argv: list[str]) -> int:
         type=int,
         help="a pipe: write 'saved' to it once the workspace is copied back (never passed to bubblewrap)",
     )
+    parser.add_argument(
+        "--rlimit", action="append", default=[], help="WHICH:SOFT:HARD, set on this process first (see sandbox_argv)"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER)
     opts = parser.parse_args(argv)
+    for spec in opts.rlimit:  # before anything else: what the stage and everything it starts run under
+        which, soft, hard = (int(part) for part in spec.split(":"))
+        resource.setrlimit(which, (soft, hard))
     command = opts.command[1:] if opts.command[:1] == ["--"] else opts.command
     child: list[subprocess.Popen[bytes]] = []
     stopping: list[bool] = []

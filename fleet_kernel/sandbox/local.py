@@ -40,7 +40,7 @@ from fleet_kernel.sandbox._protocol import PipeSession, SessionClosed
 from fleet_kernel.workspace import Unsaved, note_unsaved
 
 if TYPE_CHECKING:
-    pass
+    from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
@@ -296,10 +296,14 @@ def sandbox_argv(
     join_fds: list[int],
     adopt_fd: int | None = None,
     saved_fd: int | None = None,
+    rlimits: list[tuple[int, tuple[int, int]]] | None = None,
 ) -> list[str]:
     """``_stage.py`` (quota'd workspace copy, neutral mounts, own uid as root) around bubblewrap around ``command``.
 
     Without ``workspace``, ``adopt_fd`` is the stage's end of a socket that names the workspace later (pool.py).
+    The stage sets ``rlimits`` on itself first thing: set in a ``preexec_fn`` instead, they would make
+    ``Popen`` take the import lock and logging's lock around the fork (``PyOS_BeforeFork``), which deadlocks
+    a pool thread against another thread that imports while a handler is collected.
     """
     support = _support_dir()
     farm = _pyfarm.python_farm(_python_paths())
@@ -328,6 +332,8 @@ def sandbox_argv(
         argv += ["--keep-fd", str(seccomp_fd)]
     if saved_fd is not None:
         argv += ["--saved-fd", str(saved_fd)]
+    for which, (soft, hard) in rlimits or []:
+        argv += ["--rlimit", f"{which}:{soft}:{hard}"]
     return [*argv, "--", *bwrap_argv(limits, command, seccomp_fd=seccomp_fd, farm=farm)]
 
 
@@ -545,7 +551,7 @@ class ProcessSession(PipeSession):
         join_fds = self._cgroup.join_fds() if self._cgroup else []
         seccomp = _confine.seccomp_fd() if self._isolated else None
         rlimits = _confine.rlimits(limits.memory_mb, limits.cpu_seconds, limits.max_file_mb)
-        preexec = _confine.preexec(join_fds, rlimits)
+        preexec: Callable[[], None] | None = _confine.preexec(join_fds, rlimits)
         if self._isolated:
             options += ["--reap", "1"]
             if _kernel_counts_nproc_per_userns():
@@ -564,9 +570,10 @@ class ProcessSession(PipeSession):
                 join_fds=join_fds[:-1] if stage_end is not None else join_fds,
                 adopt_fd=join_fds[-1] if stage_end is not None else None,
                 saved_fd=saved_end,
+                rlimits=rlimits,
             )
             join_fds.append(saved_end)  # passed on and closed here like the cgroup fds
-            env, cwd, preexec = {}, None, _confine.preexec([], rlimits)  # _stage.py joins after its copy
+            env, cwd, preexec = {}, None, None  # _stage.py sets the rlimits, and joins the cgroup after its copy
         else:
             argv = [sys.executable, "-I", "-B", str(_support_dir() / "runtime.pyc"), *options]
             env = {
