@@ -8,7 +8,6 @@ no event after an uncommitted one is ever shown, and /api/health says the store 
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import socket
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from disk_fill import fill_disk
 from live_api import Frame, LiveServer, events_of, frames_until
 from scripted_lm import ScriptedLM, step
 
@@ -170,17 +170,6 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def fill(path: Path) -> None:
-    """Write ``path`` until the disk holding it has no byte left."""
-    with open(path, "wb", buffering=0) as f:
-        for chunk in (1 << 20, 1 << 12, 1):
-            try:
-                while True:
-                    f.write(b"\0" * chunk)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
-
-
 @pytest.mark.slow
 def test_a_full_disk_fails_the_turn_without_a_gap_and_health_says_so(
     small_disk: Path, fleet_env: dict[str, str], scripted_lm: ScriptedLM
@@ -199,7 +188,7 @@ def test_a_full_disk_fails_the_turn_without_a_gap_and_health_says_so(
         watcher.start()
         with client.stream("GET", url) as r:
             frames_until(r, "output")  # the turn is under way
-        fill(small_disk / "filler")
+        fill_disk(small_disk / "filler")
         try:
             watcher.join(60)
             assert not watcher.is_alive(), "the watcher never got a terminal event while the disk was full"
