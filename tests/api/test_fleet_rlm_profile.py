@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -37,6 +38,21 @@ def turn(client: httpx.Client, session_id: str, task: str, **extra: Any) -> list
         assert r.status_code == 200, r.read()
         assert r.headers["content-type"].startswith("text/event-stream")
         return envelopes(r)
+
+
+def wait_for_code(lines: Iterator[str]) -> str:
+    """Read a turn's stream until its code is shown (the code then runs for 20 s); its turn_id.
+
+    The caller keeps ``lines`` (``response.iter_lines()``) alive: a line iterator left for the garbage
+    collector closes the response, the server then sees a dropped stream and cancels the turn."""
+    seen = []
+    for line in lines:
+        if line.startswith("data:"):
+            event = json.loads(line[5:])
+            seen.append(event)
+            if event["event"] == "repl_code":
+                return str(event["turn_id"])
+    raise AssertionError(f"the stream ended before any code ran: {seen}")
 
 
 def check_stream(events: list[dict[str, Any]], session_id: str) -> None:
@@ -117,14 +133,11 @@ def test_a_dropped_stream_cancels_the_turn(client: httpx.Client, scripted_lm: Sc
 
 def test_a_busy_session_is_409_before_the_stream(client: httpx.Client, scripted_lm: ScriptedLM) -> None:
     scripted_lm.add("slow work", SLOW)
-    opened = threading.Event()
     with client.stream("POST", f"{P}/sessions/s-busy/turn", json={"task": "slow work"}) as r:
-        for line in r.iter_lines():
-            if '"repl_code"' in line:
-                opened.set()
-                break
+        lines = r.iter_lines()
+        wait_for_code(lines)
         second = client.post(f"{P}/sessions/s-busy/turn", json={"task": "more"})
-        assert second.status_code == 409
+        assert second.status_code == 409, second.text
         assert second.json() == {"detail": "A Turn is running on this Session; retry when it completes"}
 
 
@@ -198,16 +211,6 @@ def test_fleet_api_is_unchanged_and_the_profile_stays_out_of_its_schema(client: 
     assert "/openapi.json" not in own["paths"]
 
 
-def wait_for_code(response: httpx.Response) -> str:
-    """Read a turn's stream until its code is shown (the turn is running); its turn_id."""
-    for line in response.iter_lines():
-        if line.startswith("data:"):
-            event = json.loads(line[5:])
-            if event["event"] == "repl_code":
-                return str(event["turn_id"])
-    raise AssertionError("the stream ended before any code ran")
-
-
 @pytest.mark.parametrize(
     ("method", "path", "body"),
     [
@@ -223,7 +226,8 @@ def test_session_routes_return_409_instead_of_waiting_on_a_running_turn(
 ) -> None:
     scripted_lm.add("slow work", SLOW)
     with client.stream("POST", f"{P}/sessions/s-locked/turn", json={"task": "slow work"}) as r:
-        wait_for_code(r)
+        lines = r.iter_lines()
+        wait_for_code(lines)
         response = client.request(method.upper(), f"{P}/sessions/s-locked{path}", json=body)
         assert response.status_code == 409, response.text
         assert "Turn" in response.json()["detail"]
@@ -233,7 +237,7 @@ def test_a_disconnect_releases_the_session_for_the_next_turn(client: httpx.Clien
     scripted_lm.add("slow work", SLOW)
     scripted_lm.add("next one", DONE)
     with client.stream("POST", f"{P}/sessions/s-release/turn", json={"task": "slow work"}) as r:
-        wait_for_code(r)
+        wait_for_code(r.iter_lines())  # the stream drops here
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         response = client.post(f"{P}/sessions/s-release/turn", json={"task": "next one"})
