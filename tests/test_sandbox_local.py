@@ -287,6 +287,19 @@ def test_unsafe_local_runs_without_bwrap(tmp_path: Path) -> None:
         factory.close()
 
 
+def test_unsafe_local_code_runs_under_the_rlimits_and_the_sandbox_user_limits(tmp_path: Path) -> None:
+    """The limits are set by exec (prlimit) in the child, not by a preexec_fn that can deadlock the fork."""
+    factory = open_sandbox(make_settings(tmp_path, backend="unsafe-local", cpu_seconds=17), tmp_path / "ws")
+    try:
+        interp = factory()
+        limits = interp.execute(
+            "import resource\nresource.getrlimit(resource.RLIMIT_CPU), resource.getrlimit(resource.RLIMIT_CORE)"
+        )
+        assert limits == "((17, 22), (0, 0))"
+    finally:
+        factory.close()
+
+
 def test_local_without_bwrap_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fleet_kernel.sandbox import local
 

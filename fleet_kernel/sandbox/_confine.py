@@ -16,6 +16,7 @@ import functools
 import logging
 import os
 import resource
+import shutil
 import signal
 import socket
 import tempfile
@@ -240,6 +241,41 @@ def _sweep(*parents: Path) -> None:
                 pid = child.name.split("-")[1]
                 if pid.isdigit() and not Path("/proc", pid).exists():
                     Cgroup([child], child).remove()
+
+
+_PRLIMIT_OPTIONS = {
+    resource.RLIMIT_AS: "--as",
+    resource.RLIMIT_CPU: "--cpu",
+    resource.RLIMIT_FSIZE: "--fsize",
+    resource.RLIMIT_CORE: "--core",
+    resource.RLIMIT_NPROC: "--nproc",
+    resource.RLIMIT_NOFILE: "--nofile",
+}
+# Arguments: the cgroup fds to write "0" to (joining it), "--", then the command to exec. bash, not sh:
+# dash redirects only to single-digit fds.
+_JOIN_THEN_EXEC = 'while [ "$1" != -- ]; do printf 0 >&"$1"; shift; done; shift; exec "$@"'
+
+
+def launcher(join_fds: list[int], limits: list[tuple[int, tuple[int, int]]]) -> list[str] | None:
+    """An argv prefix that joins the cgroup (writing to ``join_fds``) and sets ``limits`` in the child by exec
+    (``bash``, then util-linux's ``prlimit``), instead of a ``preexec_fn``: with one, ``Popen`` holds the import
+    lock and logging's locks around the fork, which deadlocks against a thread that imports while a handler
+    is collected. None without them (then ``preexec`` is the way)."""
+    prlimit, bash = shutil.which("prlimit"), shutil.which("bash")
+    if prlimit is None or bash is None or any(which not in _PRLIMIT_OPTIONS for which, _ in limits):
+        return None
+    with_limits = [prlimit, *(f"{_PRLIMIT_OPTIONS[which]}={soft}:{hard}" for which, (soft, hard) in limits), "--"]
+    if not join_fds:
+        return with_limits
+    return [bash, "-c", _JOIN_THEN_EXEC, "bash", *(str(fd) for fd in join_fds), "--", *with_limits]
+
+
+def child_start(
+    join_fds: list[int], limits: list[tuple[int, tuple[int, int]]]
+) -> tuple[list[str], Callable[[], None] | None]:
+    """What goes before the command (``launcher``), or else the ``preexec_fn`` that does the same."""
+    prefix = launcher(join_fds, limits)
+    return (prefix, None) if prefix is not None else ([], preexec(join_fds, limits))
 
 
 def preexec(join_fds: list[int], limits: list[tuple[int, tuple[int, int]]]) -> Callable[[], None]:

@@ -32,15 +32,12 @@ import tempfile
 import threading
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from fleet_kernel.config import SandboxLimits
 from fleet_kernel.sandbox import _confine, _pyfarm, _slots
 from fleet_kernel.sandbox._protocol import PipeSession, SessionClosed
 from fleet_kernel.workspace import Unsaved, note_unsaved
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
@@ -551,7 +548,6 @@ class ProcessSession(PipeSession):
         join_fds = self._cgroup.join_fds() if self._cgroup else []
         seccomp = _confine.seccomp_fd() if self._isolated else None
         rlimits = _confine.rlimits(limits.memory_mb, limits.cpu_seconds, limits.max_file_mb)
-        preexec: Callable[[], None] | None = _confine.preexec(join_fds, rlimits)
         if self._isolated:
             options += ["--reap", "1"]
             if _kernel_counts_nproc_per_userns():
@@ -575,7 +571,8 @@ class ProcessSession(PipeSession):
             join_fds.append(saved_end)  # passed on and closed here like the cgroup fds
             env, cwd, preexec = {}, None, None  # _stage.py sets the rlimits, and joins the cgroup after its copy
         else:
-            argv = [sys.executable, "-I", "-B", str(_support_dir() / "runtime.pyc"), *options]
+            prefix, preexec = _confine.child_start(join_fds, rlimits)
+            argv = [*prefix, sys.executable, "-I", "-B", str(_support_dir() / "runtime.pyc"), *options]
             env = {
                 "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                 "HOME": str(self._workspace),
@@ -583,7 +580,7 @@ class ProcessSession(PipeSession):
                 **_tuning_env(),
             }
             cwd = str(self._workspace)
-        passed = [*([] if seccomp is None else [seccomp]), *(join_fds if self._isolated else [])]
+        passed = [*([] if seccomp is None else [seccomp]), *(join_fds if preexec is None else [])]
         try:
             process = subprocess.Popen(
                 argv,

@@ -227,17 +227,18 @@ class PyodideSession(PipeSession):
         ]
 
     def start(self) -> None:
-        join_fds, preexec = self._confinement()
+        join_fds, prefix, preexec = self._confinement()
         try:
             process = subprocess.Popen(
-                self.argv(),
+                [*prefix, *self.argv()],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=_deno_env(self._deno_dir),
                 cwd=self._workspace.root,
+                pass_fds=join_fds,
                 start_new_session=True,
-                preexec_fn=preexec,
+                preexec_fn=preexec,  # only without prlimit (see _confine.launcher)
             )  # noqa: PLW1509 - only writes to fds and sets rlimits, no locks
         except OSError as exc:
             self.kill()
@@ -247,10 +248,10 @@ class PyodideSession(PipeSession):
                 os.close(fd)
         self._attach(process)
 
-    def _confinement(self) -> tuple[list[int], Any]:
+    def _confinement(self) -> tuple[list[int], list[str], Any]:
         """On Linux: a cgroup for memory (when writable) and CPU/file-size rlimits; never RLIMIT_AS (V8 needs it)."""
         if not sys.platform.startswith("linux"):
-            return [], None
+            return [], [], None
         # Linux only (setrlimit, seccomp): elsewhere Deno runs with its own permissions alone
         import resource
 
@@ -264,7 +265,7 @@ class PyodideSession(PipeSession):
             if which != resource.RLIMIT_AS
         ]
         join_fds = self._cgroup.join_fds() if self._cgroup else []
-        return join_fds, _confine.preexec(join_fds, rlimits)
+        return join_fds, *_confine.child_start(join_fds, rlimits)
 
     def receive(self, timeout: float) -> dict[str, Any] | None:
         """The next protocol message; workspace write-backs are applied here, before the ``done`` they precede."""
