@@ -111,3 +111,25 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def private_slots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A temp dir of this test's own, so the machine-wide sandbox slots (``_slots``) are this test's alone.
+
+    The process's pool is closed first: its thread finds the slot folder anew at each start, so a pool left
+    running by an earlier test would take a slot in this test's folder. A fresh pool serves this test, and
+    another fresh one the tests after it.
+    """
+    import tempfile
+
+    from fleet_kernel.sandbox import pool
+
+    path = tmp_path / "tmp"
+    path.mkdir()
+    pool.POOL.close()
+    pool.POOL = pool.Pool()
+    monkeypatch.setattr(tempfile, "tempdir", str(path))
+    yield path
+    pool.POOL.close()
+    pool.POOL = pool.Pool()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -133,8 +132,7 @@ async def test_cancel_while_the_sandbox_starts(
     await the_session_runs_again(runner, scripted_lm, session.session_id)
 
 
-def test_cancel_while_the_sandbox_waits_for_a_slot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+def test_cancel_while_the_sandbox_waits_for_a_slot(tmp_path: Path, private_slots: Path) -> None:
     holder = _slots.acquire(1)  # the machine's one slot is taken
     assert holder is not None
     from fleet_kernel.sandbox.interpreter import SandboxInterpreter

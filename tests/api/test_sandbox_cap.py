@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from live_api import LiveServer, assert_error, events_of, frames_until
 from scripted_lm import ScriptedLM, step
 
 from fleet_kernel.config import Settings, load_settings
-from fleet_kernel.sandbox import _slots, pool, probe_bwrap
+from fleet_kernel.sandbox import _slots, probe_bwrap
 
 pytestmark = pytest.mark.skipif(probe_bwrap() is not None, reason=f"local sandbox unavailable: {probe_bwrap()}")
 
@@ -28,14 +27,9 @@ DONE = [step("Answer.", "print('ran')\nSUBMIT(answer='done')")]
 
 
 @pytest.fixture
-def slot_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def slot_tmp(private_slots: Path) -> Path:
     """A temp dir of this test's own, so the machine-wide slot folder is this test's."""
-    path = tmp_path / "tmp"
-    path.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(path))
-    monkeypatch.setattr(pool, "POOL", pool.Pool())  # a pool of this test's own
-    yield path
-    pool.POOL.close()
+    return private_slots
 
 
 def capped(fleet_env: dict[str, str], tmp_path: Path, **sandbox: int) -> Settings:
