@@ -27,18 +27,19 @@ HEADER_TIMEOUT_S = 10.0
 MAX_CONNECTIONS = 500
 # A token that guards a network bind is at least this long (secrets.token_urlsafe(32) gives 43 characters).
 MIN_TOKEN_CHARS = 32
+MIN_TOKEN_KINDS = 10  # different characters: "t" * 40 is long but guessable; token_urlsafe(32) has ~30
 MAKE_TOKEN = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
 
 __all__ = ["build_server", "check_bind", "serve"]
 
 
 def check_bind(host: str, settings: Settings) -> None:
-    """Refuse a non-loopback bind without a token, or with one short enough to guess: anyone on the
-    network could run code otherwise.
+    """Refuse a non-loopback bind without a token, or with one short or plain enough to guess: anyone on
+    the network could run code otherwise.
 
     Raises:
-        ConfigError: ``host`` is reachable from other machines and ``FLEET_API_TOKEN`` is unset or
-            shorter than ``MIN_TOKEN_CHARS``.
+        ConfigError: ``host`` is reachable from other machines and ``FLEET_API_TOKEN`` is unset, shorter
+            than ``MIN_TOKEN_CHARS`` or made of fewer than ``MIN_TOKEN_KINDS`` different characters.
     """
     if is_loopback(host):
         return
@@ -52,6 +53,13 @@ def check_bind(host: str, settings: Settings) -> None:
         raise ConfigError(
             f"refusing to listen on {host}: FLEET_API_TOKEN is {length} characters, and a token that guards a "
             f"network bind must have at least {MIN_TOKEN_CHARS} characters. Make one with: {MAKE_TOKEN}"
+        )
+    kinds = len(set(settings.api_token.get_secret_value()))
+    if kinds < MIN_TOKEN_KINDS:
+        raise ConfigError(
+            f"refusing to listen on {host}: FLEET_API_TOKEN is made of only {kinds} different characters, and a token "
+            f"that guards a network bind must be random, with at least {MIN_TOKEN_KINDS} different characters. "
+            f"Make one with: {MAKE_TOKEN}"
         )
 
 

@@ -192,6 +192,33 @@ def test_the_api_log_is_not_written_through_a_link(tmp_path: Path) -> None:
     assert not target.exists()
 
 
+def test_the_kernels_fallback_log_in_the_temp_folder_is_not_written_through_a_planted_link(tmp_path: Path) -> None:
+    """With no usable FLEET_HOME the kernel logs to the temp folder, where another local user may have planted
+    a link at the name a kernel of a given PID used to take (``fleet-kernel-PID.log``): it is not followed."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    victim = tmp_path / "victims-file"
+    victim.write_text("keep me\n")
+    home = tmp_path / "not-a-folder"
+    home.write_text("")  # a FLEET_HOME that cannot be used
+    where = tmp_path / "where"
+    code = (
+        "import logging, os, tempfile\n"
+        "from pathlib import Path\n"
+        "from fleet_kernel.kernel.context import route_output_to_log\n"
+        f"os.symlink({str(victim)!r}, os.path.join(tempfile.gettempdir(), f'fleet-kernel-{{os.getpid()}}.log'))\n"
+        f"path = route_output_to_log(Path({str(home)!r}))\n"
+        "logging.getLogger('x').warning('a line of the kernel log')\n"
+        f"Path({str(where)!r}).write_text(str(path))\n"
+    )
+    done = _run([sys.executable, "-c", code], {"TMPDIR": str(tmp)}, tmp_path)
+    assert done.returncode == 0, done.stderr + "".join(p.read_text() for p in tmp.glob("*.log"))
+    assert victim.read_text() == "keep me\n"
+    log = Path(where.read_text())
+    assert log.parent == tmp and not log.is_symlink() and log.stat().st_mode & 0o777 == 0o600
+    assert "a line of the kernel log" in log.read_text()
+
+
 # ---------------------------------------------------------------------- the upgrade lock
 
 

@@ -5,15 +5,20 @@ replay cassettes only from the cassettes folder unless the operator named one, n
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
+from live_api import run_turn
+from scripted_lm import ScriptedLM, step
 
 from fleet_kernel.config import load_settings
 from fleet_kernel.engine.session_config import cassette_path, check_model
 from fleet_kernel.errors import ValidationError
+from fleet_kernel.kernel.sidecar import spawn_sidecar
 
 ROOT = Path(__file__).resolve().parents[1]
 FLEET_KEY = "sk-fleet-operator-key-0123456789"
@@ -81,6 +86,33 @@ def test_the_kernel_log_has_no_key(tmp_path: Path) -> None:
     log = (tmp_path / "logs" / "kernel.log").read_text()
     assert "calling with ***" in log and "RuntimeError: ***" in log
     assert FLEET_KEY not in log and PROVIDER_KEY not in log
+
+
+def test_the_api_log_has_no_key(tmp_path: Path) -> None:
+    """``fleet serve`` (its log is ``$FLEET_HOME/logs/api-PORT.log``) logs a name that carries both keys: the
+    model wrote an artifact named after them, too large to collect, and the server says so in its log."""
+    (tmp_path / "fleet.toml").write_text("[storage]\nmax_artifact_mb = 0.001\n")  # about 1 KB
+    name = f"{FLEET_KEY}-{PROVIDER_KEY}.txt"
+    code = f"open('/workspace/artifacts/{name}', 'w').write('x' * 4096)\nSUBMIT(answer='written')"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    with ScriptedLM({"*": [step("Write it.", code)]}) as lm:
+        env = lm.env(FLEET_HOME=str(tmp_path / "home"), FLEET_CONFIG=str(tmp_path / "fleet.toml"),
+                     FLEET_LM_API_KEY=FLEET_KEY, OPENAI_API_KEY=PROVIDER_KEY)  # fmt: skip
+        process = spawn_sidecar(port, env=env, wait_s=60)
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+                session = client.post("/api/sessions", json={"title": "keys"}).json()["session_id"]
+                frames = run_turn(client, session, "write")
+                assert frames[-1].event == "turn.completed", frames[-1].data
+        finally:
+            process.terminate()
+            process.wait(20)
+    log = (tmp_path / "home" / "logs" / f"api-{port}.log").read_text()
+    assert "is 4096 bytes, over storage.max_artifact_mb" in log, log  # the line was written
+    assert FLEET_KEY not in log and PROVIDER_KEY not in log
+    assert "artifacts/***-***.txt is 4096 bytes" in log
 
 
 def doctor_lm(home: Path, env: dict[str, str]) -> str:

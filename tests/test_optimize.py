@@ -3,6 +3,7 @@ file that ``[lm] instructions`` selects; the scripted LM answers the turns and t
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -13,7 +14,7 @@ from scripted_lm import ScriptedLM, step
 
 from fleet_kernel.config import load_settings
 from fleet_kernel.engine import TurnRunner
-from fleet_kernel.errors import ValidationError
+from fleet_kernel.errors import ConfigError, ValidationError
 from fleet_kernel.evals.dataset import load_dataset
 from fleet_kernel.evals.optimize import optimize, split
 from fleet_kernel.store import Store
@@ -91,6 +92,49 @@ async def test_a_candidate_that_is_no_better_on_held_out_tasks_is_not_adopted(ma
     assert list(out.glob("instructions-v*.md")) == []
     (record,) = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
     assert record["adopted"] is False
+
+
+# ---------------------------------------------------------------------- links planted in the output folder
+
+
+async def test_an_instructions_folder_swapped_for_a_link_is_refused_before_any_run(make, tmp_path: Path) -> None:
+    runner = await make(f"{MARKER}: answer with the magic word.")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (runner.settings.home / "instructions").symlink_to(elsewhere)  # $FLEET_HOME/instructions, the default
+    with pytest.raises(ConfigError, match="instructions"):
+        await optimize(runner, _dataset(tmp_path), holdout=0.34, budget=12)
+    assert list(elsewhere.iterdir()) == []
+    assert await runner.store.list_sessions() == []  # refused before a task ran
+
+
+async def test_a_history_swapped_for_a_link_is_refused_before_any_run(make, tmp_path: Path) -> None:
+    runner = await make(f"{MARKER}: answer with the magic word.")
+    out = tmp_path / "instructions"
+    out.mkdir()
+    victim = tmp_path / "victims-file"
+    victim.write_text("keep me\n")
+    (out / "history.jsonl").symlink_to(victim)
+    with pytest.raises(ConfigError, match="history.jsonl"):
+        await optimize(runner, _dataset(tmp_path), out=out, holdout=0.34, budget=12)
+    assert victim.read_text() == "keep me\n"
+    assert await runner.store.list_sessions() == []
+
+
+async def test_a_candidate_file_swapped_for_a_link_is_replaced_not_written_through(make, tmp_path: Path) -> None:
+    from fleet_kernel.engine.turn import base_instructions
+
+    runner = await make(f"{MARKER}: answer with the magic word.")
+    baseline = base_instructions(runner.settings)
+    planted = tmp_path / "instructions" / "candidates" / f"{hashlib.sha256(baseline.encode()).hexdigest()[:16]}.md"
+    planted.parent.mkdir(parents=True)
+    victim = tmp_path / "victims-file"
+    victim.write_text("keep me\n")
+    planted.symlink_to(victim)
+    outcome = await optimize(runner, _dataset(tmp_path), out=tmp_path / "instructions", holdout=0.34, budget=12)
+    assert outcome.adopted
+    assert victim.read_text() == "keep me\n"
+    assert not planted.is_symlink() and planted.read_text() == baseline
 
 
 def test_fleet_optimize_command_refuses_a_tiny_data_set(tmp_path: Path, monkeypatch) -> None:

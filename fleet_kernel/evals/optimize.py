@@ -4,7 +4,9 @@ The data set is split once (seeded) into a training part, which GEPA evolves the
 held-out part, which decides: the baseline (the instructions in use) and GEPA's best candidate each run
 every held-out task, and the candidate is adopted only when its mean score there is higher. An adopted
 candidate is written as the next ``instructions-v<N>.md`` of the output folder, for ``[lm] instructions``
-in ``fleet.toml``; every attempt, adopted or not, is a line of ``history.jsonl`` with both scores.
+in ``fleet.toml``; every attempt, adopted or not, is a line of ``history.jsonl`` with both scores. These files
+are written without following a link planted in the folder (``safe_files``), and a folder or history that is a
+link is refused before any task runs.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import random
 import statistics
 from collections.abc import Callable, Sequence
@@ -20,9 +23,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from fleet_kernel import safe_files
 from fleet_kernel.config import Settings
 from fleet_kernel.engine import TurnRunner
-from fleet_kernel.errors import ValidationError
+from fleet_kernel.errors import ConfigError, ValidationError
 from fleet_kernel.evals.dataset import EvalTask, load_dataset
 from fleet_kernel.evals.run import Progress, RunResult, evaluate
 from fleet_kernel.evals.scoring import Judge, model_judge
@@ -61,10 +65,9 @@ class _Candidates:
         self._runners: dict[str, TurnRunner] = {}
 
     def file_of(self, text: str) -> Path:
-        path = self.folder / "candidates" / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.md"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        return path
+        relative = f"candidates/{hashlib.sha256(text.encode()).hexdigest()[:16]}.md"
+        safe_files.write_path(self.folder, relative, text.encode("utf-8"))  # a link there is replaced, not followed
+        return self.folder / relative
 
     async def score(self, text: str, tasks: Sequence[EvalTask], progress: Progress | None = None) -> list[RunResult]:
         """Run ``tasks`` with ``text`` as the instructions; results in the order of ``tasks``."""
@@ -134,6 +137,28 @@ def _reflection(settings: Settings, model: str | None) -> Callable[[str], str]:
     return reflect
 
 
+def _open_history(home: Path, out: Path | None) -> tuple[Path, int]:
+    """The output folder (``out``, else ``$FLEET_HOME/instructions``) and a descriptor appending to its
+    ``history.jsonl``, both opened without following a link (the default folder made owner-only).
+
+    Raises:
+        ConfigError: the folder or its history is a link, not a folder or file, or another user's.
+    """
+    folder = out.resolve() if out is not None else home / "instructions"  # a link the user named is theirs
+    try:
+        if out is None:
+            with safe_files.private_dirs(home, ["instructions"]) as fd:
+                return folder, safe_files.open_append(fd, "history.jsonl")
+        folder.mkdir(parents=True, exist_ok=True)
+        with safe_files.open_dir(folder) as fd:
+            return folder, safe_files.open_append(fd, "history.jsonl")
+    except OSError as exc:
+        raise ConfigError(
+            f"fleet optimize will not write {folder / 'history.jsonl'}: {exc.strerror or exc}. A link there is never "
+            "followed and the folder must be this user's: remove the link, or choose another --out"
+        ) from exc
+
+
 def _next_version(folder: Path) -> Path:
     taken = [int(p.stem.removeprefix("instructions-v")) for p in folder.glob("instructions-v*.md")
              if p.stem.removeprefix("instructions-v").isdigit()]  # fmt: skip
@@ -159,11 +184,8 @@ async def optimize(
     Raises:
         ValidationError: a bad data set, fewer than 2 tasks, or a bad holdout or budget.
         LMError: no reflection (or judge) model can be built.
+        ConfigError: the output folder or its ``history.jsonl`` is a link or not this user's.
     """
-    import gepa
-
-    from fleet_kernel.engine.turn import base_instructions
-
     if not 1 <= budget <= 10_000:
         raise ValidationError("--budget is the number of task runs GEPA may spend, from 1 to 10000")
     tasks = await asyncio.to_thread(load_dataset, dataset)
@@ -174,9 +196,38 @@ async def optimize(
         else None
     )
     reflect: Any = await asyncio.to_thread(_reflection, runner.settings, reflection_model)
-    folder = out or runner.settings.home / "instructions"
-    folder.mkdir(parents=True, exist_ok=True)
-    candidates = _Candidates(runner, folder, judge, f"optimize {dataset.stem}", concurrency)
+    folder, history = await asyncio.to_thread(_open_history, runner.settings.home, out)  # before any task runs
+    try:
+        outcome = await _search(runner, dataset.stem, folder, train, held, judge, reflect, budget, seed,
+                                concurrency, progress)  # fmt: skip
+        record = {**asdict(outcome), "instructions": str(outcome.instructions) if outcome.instructions else None}
+        record["dataset"] = str(dataset)
+        record["at"] = datetime.now(UTC).isoformat(timespec="seconds")
+        os.write(history, (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
+    finally:
+        os.close(history)
+    return outcome
+
+
+async def _search(
+    runner: TurnRunner,
+    name: str,
+    folder: Path,
+    train: list[EvalTask],
+    held: list[EvalTask],
+    judge: Judge | None,
+    reflect: Any,
+    budget: int,
+    seed: int,
+    concurrency: int,
+    progress: Progress | None,
+) -> OptimizeOutcome:
+    """GEPA's search on ``train``, both texts scored on ``held``, and the candidate written when it is better."""
+    import gepa
+
+    from fleet_kernel.engine.turn import base_instructions
+
+    candidates = _Candidates(runner, folder, judge, f"optimize {name}", concurrency)
     loop = asyncio.get_running_loop()
 
     def run(text: str, batch: Sequence[EvalTask]) -> list[RunResult]:
@@ -209,13 +260,8 @@ async def optimize(
         await candidates.close()
     adopted = candidate > baseline
     path = _next_version(folder) if adopted else None
-    if path is not None:
-        path.write_text(candidate_text.strip() + "\n", encoding="utf-8")
-    outcome = OptimizeOutcome(
+    if path is not None:  # a link at that name is replaced, never written through
+        safe_files.write_path(folder, path.name, (candidate_text.strip() + "\n").encode("utf-8"))
+    return OptimizeOutcome(
         baseline, candidate, adopted, path, [t.task_id for t in train], [t.task_id for t in held], candidate_text
     )
-    record = {**asdict(outcome), "instructions": str(path) if path else None, "dataset": str(dataset)}
-    record["at"] = datetime.now(UTC).isoformat(timespec="seconds")
-    with (folder / "history.jsonl").open("a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-    return outcome

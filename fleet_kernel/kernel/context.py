@@ -265,8 +265,11 @@ def route_output_to_log(home: Path | None = None) -> Path:
             fd = safe_files.open_append(logs, "kernel.log")
         stream = open(fd, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives as long as the process
     except OSError:  # an unwritable FLEET_HOME is reported by the first cell; the kernel must still start
-        path = Path(tempfile.gettempdir()) / f"fleet-kernel-{os.getpid()}.log"
-        stream = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+        # A new file of a random name (O_EXCL, 0600): another local user could plant a link at a name they can
+        # predict, such as one made of the PID, and have the log appended wherever it points.
+        fd, name = tempfile.mkstemp(prefix=f"fleet-kernel-{os.getpid()}-", suffix=".log")
+        path = Path(name)
+        stream = open(fd, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
     for fd in (1, 2):
         os.dup2(stream.fileno(), fd)
     sys.stdout = sys.stderr = stream

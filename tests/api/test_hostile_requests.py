@@ -24,7 +24,7 @@ from fleet_kernel.errors import ConfigError
 LIVENESS_S = 30  # generous: a server that is up answers in milliseconds
 SPARSE_BYTES = 250 * 1024 * 1024
 RSS_GROWTH_LIMIT = 100 * 1024 * 1024
-TOKEN = "t" * 40
+TOKEN = "Kq3-vX9_aZ0pLm7Rt2Yw5Nc8Hb1Ue4Gd6Sf"  # 36 characters of many kinds, as secrets.token_urlsafe makes
 
 
 @pytest.fixture
@@ -163,10 +163,13 @@ def test_another_port_of_loopback_is_another_origin(client: httpx.Client) -> Non
     assert client.post("/api/sessions", json={}, headers=own).status_code == 201
 
 
-def test_a_network_bind_needs_a_long_token(fleet_env: dict[str, str]) -> None:
+def test_a_network_bind_needs_a_long_random_token(fleet_env: dict[str, str]) -> None:
     for short in ("x", "s3cret-token-for-tests", "y" * 31):
         with pytest.raises(ConfigError, match=r"at least 32 characters.*secrets.token_urlsafe\(32\)"):
             check_bind("0.0.0.0", load_settings({**fleet_env, "FLEET_API_TOKEN": short}))
+    for plain in ("t" * 40, "abab" * 10, "012345678" * 5):  # long enough, but 9 different characters at most
+        with pytest.raises(ConfigError, match=r"at least 10 different characters.*secrets.token_urlsafe\(32\)"):
+            check_bind("0.0.0.0", load_settings({**fleet_env, "FLEET_API_TOKEN": plain}))
     check_bind("0.0.0.0", load_settings({**fleet_env, "FLEET_API_TOKEN": TOKEN}))
     check_bind("127.0.0.1", load_settings({**fleet_env, "FLEET_API_TOKEN": "x"}))  # loopback: any token
 
