@@ -10,7 +10,8 @@ All three fold events into a ``TurnView`` (the one fold, ``fleet_kernel.view``) 
 in it, never the events themselves. They flush at most every ``FLUSH_INTERVAL_S`` (the first
 event goes out at once, the last state always goes out), so a chatty turn stays well under
 JupyterLab's IOPub rate limit. ``finish_turn`` then replaces the live view with the turn's record:
-artifact images and one ``execute_result`` carrying the transcript.
+artifact images and one ``execute_result`` carrying the transcript; a widget frontend then gets the
+feedback bar under a completed turn's answer (its fallback text says how to mark it with ``%fleet feedback``).
 """
 
 from __future__ import annotations
@@ -374,7 +375,29 @@ async def run_and_show(
     error = await finish_turn(
         pub, ctx.store, view, execution_count, text_mode=mode == "text", report_error=report_error
     )
+    if mode == "widgets" and view.status == "completed":
+        show_feedback_bar(ctx, pub, session_id, view.turn_id)
     return view, error
+
+
+def show_feedback_bar(ctx: KernelContext, pub: Publisher, session_id: str, turn_id: str) -> None:
+    """The 👍/👎 bar under a completed turn's answer; a click marks it through ``evals.feedback.mark``,
+    on this loop (the kernel's, or the magic's own thread's) whichever thread the click arrives on."""
+    from fleet_kernel.kernel.context import load_off_loop  # context imports display: a cycle
+    from fleet_kernel.kernel.widgets import FeedbackBar  # widgets load ipywidgets (~0.3 s)
+
+    loop = asyncio.get_running_loop()
+
+    async def record(rating: str, note: str) -> object:
+        await load_off_loop("fleet_kernel.evals.feedback")
+        from fleet_kernel.evals.feedback import mark  # the evaluation package loads with the first mark
+
+        await ctx.open()
+        assert ctx.store is not None
+        return await mark(ctx.store, session_id, turn_id, rating, note)
+
+    bar = FeedbackBar(turn_id, lambda rating, note: asyncio.run_coroutine_threadsafe(record(rating, note), loop))
+    pub.display(bar.bundle())
 
 
 def show_reply(pub: Publisher, reply: Reply, *, text_mode: bool) -> None:
