@@ -200,8 +200,9 @@ class FeedbackBar:
         self.turn_id = turn_id
         self._record = record
         self.layout = w.Layout(width="auto")
-        self.good = w.Button(description="👍", tooltip="Mark this answer good", layout=self.layout)
-        self.bad = w.Button(description="👎", tooltip="Mark this answer bad", layout=self.layout)
+        # FontAwesome icons (JupyterLab ships them) and a word: emoji need a font the browser may lack
+        self.good = w.Button(description="good", icon="thumbs-up", tooltip="Mark this answer good", layout=self.layout)
+        self.bad = w.Button(description="bad", icon="thumbs-down", tooltip="Mark this answer bad", layout=self.layout)
         self.note = w.Text(placeholder="note (optional)", layout=w.Layout(width="320px"))
         self.label = w.Label(value="", layout=self.layout)
         self.good.on_click(lambda _button: self._click("good"))
