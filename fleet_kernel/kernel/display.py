@@ -400,6 +400,24 @@ def show_feedback_bar(ctx: KernelContext, pub: Publisher, session_id: str, turn_
     pub.display(bar.bundle())
 
 
+class ProgressLine:
+    """One line a long command updates in place while it runs (``%fleet eval``'s runs done): a display
+    updated by ``update_display_data``, or a line each time in a terminal, which ignores display updates."""
+
+    def __init__(self, pub: Publisher, *, text_mode: bool) -> None:
+        self.pub, self.text_mode = pub, text_mode
+        self._id = f"fleet-progress-{uuid.uuid4().hex[:16]}"  # fresh per command: never reuse a display id
+        self._shown = False
+
+    def __call__(self, line: str) -> None:
+        if self.text_mode:
+            self.pub.stream("stdout", line + "\n")
+            return
+        data = {"text/plain": line, "text/html": f'<p class="{NO_MATH}">{html.escape(line)}</p>'}
+        self.pub.display(data, display_id=self._id, update=self._shown)
+        self._shown = True
+
+
 def show_reply(pub: Publisher, reply: Reply, *, text_mode: bool) -> None:
     """A ``%fleet`` command's reply: a text stream in a terminal, else a display with Markdown."""
     if text_mode:
