@@ -381,8 +381,8 @@ async def run_and_show(
 
 
 def show_feedback_bar(ctx: KernelContext, pub: Publisher, session_id: str, turn_id: str) -> None:
-    """The 👍/👎 bar under a completed turn's answer; a click marks it through ``evals.feedback.mark``,
-    on this loop (the kernel's, or the magic's own thread's) whichever thread the click arrives on."""
+    """The 👍/👎 bar under a completed turn's answer. A click, on whichever thread it arrives, marks the
+    turn through ``evals.feedback.mark`` on this loop (the kernel's, or the magic's own thread's)."""
     from fleet_kernel.kernel.context import load_off_loop  # context imports display: a cycle
     from fleet_kernel.kernel.widgets import FeedbackBar  # widgets load ipywidgets (~0.3 s)
 
