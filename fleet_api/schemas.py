@@ -316,6 +316,15 @@ class Feedback(BaseModel):
     updated_at: str = Field(..., description="when it was last marked (a new mark replaces the earlier one)")
 
 
+class FeedbackDataset(BaseModel):
+    tasks: list[dict[str, Any]] = Field(
+        ...,
+        description="one data set row per turn marked good, oldest first: "
+        '{"id": turn id, "task", "expected": its answer, "scorer": "exact"} (docs/eval.md); '
+        "the body of POST /api/evals takes them as they are, and a .jsonl data set is one a line",
+    )
+
+
 class EvalCreate(_Request):
     tasks: list[dict[str, Any]] = Field(
         ..., min_length=1, max_length=200, description="data set rows (docs/eval.md), without attachments"

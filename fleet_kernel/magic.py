@@ -110,14 +110,18 @@ class FleetMagics(Magics):
     @line_magic("fleet")  # type: ignore[arg-type]  # IPython types the decorator for its own classes
     def fleet_line(self, line: str) -> None:
         """Run a Fleet command, as in the fleet kernel: ``%fleet help``."""
-        from fleet_kernel.kernel.display import show_reply  # the renderers (~0.4 s) load with the first cell
+        # the renderers (~0.4 s) load with the first cell
+        from fleet_kernel.kernel.display import ProgressLine, show_reply
 
         ctx = self.engine.ctx
         pub = _publisher(ctx)
+        ctx.progress = ProgressLine(pub, text_mode=ctx.live_mode() == "text")
         try:
             reply = self.engine.wait(self.engine.submit(commands.run_line(ctx, f"{commands.PREFIX} {line}")))
         except Exception as exc:
             raise _as_error(exc) from None
+        finally:
+            ctx.progress = None
         show_reply(pub, reply, text_mode=ctx.live_mode() == "text")
 
     @cell_magic("fleet")  # type: ignore[arg-type]

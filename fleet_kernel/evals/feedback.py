@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from fleet_kernel.errors import ValidationError
+from fleet_kernel.errors import NotFoundError, ValidationError
 from fleet_kernel.evals.dataset import EvalTask, append_row
 from fleet_kernel.store import FeedbackRow, Store
 
@@ -36,3 +36,21 @@ async def add_to_dataset(store: Store, session_id: str, turn_id: str, dataset: P
     task = await as_task(store, session_id, turn_id)
     await asyncio.to_thread(append_row, dataset, task)
     return task
+
+
+async def good_tasks(store: Store, session_id: str | None = None, limit: int = 200) -> list[EvalTask]:
+    """The ``limit`` turns most recently marked good (first marked: a new mark keeps its place), of one
+    session or all, oldest first, as ``as_task`` makes them: a data set of what users approved, for
+    ``POST /api/evals`` or a JSONL file.
+
+    A turn without an answer is left out, as is one whose mark or session changed while this reads.
+    """
+    tasks: list[EvalTask] = []
+    for row in reversed(await store.list_feedback(session_id, rating="good")):
+        if len(tasks) == limit:
+            break
+        try:
+            tasks.append(await as_task(store, row.session_id, row.turn_id))
+        except (NotFoundError, ValidationError):
+            continue
+    return tasks[::-1]

@@ -410,11 +410,18 @@ async def cmd_eval(ctx: KernelContext, args: list[str]) -> Reply:
         raise _usage_error(EVAL_USAGE)
     options = _eval_options(args[1:])
     # the evaluation and its report (dspy, nbconvert) load only for this command
-    from fleet_kernel.evals import run_dataset
+    from fleet_kernel.evals import RunResult, run_dataset
     from fleet_kernel.evals.report import markdown_table, render_table
 
     runner = await ctx.open()
-    outcome = await run_dataset(runner, Path(args[0]).expanduser(), **options)
+    show = ctx.progress or (lambda _line: None)
+
+    def progress(result: RunResult, done: int, total: int) -> None:
+        mark = "pass" if result.passed else "FAIL"
+        show(f"eval: {done}/{total} runs done · last {result.task_id} on {result.model} #{result.repeat}: {mark}")
+
+    show("eval: starting the runs…")
+    outcome = await run_dataset(runner, Path(args[0]).expanduser(), progress=progress, **options)
     files = [str(p.resolve()) for p in outcome.files]
     text = render_table(outcome.report, width=100) + "\n" + "\n".join(f"wrote {f}" for f in files)
     markdown = markdown_table(outcome.report) + "\n\n" + "\n".join(f"- wrote {md_code(f)}" for f in files)

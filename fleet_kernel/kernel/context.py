@@ -14,6 +14,7 @@ import os
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -64,6 +65,7 @@ class KernelContext:
         self.explicit_output: OutputMode | None = None  # %fleet output
         self.widgets_seen = False  # a widget manager (JupyterLab) opened its control comm
         self.console_seen = False  # a terminal asked for its up-arrow history before any cell ran
+        self.progress: Callable[[str], None] | None = None  # a running command's progress line (%fleet eval)
         self._open_lock = asyncio.Lock()
         self.warm = threading.Event()
         self._warm_started = False

@@ -10,7 +10,8 @@ All three fold events into a ``TurnView`` (the one fold, ``fleet_kernel.view``) 
 in it, never the events themselves. They flush at most every ``FLUSH_INTERVAL_S`` (the first
 event goes out at once, the last state always goes out), so a chatty turn stays well under
 JupyterLab's IOPub rate limit. ``finish_turn`` then replaces the live view with the turn's record:
-artifact images and one ``execute_result`` carrying the transcript.
+artifact images and one ``execute_result`` carrying the transcript; a widget frontend then gets the
+feedback bar under a completed turn's answer (its fallback text says how to mark it with ``%fleet feedback``).
 """
 
 from __future__ import annotations
@@ -374,7 +375,47 @@ async def run_and_show(
     error = await finish_turn(
         pub, ctx.store, view, execution_count, text_mode=mode == "text", report_error=report_error
     )
+    if mode == "widgets" and view.status == "completed":
+        show_feedback_bar(ctx, pub, session_id, view.turn_id)
     return view, error
+
+
+def show_feedback_bar(ctx: KernelContext, pub: Publisher, session_id: str, turn_id: str) -> None:
+    """The 👍/👎 bar under a completed turn's answer. A click, on whichever thread it arrives, marks the
+    turn through ``evals.feedback.mark`` on this loop (the kernel's, or the magic's own thread's)."""
+    from fleet_kernel.kernel.context import load_off_loop  # context imports display: a cycle
+    from fleet_kernel.kernel.widgets import FeedbackBar  # widgets load ipywidgets (~0.3 s)
+
+    loop = asyncio.get_running_loop()
+
+    async def record(rating: str, note: str) -> object:
+        await load_off_loop("fleet_kernel.evals.feedback")
+        from fleet_kernel.evals.feedback import mark  # the evaluation package loads with the first mark
+
+        await ctx.open()
+        assert ctx.store is not None
+        return await mark(ctx.store, session_id, turn_id, rating, note)
+
+    bar = FeedbackBar(turn_id, lambda rating, note: asyncio.run_coroutine_threadsafe(record(rating, note), loop))
+    pub.display(bar.bundle())
+
+
+class ProgressLine:
+    """One line a long command updates in place while it runs (``%fleet eval``'s runs done): a display
+    updated by ``update_display_data``, or a line each time in a terminal, which ignores display updates."""
+
+    def __init__(self, pub: Publisher, *, text_mode: bool) -> None:
+        self.pub, self.text_mode = pub, text_mode
+        self._id = f"fleet-progress-{uuid.uuid4().hex[:16]}"  # fresh per command: never reuse a display id
+        self._shown = False
+
+    def __call__(self, line: str) -> None:
+        if self.text_mode:
+            self.pub.stream("stdout", line + "\n")
+            return
+        data = {"text/plain": line, "text/html": f'<p class="{NO_MATH}">{html.escape(line)}</p>'}
+        self.pub.display(data, display_id=self._id, update=self._shown)
+        self._shown = True
 
 
 def show_reply(pub: Publisher, reply: Reply, *, text_mode: bool) -> None:

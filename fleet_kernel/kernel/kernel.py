@@ -164,14 +164,20 @@ class FleetKernel(Kernel):
             return self._fail(parent, *_describe(exc, self.log_path))
 
     async def _commands(self, text: str, parent: dict[str, Any], silent: bool) -> dict[str, Any]:
-        from fleet_kernel.kernel.display import Publisher, show_reply  # the renderers: ~0.4 s start-up skips
+        # the renderers: ~0.4 s start-up skips
+        from fleet_kernel.kernel.display import ProgressLine, Publisher, show_reply
 
         lines = [line for line in text.splitlines() if line.strip()]
         if not all(commands.is_command(line) for line in lines):
             return self._fail(parent, "UsageError", "a cell holds either %fleet commands or a task, not both")
         pub = Publisher(self, parent)
         for line in lines:
-            reply = await commands.run_line(self.ctx, line)
+            text_mode = self.ctx.live_mode() == "text"
+            self.ctx.progress = None if silent else ProgressLine(pub, text_mode=text_mode)
+            try:
+                reply = await commands.run_line(self.ctx, line)
+            finally:
+                self.ctx.progress = None
             if not silent:
                 show_reply(pub, reply, text_mode=self.ctx.live_mode() == "text")
         return self._ok()

@@ -1,6 +1,7 @@
-"""The live ipywidgets card of one turn: a status line, a Stop button, one collapsible section per iteration.
+"""The live ipywidgets card of one turn: a status line, a Stop button, one collapsible section per iteration;
+and the feedback bar (👍/👎 and a note) under a finished turn's answer.
 
-It only mirrors a ``TurnView``: ``sync`` copies what changed since the last call into the widgets
+The card only mirrors a ``TurnView``: ``sync`` copies what changed since the last call into the widgets
 (one ``hold_sync`` per widget, so one comm message each), and finished iterations are collapsed and
 never touched again. The card is a live view only; the cell's record is the transcript that replaces it.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import html
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 
 import ipywidgets as w
 from ipywidgets.widgets.widget_string import HTMLStyle
@@ -184,3 +186,54 @@ class TurnCard:
             widgets += section.widgets()
         for widget in widgets:
             widget.close()
+
+
+class FeedbackBar:
+    """👍/👎 and an optional note under a finished turn's answer: a click keeps the mark, as ``%fleet feedback`` does.
+
+    ``record(rating, note)`` stores the mark and returns a future: the store lives on Fleet's loop, which
+    in the ``%%fleet`` magic is another thread's. The bar is disabled until the future is done, then
+    says what was kept, or shows why not and lets the user try again.
+    """
+
+    def __init__(self, turn_id: str, record: Callable[[str, str], Future[object]]) -> None:
+        self.turn_id = turn_id
+        self._record = record
+        self.layout = w.Layout(width="auto")
+        # FontAwesome icons (JupyterLab ships them) and a word: emoji need a font the browser may lack
+        self.good = w.Button(description="good", icon="thumbs-up", tooltip="Mark this answer good", layout=self.layout)
+        self.bad = w.Button(description="bad", icon="thumbs-down", tooltip="Mark this answer bad", layout=self.layout)
+        self.note = w.Text(placeholder="note (optional)", layout=w.Layout(width="320px"))
+        self.label = w.Label(value="", layout=self.layout)
+        self.good.on_click(lambda _button: self._click("good"))
+        self.bad.on_click(lambda _button: self._click("bad"))
+        self.root = w.HBox([self.good, self.bad, self.note, self.label], layout=self.layout)
+
+    def bundle(self) -> dict[str, object]:
+        """The display_data bundle: the widget view, and how to mark the answer without widgets."""
+        text = f"Mark this answer: %fleet feedback good|bad [note] --turn {self.turn_id}"
+        return {
+            WIDGET_VIEW_MIME: {"version_major": 2, "version_minor": 0, "model_id": self.root.model_id},
+            "text/plain": text,
+            "text/html": f"<p>{html.escape(text)}</p>",
+        }
+
+    def _click(self, rating: str) -> None:
+        if self.good.disabled:  # recording or recorded: a stale frontend's click changes nothing
+            return
+        self._enable(False)
+        self.label.value = "recording…"
+        note = self.note.value.strip()
+        self._record(rating, note).add_done_callback(lambda done: self._recorded(rating, note, done))
+
+    def _recorded(self, rating: str, note: str, done: Future[object]) -> None:
+        error = done.exception() if not done.cancelled() else RuntimeError("cancelled")
+        if error is not None:
+            self._enable(True)
+            self.label.value = f"not recorded: {getattr(error, 'message', None) or error}"
+            return
+        self.label.value = f"marked {rating}" + (f": {note}" if note else "")
+
+    def _enable(self, enabled: bool) -> None:
+        for widget in (self.good, self.bad, self.note):
+            widget.disabled = not enabled

@@ -1,5 +1,6 @@
 """Feedback on answers over HTTP: mark a turn good or bad with a note, read it back (also after a restart),
-and add a turn marked good to a data set; over the real server and store."""
+and add a turn marked good to a data set, or serve the turns marked good as one; over the real server and
+store."""
 
 from __future__ import annotations
 
@@ -77,3 +78,20 @@ def test_a_turn_marked_good_joins_a_data_set(
     (task,) = load_dataset(dataset)
     assert (task.task, task.expected, task.scorer) == ("capital of Peru", "Lima", "exact")
     assert json.loads(dataset.read_text())["id"] == good
+
+    # over HTTP: the turns marked good as data set rows, which POST /api/evals runs as they are
+    served = client.get("/api/feedback/dataset", params={"session_id": session_id})
+    assert served.status_code == 200, served.text
+    assert served.json()["tasks"] == [json.loads(dataset.read_text())]
+    assert client.get("/api/feedback/dataset").json() == served.json()  # every session's: the same here
+    scripted_lm.add("capital of Peru", [step("Lima.", "SUBMIT(answer='Lima')")])
+    report = client.post("/api/evals", json=served.json(), timeout=120)
+    assert report.status_code == 200, report.text
+    assert [(r["task_id"], r["score"]) for r in report.json()["results"]] == [(good, 1.0)]
+    # the latest marks first when a limit cuts; a run's session (unmarked) adds nothing
+    client.post(f"/api/sessions/{session_id}/turns/{bad}/feedback", json={"rating": "good"})
+    (latest,) = client.get("/api/feedback/dataset", params={"limit": 1}).json()["tasks"]
+    assert (latest["id"], latest["expected"]) == (bad, "Paris")
+    assert len(client.get("/api/feedback/dataset").json()["tasks"]) == 2
+    assert_error(client.get("/api/feedback/dataset", params={"limit": 0}), 422)
+    assert_error(client.get("/api/feedback/dataset", params={"session_id": "sess_nope"}), 404)

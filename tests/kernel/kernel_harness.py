@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from dataclasses import dataclass, field
 from queue import Empty
 from typing import Any
@@ -12,6 +13,7 @@ from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager, start_new_kernel
 
 KERNEL = "fleet-test"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
 @dataclass
@@ -108,3 +110,43 @@ class Kernel:
         self.kc.stop_channels()
         if self.km.has_kernel:
             self.km.shutdown_kernel(now=not self.graceful)
+
+
+# ---------------------------------------------------------------- widgets, as JupyterLab drives them
+
+
+def attach_widget_manager(kernel: Kernel) -> None:
+    """Do what JupyterLab's widget manager does on connect: open the widget control comm."""
+    content = {"comm_id": uuid.uuid4().hex, "target_name": "jupyter.widget.control", "data": {}}
+    msg = kernel.kc.session.msg("comm_open", content, metadata={"version": "1.0.0"})
+    kernel.kc.shell_channel.send(msg)
+    kernel.run("%fleet output")  # a round trip: the comm_open has been handled
+
+
+def widget_models(messages: list[dict[str, Any]]) -> dict[str, str]:
+    """``{comm_id: model name}`` of the widgets the kernel opened."""
+    return {
+        m["content"]["comm_id"]: m["content"]["data"]["state"]["_model_name"]
+        for m in messages
+        if m["msg_type"] == "comm_open"
+    }
+
+
+def send_comm(kernel: Kernel, comm_id: str, data: dict[str, Any]) -> None:
+    """A comm message from the frontend, as JupyterLab sends one when a widget is used."""
+    kernel.kc.shell_channel.send(kernel.kc.session.msg("comm_msg", {"comm_id": comm_id, "data": data}))
+
+
+def wait_for_state(kernel: Kernel, text: str, timeout: float = 30) -> None:
+    """Read IOPub until a widget's state update carries ``text``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msg = kernel.kc.get_iopub_msg(timeout=max(deadline - time.monotonic(), 0.01))
+        if msg["msg_type"] == "comm_msg" and text in str(msg["content"]["data"].get("state", {})):
+            return
+    raise AssertionError(f"no widget state with {text!r} within {timeout} s")
+
+
+def click(kernel: Kernel, button: str) -> None:
+    """A click on the button widget whose comm is ``button``."""
+    send_comm(kernel, button, {"method": "custom", "content": {"event": "click"}})

@@ -130,8 +130,14 @@ def test_lab_shows_the_live_card_then_the_transcript(lab: tuple[str, Path], scri
             assert "counted to" not in output.inner_text()
             # final: the card is replaced by the transcript
             expect(page.locator(".fleet-transcript")).to_contain_text("counted to eight", timeout=60_000)
-            expect(page.locator(".widget-button")).to_have_count(0)
+            expect(page.locator(".widget-button", has_text="Stop")).to_have_count(0)
             page.screenshot(path=str(shots / "final.png"))
+            # the feedback bar under the answer: a note, a click, and the bar says what it kept
+            second.locator(".widget-text input").fill("counted right")
+            second.locator(".widget-button", has_text="good").click()
+            expect(second.locator("div.widget-label")).to_contain_text("marked good: counted right", timeout=30_000)
+            expect(second.locator(".widget-button", has_text="good")).to_be_disabled()
+            page.screenshot(path=str(shots / "feedback.png"))
         except BaseException:
             page.screenshot(path=str(shots / "failure.png"))
             raise
@@ -187,6 +193,7 @@ def test_lab_shows_a_fleet_cell_of_a_python_notebook_live_then_its_transcript(
             expect(page.locator(".widget-button")).to_have_count(0)
             page.screenshot(path=str(shots / "magic-live.png"))
             expect(page.locator(".fleet-transcript")).to_contain_text("counted to eight", timeout=60_000)
+            expect(cell[1].locator(".widget-button", has_text="bad")).to_be_visible()  # the feedback bar
             cell[2].locator(".cm-content").click()
             page.keyboard.press("Shift+Enter")
             expect(cell[2].locator(".jp-OutputArea-output")).to_contain_text("COUNTED TO **EIGHT**", timeout=30_000)

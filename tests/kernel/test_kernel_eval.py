@@ -30,6 +30,14 @@ def test_eval_runs_a_data_set_in_fresh_sessions_and_keeps_the_kernels_session(
     assert run.reply["content"]["status"] == "ok", run.reply["content"]
     markdown = "".join(c["data"].get("text/markdown", "") for c in run.of("display_data"))
     assert "0.75" in markdown and "3/4" in markdown and "report.html" in markdown
+    # progress while it ran: one display, updated in place as each run ended, before the table
+    progress = [m for m in run.messages if m["content"].get("data", {}).get("text/plain", "").startswith("eval: ")]
+    assert [m["msg_type"] for m in progress] == ["display_data"] + ["update_display_data"] * 4
+    assert len({m["content"]["transient"]["display_id"] for m in progress}) == 1
+    lines = [m["content"]["data"]["text/plain"] for m in progress]
+    assert lines[0] == "eval: starting the runs…"
+    assert [line.split(" · ")[0] for line in lines[1:]] == [f"eval: {n}/4 runs done" for n in range(1, 5)]
+    assert run.messages.index(progress[-1]) < max(i for i, t in enumerate(run.types) if t == "display_data")
     saved = json.loads((out / "results.json").read_text())
     assert [r["score"] for r in saved["results"]] == [1.0, 1.0, 1.0, 0.0]
     report = nbformat.read(str(out / "report.ipynb"), as_version=4)

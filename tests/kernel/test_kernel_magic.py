@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from jupyter_client.manager import start_new_kernel
-from kernel_harness import Kernel
+from kernel_harness import WIDGET_VIEW, Kernel, click, wait_for_state, widget_models
 from scripted_lm import step
 
 
@@ -296,3 +296,20 @@ def test_terminal_ipython_prints_the_turn_as_text(fleet_env, scripted_lm, tmp_pa
     )
     assert done.returncode == 0, done.stderr
     assert "from the sandbox" in done.stdout and "said: in a terminal" in done.stdout, done.stdout
+
+
+def test_the_feedback_bar_marks_the_answer_in_a_python_kernel(py: PythonKernel, scripted_lm) -> None:
+    scripted_lm.add("capital of Chad", [step("Say it.", 'SUBMIT(answer="N\'Djamena")')])
+    # JupyterLab's notebook sends deletedCells: the magic shows widgets, as to a widget frontend
+    content = {"code": "%%fleet\ncapital of Chad", "silent": False, "store_history": True, "user_expressions": {}}
+    msg = py.kc.session.msg("execute_request", content, metadata={"deletedCells": []})
+    py.kc.shell_channel.send(msg)
+    run = py.collect(msg["header"]["msg_id"], timeout=90)
+    assert run.reply["content"]["status"] == "ok", run.text()
+    end = run.types.index("execute_result")
+    buttons = [cid for cid, name in widget_models(run.messages[end:]).items() if name == "ButtonModel"]
+    assert len(buttons) == 2 and WIDGET_VIEW in run.messages[-1]["content"]["data"]
+    # the click arrives on IPython's thread; the mark is kept on Fleet's own loop
+    click(py, buttons[0])
+    wait_for_state(py, "marked good")
+    assert "marked good" in py.ok("%fleet feedback").text()
