@@ -52,6 +52,7 @@ log = logging.getLogger("fleet_api")
 PREFIX = "/compat/fleet-rlm"
 ATTACH_PATH = rf"^{PREFIX}/sessions/[^/]+/attach$"
 BUSY = "A Turn is running on this Session; retry when it completes"
+LOCK_WAIT_S = 2.0  # the reference's LOCKED routes wait this long for the session's turn lock
 CANCEL_REASON = "the client closed the turn's stream (fleet-rlm profile)"
 WORKSPACE_ROOTS = ("files", "artifacts", "memory")
 SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -156,10 +157,19 @@ async def _ensure_session(state: FleetState, session_id: str) -> None:
 
 
 async def _idle_session(state: FleetState, session_id: str) -> None:
-    """The reference's LOCKED routes: an existing session with no running turn, else 409."""
+    """The reference's LOCKED routes: an existing session with no running turn, else 409 once the turn
+    has held it for ``LOCK_WAIT_S`` (as the reference tries its lock), so a turn that is ending (a
+    cancelled stream's) does not refuse the next command."""
     await _ensure_session(state, session_id)
-    if await state.store.running_turn_id(session_id) is not None:
-        raise ConflictError(BUSY)
+    await _wait_idle(state, session_id)
+
+
+async def _wait_idle(state: FleetState, session_id: str) -> None:
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while await state.store.running_turn_id(session_id) is not None:
+        if time.monotonic() >= deadline:
+            raise ConflictError(BUSY)
+        await asyncio.sleep(0.1)
 
 
 def _not_supported(what: str) -> ValidationError:
@@ -196,8 +206,7 @@ async def evict_session(session_id: str, state: State) -> dict[str, Any]:
     """The reference drops the session's runtime and keeps its history; Fleet holds no runtime between
     turns, so this only refuses an unknown (404) or busy (409) session, as the reference does."""
     await state.store.get_session(_session_id(session_id))
-    if await state.store.running_turn_id(session_id) is not None:
-        raise ConflictError(BUSY)
+    await _wait_idle(state, session_id)
     return {"deleted": session_id}
 
 

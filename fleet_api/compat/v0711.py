@@ -45,6 +45,7 @@ API = "/api"
 ATTACH_PATH = rf"^{PREFIX}{API}/attachments$"
 MOUNT = PurePosixPath("/workspace")  # the volume's mount, as the reference's clients name paths in it
 MAX_LISTED_SESSIONS = 10_000
+METHODS = ["GET", "PUT", "POST", "PATCH", "DELETE"]
 CANCEL_REASON = "cancelled over HTTP (fleet-rlm 0.7.11 profile: PUT /api/runs/{run_id}/cancellation)"
 
 
@@ -496,8 +497,8 @@ async def volume_tree(
 # ---------------------------------------------------------------------- what Fleet does not serve
 
 
-@router.api_route(f"{API}/files", methods=["GET", "PUT", "POST", "PATCH", "DELETE"])
-@router.api_route(f"{API}/files/{{rest:path}}", methods=["GET", "PUT", "POST", "PATCH", "DELETE"])
+@router.api_route(f"{API}/files", methods=METHODS, include_in_schema=False)
+@router.api_route(f"{API}/files/{{rest:path}}", methods=METHODS, include_in_schema=False)
 async def workspace_files(request: Request) -> Response:
     """0.7.11's workspace-wide ``files/`` namespace: Fleet's files belong to a session
     (Fleet's ``/api/sessions/{id}/workspace``), so there is none to serve."""
@@ -522,7 +523,7 @@ async def profile_schema() -> dict[str, Any]:
     return document
 
 
-@router.api_route(f"{API}/{{rest:path}}", methods=["GET", "PUT", "POST", "PATCH", "DELETE"], include_in_schema=False)
+@router.api_route(f"{API}/{{rest:path}}", methods=METHODS, include_in_schema=False)
 async def unknown_route(rest: str) -> Response:
     """Any other path under the profile's ``/api``: the reference's 404 envelope, not Fleet's."""
     raise ReferenceError(404, "not_found", "Resource not found")
