@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -220,22 +221,24 @@ def test_cancellation_ends_the_stream_with_turn_cancelled(client: httpx.Client, 
 
 
 def test_sessions_list_patch_and_errors(client: httpx.Client) -> None:
-    ids = [new_session(client, f"alpha {n}") for n in range(3)]
-    other = new_session(client, "beta")
-    page = client.get(f"{A}/sessions", params={"search": "alpha", "limit": 2}).json()
+    tag = uuid.uuid4().hex[:8]  # the store may hold other tests' sessions (the PostgreSQL pass shares one database)
+    ids = [new_session(client, f"alpha {tag} {n}") for n in range(3)]
+    other = new_session(client, f"beta {tag}")
+    page = client.get(f"{A}/sessions", params={"search": f"ALPHA {tag}", "limit": 2}).json()
     assert page["total"] == 3 and page["limit"] == 2 and page["offset"] == 0 and page["has_more"] is True
     assert len(page["items"]) == 2 and set(page["items"][0]) == {
         "id", "title", "status", "checkpoint_version", "created_at", "updated_at"
     }  # fmt: skip
-    rest = client.get(f"{A}/sessions", params={"search": "alpha", "limit": 2, "offset": 2}).json()
+    rest = client.get(f"{A}/sessions", params={"search": f"alpha {tag}", "limit": 2, "offset": 2}).json()
     assert rest["has_more"] is False and {i["id"] for i in page["items"] + rest["items"]} == set(ids)
 
-    archived = client.patch(f"{A}/sessions/{other}", json={"status": "archived", "title": "gamma"})
-    assert (
-        archived.status_code == 200 and archived.json()["status"] == "archived" and archived.json()["title"] == "gamma"
-    )
-    listed = client.get(f"{A}/sessions", params={"status": "archived"}).json()["items"]
-    assert [s["id"] for s in listed] == [other]
+    archived = client.patch(f"{A}/sessions/{other}", json={"status": "archived", "title": f"gamma {tag}"})
+    assert archived.status_code == 200, archived.text
+    assert archived.json()["status"] == "archived" and archived.json()["title"] == f"gamma {tag}"
+    listed = client.get(f"{A}/sessions", params={"status": "archived", "limit": 100}).json()["items"]
+    assert other in [s["id"] for s in listed] and {s["status"] for s in listed} == {"archived"}
+    active = client.get(f"{A}/sessions", params={"status": "active", "search": tag}).json()["items"]
+    assert {s["id"] for s in active} == set(ids)
     assert_error(client.patch(f"{A}/sessions/{other}", json={}), 422, "session_no_fields")
     assert_error(client.patch(f"{A}/sessions/{other}", json={"title": "  "}), 422, "session_title_empty")
     assert_error(client.patch(f"{A}/sessions/{other}", json={"status": "gone"}), 422, "invalid_request")
