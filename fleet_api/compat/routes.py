@@ -60,7 +60,7 @@ MEMORY_KINDS = "^(observation|preference|hypothesis|procedure)$"
 _background: set[asyncio.Task[Any]] = set()  # durable cancellations still being written
 
 
-def _reference_error(exc: Exception) -> JSONResponse:
+def _reference_error(exc: Exception, request: Request | None = None) -> JSONResponse:
     """A Fleet failure as the reference reports it: 404, 409, 413 and 422 keep their meaning, the rest is 503."""
     if isinstance(exc, RequestValidationError):
         return JSONResponse({"detail": _plain(exc.errors())}, status_code=422)
@@ -75,9 +75,9 @@ def _plain(errors: Any) -> list[dict[str, Any]]:
     return [{"type": e.get("type"), "loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in errors]
 
 
-def reference_route(render: Callable[[Exception], Response]) -> type[APIRoute]:
-    """A route class that answers its errors with ``render`` (each profile's envelope), leaving Fleet's
-    handlers for Fleet's routes. Both profiles' routers are built from it."""
+def reference_route(render: Callable[[Exception, Request], Response]) -> type[APIRoute]:
+    """A route class that answers its errors with ``render`` (each profile's envelope, given the request),
+    leaving Fleet's handlers for Fleet's routes. Both profiles' routers are built from it."""
 
     class ReferenceRoute(APIRoute):
         def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
@@ -87,9 +87,9 @@ def reference_route(render: Callable[[Exception], Response]) -> type[APIRoute]:
                 try:
                     return await handler(request)
                 except (FleetError, RequestValidationError) as exc:
-                    return render(exc)
+                    return render(exc, request)
                 except HTTPException as exc:  # a body cut off at the size limit (413), or unparsable (400)
-                    return render(FleetError(str(exc.detail), status=exc.status_code))
+                    return render(FleetError(str(exc.detail), status=exc.status_code), request)
 
             return handle
 

@@ -56,9 +56,14 @@ class ReferenceError(FleetError):
         super().__init__(message, code=code, status=status)
 
 
-def render_error(exc: Exception) -> JSONResponse:
+def _oversize(message: str) -> JSONResponse:
+    return JSONResponse(wire.coded_error("attachment_invalid", message), status_code=400)
+
+
+def render_error(exc: Exception, request: Request | None = None) -> JSONResponse:
     """0.7.11's ``{code, message}``: a route's own code, else the reference's default for the status
-    (with Fleet's message, which says what to do); 413 is the reference's 400, anything else 503."""
+    (with Fleet's message, which says what to do); 413 is the reference's 400 (``attachment_invalid`` on
+    the upload route), anything else 503."""
     if isinstance(exc, RequestValidationError):
         skills = any("skill_selections" in map(str, e.get("loc", ())) for e in exc.errors())
         body = wire.coded_error("invalid_skill_selection", "Invalid Skill selection") if skills else None
@@ -66,15 +71,13 @@ def render_error(exc: Exception) -> JSONResponse:
     assert isinstance(exc, FleetError)
     if isinstance(exc, ReferenceError):
         return JSONResponse(wire.coded_error(exc.code, exc.message), status_code=exc.status)
+    if exc.status == 413 and request is not None and re.match(ATTACH_PATH, request.url.path):
+        return _oversize(exc.message)
     status = 400 if exc.status == 413 else exc.status if exc.status in wire.DEFAULT_CODES else 503
     if isinstance(exc, ValidationError):
         status = 422
     code, _message = wire.DEFAULT_CODES[status]
     return JSONResponse(wire.coded_error(code, exc.message), status_code=status)
-
-
-def _oversize(message: str) -> JSONResponse:
-    return JSONResponse(wire.coded_error("attachment_invalid", message), status_code=400)
 
 
 OVERSIZE = (re.compile(ATTACH_PATH), _oversize)

@@ -306,6 +306,17 @@ def test_an_oversize_upload_is_400(fleet_env: dict[str, str], tmp_path: Path) ->
         assert_error(upload(60_000), 400, "attachment_invalid")  # read by the route
         assert_error(upload(2_000_000), 400, "attachment_invalid")  # refused from its Content-Length
 
+        def chunks() -> Iterator[bytes]:
+            yield b'--b\r\nContent-Disposition: form-data; name="attachment"; filename="s.bin"\r\n\r\n'
+            for _ in range(100):
+                yield b"y" * 10_000
+
+        multipart = {"content-type": "multipart/form-data; boundary=b"}
+        streamed = client.post(f"{A}/attachments", content=chunks(), headers=multipart)  # cut off as it arrives
+        assert_error(streamed, 400, "attachment_invalid")
+        too_big = client.post(f"{A}/sessions", json={"title": "x" * 3_000_000})  # before any route: Fleet's 413
+        assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "payload_too_large"
+
 
 def test_skills_health_settings_feedback_and_what_is_not_served(client: httpx.Client, scripted_lm: ScriptedLM) -> None:
     cards = client.get(f"{A}/skills").json()
