@@ -341,7 +341,10 @@ def test_skills_health_settings_feedback_and_what_is_not_served(client: httpx.Cl
 
     scripted_lm.add("say hello", DONE)
     sid = new_session(client)
-    trace = turn(client, sid, "say hello", "k")[-1]["traceId"]
+    chosen = [{"id": cards[0]["id"], "expected_version": cards[0]["version"]}]  # a card preselected for the turn
+    trace = turn(client, sid, "say hello", "k", skill_selections=chosen)[-1]["traceId"]
+    events = client.get(f"/api/sessions/{sid}/turns/{trace}/events").text
+    assert f'"skills":["{cards[0]["name"]}"]' in events.replace(" ", "")
     body = {"trace_id": trace, "value": False, "comment": "wrong"}
     marked = client.post(f"{A}/sessions/{sid}/traces/feedback", json=body)
     assert marked.json() == {"trace_id": trace, "name": "user_feedback", "value": False, "assessment_id": None}
