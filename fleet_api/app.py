@@ -113,11 +113,18 @@ def create_app(
     for router in routes.ROUTERS:
         app.include_router(router, prefix="/api")
     app.include_router(metrics.router)
-    app.include_router(compat.router, include_in_schema=False)  # fleet-rlm's wire profile, under its own prefix
+    for profile in compat.ROUTERS:  # fleet-rlm's wire profile (0.8.1, 0.7.11), under its own prefix
+        app.include_router(profile, include_in_schema=False)
     upload_limit = int(settings.policy.storage.max_upload_mb * 1024 * 1024)
-    upload_paths = re.compile(rf"^{re.escape(UPLOAD_PATH)}$|{compat.ATTACH_PATH}")
+    upload_paths = re.compile(rf"^{re.escape(UPLOAD_PATH)}$|{compat.UPLOAD_PATHS}")
     names = own_names(settings.allowed_hosts, bind_host)
-    app.add_middleware(BodyLimit, upload_limit=upload_limit, upload_paths=upload_paths, raw_paths=RAW_PATHS)
+    app.add_middleware(
+        BodyLimit,
+        upload_limit=upload_limit,
+        upload_paths=upload_paths,
+        raw_paths=RAW_PATHS,
+        refusals=[compat.v0711.OVERSIZE],  # 0.7.11 refuses an oversize upload with its own 400
+    )
     proxies = frozenset(settings.allowed_hosts)  # an Origin of a loopback or bind name must be this very origin
 
     def routed(scope: Scope) -> bool:

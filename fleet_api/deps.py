@@ -20,6 +20,7 @@ from fleet_kernel.store import Store
 
 # Ids Fleet hands out (``ses_...``, ``turn_...``, ``run_...``); anything else cannot name a row.
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+ID_PATTERN = _ID  # for routes that answer an impossible id in another envelope (the fleet-rlm profile)
 SANDBOX_CHECK_TTL_S = 30.0
 # The store's ping and write probe run at most this often; health checks in between reuse the answer.
 STORE_CHECK_TTL_S = 1.0

@@ -2,15 +2,18 @@
 
 Uploads may be as large as ``storage.max_upload_mb`` (plus multipart framing); every other body is
 small JSON. A declared ``Content-Length`` over the limit is refused at once; a body that grows past
-it while streaming is cut off with the same 413.
+it while streaming is cut off with the same 413. A path may answer in its own words instead
+(``refusals``: a wire profile whose clients expect another status and envelope).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleet_api.errors import error_response
@@ -27,8 +30,10 @@ class BodyLimit:
         upload_limit: int,
         upload_paths: re.Pattern[str],
         raw_paths: re.Pattern[str] | None = None,
+        refusals: Sequence[tuple[re.Pattern[str], Callable[[str], Response]]] = (),
     ) -> None:
         self.app = app
+        self.refusals = refusals  # (path, the response for a too large body given Fleet's message)
         self.upload_limit = upload_limit
         self.upload_paths = upload_paths
         self.raw_paths = raw_paths  # raw bytes (a workspace file): the upload limit, no framing
@@ -48,11 +53,9 @@ class BodyLimit:
         limit = self._limit(scope["path"])
         declared = Headers(scope=scope).get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
-            response = error_response(
-                413,
-                "payload_too_large",
-                _message(limit, self.upload_paths.match(scope["path"]) is not None, self._raw(scope["path"])),
-            )
+            message = _message(limit, self.upload_paths.match(scope["path"]) is not None, self._raw(scope["path"]))
+            own = next((refuse for path, refuse in self.refusals if path.match(scope["path"])), None)
+            response = own(message) if own is not None else error_response(413, "payload_too_large", message)
             await response(scope, receive, send)
             return
         seen = 0

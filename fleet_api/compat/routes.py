@@ -1,4 +1,5 @@
-"""fleet-rlm 0.8.1's HTTP + SSE contract over Fleet's engine and store (the "fleet-rlm profile").
+"""fleet-rlm 0.8.1's HTTP + SSE contract over Fleet's engine and store (the "fleet-rlm profile"); its
+0.7.11 contract (paths under ``/api``) is ``fleet_api.compat.v0711``, built on the helpers here.
 
 Each route does what the reference's route of that path does, through Fleet's own services; the
 bodies and stream envelopes come from ``fleet_api.compat.wire``. Errors are the reference's
@@ -7,19 +8,22 @@ bodies and stream envelopes come from ``fleet_api.compat.wire``. Errors are the 
 Where Fleet chose differently the profile does what the reference's clients expect: a session id is
 the client's and is created on first use; a dropped stream cancels the turn; a failure after the
 stream opened is an ``error`` event inside the 200 stream. Reference features Fleet lacks
-(execution modes other than rlm, a bound context file, replay capture) answer 422 saying so.
+(execution modes other than rlm, a bound context file, replay capture, moving skills between a
+volume and local storage) answer 422 saying so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hashlib
 import logging
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from contextlib import aclosing, nullcontext
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, Protocol, cast
 
 from fastapi import APIRouter, File, Query, Request, Response, UploadFile
 from fastapi.exceptions import RequestValidationError
@@ -27,24 +31,28 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.exceptions import HTTPException
 
 from fleet_api.compat import wire
 from fleet_api.deps import FleetState, State, check_id
+from fleet_api.routes._content import FileStream
 from fleet_api.sse import event_stream
 from fleet_kernel import __version__
 from fleet_kernel.engine.memory import Memories
 from fleet_kernel.engine.sessions import Sessions
+from fleet_kernel.engine.workspace_files import WorkspaceFiles
 from fleet_kernel.errors import ConflictError, FleetError, NotFoundError, ValidationError
 from fleet_kernel.events import Event
 from fleet_kernel.skills import catalogue_for
 from fleet_kernel.store import TurnRow
-from fleet_kernel.workspace import Workspace
+from fleet_kernel.workspace import Workspace, guess_mime
 
 log = logging.getLogger("fleet_api")
 
 PREFIX = "/compat/fleet-rlm"
 ATTACH_PATH = rf"^{PREFIX}/sessions/[^/]+/attach$"
 BUSY = "A Turn is running on this Session; retry when it completes"
+LOCK_WAIT_S = 2.0  # the reference's LOCKED routes wait this long for the session's turn lock
 CANCEL_REASON = "the client closed the turn's stream (fleet-rlm profile)"
 WORKSPACE_ROOTS = ("files", "artifacts", "memory")
 SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -52,12 +60,12 @@ MEMORY_KINDS = "^(observation|preference|hypothesis|procedure)$"
 _background: set[asyncio.Task[Any]] = set()  # durable cancellations still being written
 
 
-def _reference_error(exc: Exception) -> JSONResponse:
+def _reference_error(exc: Exception, request: Request | None = None) -> JSONResponse:
     """A Fleet failure as the reference reports it: 404, 409, 413 and 422 keep their meaning, the rest is 503."""
     if isinstance(exc, RequestValidationError):
         return JSONResponse({"detail": _plain(exc.errors())}, status_code=422)
     assert isinstance(exc, FleetError)
-    status = exc.status if exc.status in (404, 409, 413, 422) else 503
+    status = exc.status if exc.status in (400, 404, 409, 413, 422) else 503
     if isinstance(exc, ValidationError):
         status = 422
     return JSONResponse(wire.error_body(exc.message), status_code=status)
@@ -67,22 +75,28 @@ def _plain(errors: Any) -> list[dict[str, Any]]:
     return [{"type": e.get("type"), "loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in errors]
 
 
-class ReferenceRoute(APIRoute):
-    """Answers the profile's errors in the reference's shape, leaving Fleet's handlers for Fleet's routes."""
+def reference_route(render: Callable[[Exception, Request], Response]) -> type[APIRoute]:
+    """A route class that answers its errors with ``render`` (each profile's envelope, given the request),
+    leaving Fleet's handlers for Fleet's routes. Both profiles' routers are built from it."""
 
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
+    class ReferenceRoute(APIRoute):
+        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+            handler = super().get_route_handler()
 
-        async def handle(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except (FleetError, RequestValidationError) as exc:
-                return _reference_error(exc)
+            async def handle(request: Request) -> Response:
+                try:
+                    return await handler(request)
+                except (FleetError, RequestValidationError) as exc:
+                    return render(exc, request)
+                except HTTPException as exc:  # a body cut off at the size limit (413), or unparsable (400)
+                    return render(FleetError(str(exc.detail), status=exc.status_code), request)
 
-        return handle
+            return handle
+
+    return ReferenceRoute
 
 
-router = APIRouter(prefix=PREFIX, route_class=ReferenceRoute)
+router = APIRouter(prefix=PREFIX, route_class=reference_route(_reference_error))
 """Mounted with ``include_in_schema=False``: Fleet's document leaves the profile out, and the profile serves
 its own at ``{PREFIX}/openapi.json`` (built from these routes)."""
 
@@ -143,10 +157,19 @@ async def _ensure_session(state: FleetState, session_id: str) -> None:
 
 
 async def _idle_session(state: FleetState, session_id: str) -> None:
-    """The reference's LOCKED routes: an existing session with no running turn, else 409."""
+    """The reference's LOCKED routes: an existing session with no running turn, else 409 once the turn
+    has held it for ``LOCK_WAIT_S`` (as the reference tries its lock), so a turn that is ending (a
+    cancelled stream's) does not refuse the next command."""
     await _ensure_session(state, session_id)
-    if await state.store.running_turn_id(session_id) is not None:
-        raise ConflictError(BUSY)
+    await _wait_idle(state, session_id)
+
+
+async def _wait_idle(state: FleetState, session_id: str) -> None:
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while await state.store.running_turn_id(session_id) is not None:
+        if time.monotonic() >= deadline:
+            raise ConflictError(BUSY)
+        await asyncio.sleep(0.1)
 
 
 def _not_supported(what: str) -> ValidationError:
@@ -167,7 +190,9 @@ async def health(state: State) -> dict[str, Any]:
         "optimization_experiment_name": "",
         "ready": False,
     }
-    return {"status": "ok" if problem is None else "degraded", "version": __version__, "mlflow": mlflow}
+    status = "ok" if problem is None else "degraded"
+    # ``app`` is 0.7.11's field of the same route: one body serves both versions' clients
+    return {"status": status, "app": "fleet", "version": __version__, "mlflow": mlflow}
 
 
 @router.get("/sessions")
@@ -181,8 +206,7 @@ async def evict_session(session_id: str, state: State) -> dict[str, Any]:
     """The reference drops the session's runtime and keeps its history; Fleet holds no runtime between
     turns, so this only refuses an unknown (404) or busy (409) session, as the reference does."""
     await state.store.get_session(_session_id(session_id))
-    if await state.store.running_turn_id(session_id) is not None:
-        raise ConflictError(BUSY)
+    await _wait_idle(state, session_id)
     return {"deleted": session_id}
 
 
@@ -334,6 +358,71 @@ async def skills_catalog(state: State) -> dict[str, Any]:
     return {"catalog_xml": wire.skills_xml([(s.name, s.description) for s in catalogue])}
 
 
+@router.post("/skills/pull")
+@router.post("/skills/push")
+async def move_skills(state: State, session_id: str = "default") -> dict[str, Any]:
+    """The reference copies skills between a session's sandbox volume and local storage; Fleet's skills
+    are read where they are (bundled, ``~/.fleet/skills``, the project), so there is nothing to move."""
+    _session_id(session_id)
+    raise _not_supported("moving skills between a session volume and local storage (Fleet reads them in place)")
+
+
+class WriteRequest(_Request):
+    content: str | None = Field(default=None, max_length=25_000_000)
+    content_base64: str | None = Field(default=None, max_length=34_000_000)
+
+
+def _files(state: FleetState, session_id: str) -> WorkspaceFiles:
+    return WorkspaceFiles(state.store, state.settings, session_id)
+
+
+async def _existing_file(call: Coroutine[Any, Any, Any]) -> Any:
+    """The reference answers 404 for a missing file and for a path it refuses alike."""
+    try:
+        return await call
+    except ValidationError as exc:
+        raise NotFoundError(exc.message) from None
+
+
+@router.get("/sessions/{session_id}/workspace/stat/{rel_path:path}")
+async def workspace_stat(session_id: str, rel_path: str, state: State) -> dict[str, Any]:
+    await _ensure_session(state, session_id)
+    found = await _existing_file(_files(state, session_id).stat(rel_path))
+    return wire.workspace_stat(found.path, found.size, found.sha256)
+
+
+@router.get("/sessions/{session_id}/workspace/files/{rel_path:path}")
+async def read_workspace_file(session_id: str, rel_path: str, state: State) -> Response:
+    """The file's bytes (an artifact's download too), streamed; Fleet's inert headers are kept."""
+    await _ensure_session(state, session_id)
+    rel, opened = await _existing_file(_files(state, session_id).open(rel_path))
+    return FileStream(opened, mime=guess_mime(rel), filename=rel.rsplit("/", 1)[-1])
+
+
+@router.put("/sessions/{session_id}/workspace/files/{rel_path:path}")
+async def write_workspace_file(session_id: str, rel_path: str, body: WriteRequest, state: State) -> dict[str, Any]:
+    if (body.content is None) == (body.content_base64 is None):
+        raise ValidationError("Supply exactly one of content or content_base64")
+    try:
+        data = (
+            body.content.encode()
+            if body.content is not None
+            else base64.b64decode(body.content_base64 or "", validate=True)
+        )
+    except binascii.Error:
+        raise ValidationError("content_base64 is not valid base64") from None
+    await _idle_session(state, session_id)
+    found = await _files(state, session_id).write(rel_path, data)
+    return wire.workspace_stat(found.path, found.size, found.sha256) | {"mounted_path": f"/workspace/{found.path}"}
+
+
+@router.delete("/sessions/{session_id}/workspace/files/{rel_path:path}")
+async def delete_workspace_file(session_id: str, rel_path: str, state: State) -> dict[str, Any]:
+    await _idle_session(state, session_id)
+    await _existing_file(_files(state, session_id).delete(rel_path))
+    return {"deleted": rel_path}
+
+
 # ---------------------------------------------------------------------- the turn stream
 
 
@@ -356,23 +445,45 @@ async def _fleet_events(state: FleetState, turn: TurnRow) -> AsyncGenerator[Even
                 return
 
 
-async def _turn_frames(
-    state: FleetState, session_id: str, turn: TurnRow | None, failure: str | None
+class Translator(Protocol):
+    """What the stream core needs of a profile's translator (``wire.StreamTranslator``, ``wire.ChunkTranslator``)."""
+
+    outcome_sent: bool
+
+    def prelude(self, ts: float) -> dict[str, Any]: ...
+    def error(self, message: str, ts: float) -> list[dict[str, Any]]: ...
+    def translate(self, event: Event) -> list[dict[str, Any]]: ...
+
+
+async def turn_frames(
+    state: FleetState,
+    translator: Translator,
+    turn: TurnRow | None,
+    failure: str | None,
+    *,
+    encode: Callable[[dict[str, Any]], bytes],
+    end: bytes = b"",
 ) -> AsyncIterator[bytes]:
-    translator = wire.StreamTranslator(session_id, turn.turn_id if turn is not None else "")
-    yield wire.sse_frame(translator.prelude(time.time()))
+    """A turn's stream in a profile's framing (``encode``): the prelude, then the turn's events from seq
+    1 translated (or ``failure`` as an in-stream error), then ``end`` once an outcome was sent. Closing
+    the stream before the outcome cancels the turn, as the reference does."""
+    yield encode(translator.prelude(time.time()))
     if turn is None:
         for envelope in translator.error(failure or "The Turn failed.", time.time()):
-            yield wire.sse_frame(envelope)
+            yield encode(envelope)
+        if end:
+            yield end
         return
     try:
         async with aclosing(_fleet_events(state, turn)) as events:
             async for event in events:
                 for envelope in translator.translate(event):
-                    yield wire.sse_frame(envelope)
+                    yield encode(envelope)
     finally:
         if not translator.outcome_sent:
             _cancel(state, turn)
+    if translator.outcome_sent and end:
+        yield end
 
 
 @router.post("/sessions/{session_id}/turn")
@@ -392,7 +503,9 @@ async def stream_turn(session_id: str, body: TurnRequest, state: State) -> Respo
         raise ConflictError(BUSY) from None
     except ValidationError as exc:  # the reference reports these inside the stream
         failure = exc.message
-    return event_stream(_turn_frames(state, session_id, turn, failure), heartbeat_s=state.heartbeat_s)
+    translator = wire.StreamTranslator(session_id, turn.turn_id if turn is not None else "")
+    frames = turn_frames(state, translator, turn, failure, encode=wire.sse_frame)
+    return event_stream(frames, heartbeat_s=state.heartbeat_s)
 
 
 @router.get("/openapi.json", include_in_schema=False)

@@ -4,6 +4,7 @@ apply (see docs/api.md, "fleet-rlm profile", for those that cannot)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
@@ -314,3 +315,54 @@ def test_concurrent_first_calls_create_the_session_once(client: httpx.Client, li
     listed = [s["session_id"] for s in client.get(f"{P}/sessions").json()["sessions"]]
     assert listed.count("s-race") == 1  # the store may hold other tests' sessions (PostgreSQL's pass)
     assert client.get("/api/sessions/s-race").status_code == 200  # a session of Fleet's own API too
+
+
+def test_workspace_stat_read_write_and_delete(client: httpx.Client) -> None:
+    """0.8.1's ``/workspace/stat|files/{rel_path}`` over Fleet's workspace files (the reference's
+    test_routes cases for stat, download, a missing file and the one-content-field rule)."""
+    client.post(f"{P}/sessions/s-ws/attach", files={"file": ("notes.txt", b"alpha\n", "text/plain")})
+    stat = client.get(f"{P}/sessions/s-ws/workspace/stat/files/notes.txt")
+    assert stat.status_code == 200, stat.text
+    assert stat.json() == {"path": "files/notes.txt", "size_bytes": 6, "sha256": hashlib.sha256(b"alpha\n").hexdigest()}
+    download = client.get(f"{P}/sessions/s-ws/workspace/files/files/notes.txt")
+    assert download.status_code == 200 and download.content == b"alpha\n"
+
+    written = client.put(f"{P}/sessions/s-ws/workspace/files/files/out.txt", json={"content": "héllo"})
+    assert written.status_code == 200, written.text
+    assert written.json() == {
+        "path": "files/out.txt",
+        "size_bytes": len("héllo".encode()),
+        "sha256": hashlib.sha256("héllo".encode()).hexdigest(),
+        "mounted_path": "/workspace/files/out.txt",
+    }
+    raw = client.put(f"{P}/sessions/s-ws/workspace/files/files/b.bin", json={"content_base64": "AAEC"})
+    assert raw.json()["size_bytes"] == 3
+    assert client.get(f"{P}/sessions/s-ws/workspace/files/files/b.bin").content == b"\x00\x01\x02"
+    for body in ({"content": "x", "content_base64": "eA=="}, {}, {"content_base64": "not base64!"}, {"x": 1}):
+        response = client.put(f"{P}/sessions/s-ws/workspace/files/files/a.txt", json=body)
+        assert response.status_code == 422 and set(response.json()) == {"detail"}, (body, response.text)
+
+    assert client.delete(f"{P}/sessions/s-ws/workspace/files/files/out.txt").json() == {"deleted": "files/out.txt"}
+    for path in ("files/out.txt", "files/missing.bin", "%2e%2e/etc/passwd"):
+        for route in ("stat", "files"):
+            missing = client.get(f"{P}/sessions/s-ws/workspace/{route}/{path}")
+            assert missing.status_code == 404 and set(missing.json()) == {"detail"}, (route, path)
+    assert client.delete(f"{P}/sessions/s-ws/workspace/files/files/out.txt").status_code == 404
+    # the same files in Fleet's own API
+    assert client.get("/api/sessions/s-ws/workspace/stat/files/b.bin").json()["size"] == 3
+
+
+def test_workspace_writes_are_409_while_a_turn_runs(client: httpx.Client, scripted_lm: ScriptedLM) -> None:
+    scripted_lm.add("slow work", SLOW)
+    with client.stream("POST", f"{P}/sessions/s-wsbusy/turn", json={"task": "slow work"}) as r:
+        lines = r.iter_lines()
+        wait_for_code(lines)
+        put = client.put(f"{P}/sessions/s-wsbusy/workspace/files/files/a.txt", json={"content": "x"})
+        assert put.status_code == 409 and "Turn" in put.json()["detail"]
+        assert client.delete(f"{P}/sessions/s-wsbusy/workspace/files/files/a.txt").status_code == 409
+
+
+def test_skill_pull_and_push_are_not_supported(client: httpx.Client) -> None:
+    for path in ("/skills/pull", "/skills/push"):
+        response = client.post(P + path, params={"session_id": "s-skills"})
+        assert response.status_code == 422 and "not supported" in response.json()["detail"], response.text

@@ -4,9 +4,10 @@ what the live tests cannot easily provoke (tool calls, children, artifacts, a fa
 from __future__ import annotations
 
 import itertools
+import json
 from typing import Any
 
-from fleet_api.compat.wire import StreamTranslator, sse_frame
+from fleet_api.compat.wire import DONE_FRAME, ChunkTranslator, StreamTranslator, chunk_frame, sse_frame
 from fleet_kernel.events import (
     EVENT_TYPES,
     AgentFinished,
@@ -16,6 +17,7 @@ from fleet_kernel.events import (
     ErrorInfo,
     EventData,
     ExecutionFinished,
+    IterationStarted,
     Output,
     ToolFinished,
     ToolStarted,
@@ -107,3 +109,117 @@ def test_frames_have_an_id_and_data_but_no_event_line() -> None:
     frame = sse_frame(StreamTranslator("s", "t").prelude(1.0)).decode()
     lines = frame.rstrip("\n").split("\n")
     assert lines[0] == "id: 1" and lines[1].startswith("data: {") and len(lines) == 2 and frame.endswith("\n\n")
+
+
+# ---------------------------------------------------------------------- 0.7.11's chunks
+
+CHUNKED = {
+    "turn.started": "turn_start",
+    "iteration.started": "step_start",
+    "reasoning": "reasoning",
+    "code": "code",
+    "output": "output",
+    "execution.finished": "step_finish",
+    "tool.started": "tool_call",
+    "tool.finished": "tool_result",
+    "agent.started": "child_progress",
+    "agent.finished": "child_progress",
+    "artifact": "artifact",
+    "turn.completed": "turn_finish",
+    "turn.failed": "turn_finish",
+    "turn.cancelled": "turn_cancelled",
+}
+UNCHUNKED = {"lm.finished"}  # summed into the outcome's usage chunk
+
+
+def run_chunks(events: list[tuple[EventData, str]]) -> list[dict[str, Any]]:
+    translator = ChunkTranslator("ses_1", "run_1", "turn_1")
+    seq = itertools.count(1)
+    out = [translator.prelude(0.0)]
+    for data, agent in events:
+        event = make_event(data, seq=next(seq), session_id="ses_1", turn_id="turn_1", agent_id=agent)
+        out.extend(translator.translate(event))
+    return out
+
+
+def test_every_fleet_event_type_has_a_chunk_or_a_stated_none() -> None:
+    assert set(EVENT_TYPES) == set(CHUNKED) | UNCHUNKED
+
+
+def test_chunks_of_a_turn_with_a_child_a_tool_and_an_artifact() -> None:
+    out = run_chunks(
+        [
+            (IterationStarted(iteration=1, max_iters=5), "root"),
+            (Code(iteration=1, code="print(1)"), "root"),
+            (Output(iteration=1, stream="stdout", text="a"), "root"),
+            (
+                ExecutionFinished(iteration=1, duration_ms=12.4, error=ErrorInfo(type="ValueError", message="bad")),
+                "root",
+            ),
+            (ToolStarted(call_id="c1", name="llm_query", args_preview="('hi',)"), "root"),
+            (ToolFinished(call_id="c1", ok=False, result_preview="boom", duration_ms=3.0), "root"),
+            (AgentStarted(agent_id="a1", parent_agent_id="root", depth=1, task="sub task"), "root"),
+            (Code(iteration=1, code="print(2)"), "a1"),  # a child's own step: summarised, not shown
+            (AgentFinished(agent_id="a1", ok=True), "root"),
+            (
+                Artifact(
+                    artifact_id="art_1", path="artifacts/r.json", mime="application/json", size=3, sha256="f" * 64
+                ),
+                "root",
+            ),
+            (TurnCompleted(answer="42", usage=TurnUsage(lm_calls=2), duration_ms=1500.0), "root"),
+            (TurnFailed(error=ErrorInfo(type="x", message="late")), "root"),  # after the outcome: dropped
+        ]
+    )
+    names = [c["type"] for c in out]
+    assert names == [
+        "turn_status",
+        "step_start",
+        "code",
+        "output",
+        "warning",
+        "step_finish",
+        "tool_call",
+        "tool_result",
+        "child_progress",
+        "child_progress",
+        "artifact",
+        "text",
+        "text",
+        "usage",
+        "turn_finish",
+    ]
+    assert out[3] == {"type": "output", "streamId": "1", "step": 1, "output": "a", "isDelta": True, "final": False}
+    assert out[4]["message"] == "ValueError: bad" and out[5]["durationMs"] == 12
+    assert out[7] == {"type": "tool_result", "toolCallId": "c1", "toolName": "llm_query", "error": "boom"}
+    assert (out[8]["state"], out[9]["state"], out[9]["taskLabel"]) == ("running", "completed", "sub task")
+    assert out[10]["artifactKind"] == "json" and out[10]["artifactId"] == "art_1"
+    assert out[12] == {
+        "type": "text",
+        "streamId": "text",
+        "delta": "",
+        "text": "42",
+        "final": True,
+        "role": "assistant",
+    }
+    assert out[13]["usage"]["lm_calls"] == 2 and out[13]["iterations"] == 1
+    assert out[-1] == {
+        "type": "turn_finish", "finishReason": "stop", "status": "completed", "durationMs": 1500, "traceId": "turn_1"
+    }  # fmt: skip
+
+
+def test_a_failure_and_a_timeout_are_turn_error_then_turn_finish() -> None:
+    failed = run_chunks([(TurnFailed(error=ErrorInfo(type="lm_error", message="no key")), "root")])
+    assert failed[1:] == [
+        {"type": "turn_error", "message": "no key", "code": "execution_failed"},
+        {"type": "turn_finish", "finishReason": "error", "status": "error"},
+    ]
+    timed_out = run_chunks([(TurnFailed(error=ErrorInfo(type="deadline_exceeded", message="late")), "root")])
+    assert timed_out[1]["code"] == "timeout" and timed_out[2]["finishReason"] == "timeout"
+
+
+def test_chunk_frames_name_the_chunk_and_the_stream_ends_with_done() -> None:
+    frame = chunk_frame(ChunkTranslator("s", "r", "t").prelude(1.0)).decode()
+    assert frame.startswith("event: turn_status\ndata: {") and frame.endswith("\n\n")
+    assert json.loads(frame.split("data: ", 1)[1])["phase"] == "preparation"
+    assert DONE_FRAME == b"data: [DONE]\n\n"
