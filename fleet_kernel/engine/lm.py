@@ -70,6 +70,9 @@ def build_lms(settings: Settings) -> tuple[dspy.LM, dspy.LM]:
         sub = _make_lm(settings.sub_lm_model, settings, caps.sub_cap)
     else:
         sub = with_max_tokens(root.copy(), caps.sub_cap)
+    for lm in (root, sub):
+        if isinstance(lm, MeteredLM):
+            lm.stream_replies = caps.stream
     return root, sub
 
 
