@@ -60,8 +60,9 @@ class ScriptedLM:
     ``requests`` holds every request body; ``disconnects`` the bodies of requests whose client went
     away before their response was written (a delay ends early when that happens); ``asked`` when
     (``time.perf_counter()``) each step of a keyed script was taken, by key; ``first_token`` when the
-    first chunk of each streamed reply was written, and ``streamed`` how many chunks each wrote in all
-    (fewer than it had when its client went away).
+    first chunk of each streamed reply was written, ``streamed`` how many chunks each wrote in all
+    (fewer than it had when its client went away), and ``sent`` each streamed piece of reply text with
+    the wall-clock time (``time.time()``) it was written, for latency measurements across processes.
     """
 
     def __init__(
@@ -82,6 +83,7 @@ class ScriptedLM:
         self.token_delay_s = token_delay_s
         self.first_token: list[float] = []
         self.streamed: list[int] = []
+        self.sent: list[tuple[float, str]] = []
         self.requests: list[dict[str, Any]] = []
         self.disconnects: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
@@ -264,9 +266,12 @@ class ScriptedLM:
                             b"data: [DONE]\n\n" if chunk is None else b"data: " + json.dumps(chunk).encode() + b"\n\n"
                         )
                         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) + (b"0\r\n\r\n" if chunk is None else b""))
-                        if number == 1:
-                            with server._lock:
+                        content = ((chunk or {}).get("choices") or [{}])[0].get("delta", {}).get("content")
+                        with server._lock:
+                            if number == 1:
                                 server.first_token.append(time.perf_counter())
+                            if content:
+                                server.sent.append((time.time(), content))
                         sent += 1
                 finally:
                     with server._lock:

@@ -238,3 +238,33 @@ def test_scripted_lm_streams_the_whole_reply_as_chunks() -> None:
     assert text == whole["choices"][0]["message"]["content"]
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "stop"
     assert chunks[-1]["usage"] == whole["usage"] and chunks[-1]["choices"] == []
+
+
+async def test_a_cassette_records_the_stream_and_replays_it_as_one(
+    make_runner, store: Store, scripted_lm: ScriptedLM, tmp_path: Path
+) -> None:
+    scripted_lm.token_delay_s = 0.01
+    scripted_lm.add("*", [step(LONG_REASONING, "print('hi')"), step("Done.", "SUBMIT(answer='42')")])
+    cassette = tmp_path / "streamed.cassette.json"
+    recorder = await make_runner(FLEET_LM_RECORD=str(cassette))
+    recorded = await collect(recorder, (await store.create_session()).session_id, "record me")
+    assert recorded[-1].type == "turn.completed"
+    response = json.loads(cassette.read_text())["exchanges"][0]["response"]
+    pieces = response["stream"]
+    assert sum(size for _, size in pieces) == len(response["text"]) and len(pieces) > 100  # 4-char chunks
+    assert 0.005 < sum(pause for pause, _ in pieces) / len(pieces) < 0.1  # the recorded pace
+
+    for pace in ("recorded", "at_once"):
+        player = await make_runner(f'[lm]\nreplay_pace = "{pace}"\n', FLEET_LM_MODEL=f"replay/{cassette}")
+        started = time.monotonic()
+        replayed = await collect(player, (await store.create_session()).session_id, "record me")
+        took = time.monotonic() - started
+        assert replayed[-1].type == "turn.completed" and replayed[-1].data["answer"] == "42"
+        assert deltas(replayed, "reasoning") == LONG_REASONING.strip() == deltas(recorded, "reasoning")
+        types = [e.type for e in replayed]
+        assert types.index("lm.delta") < types.index("reasoning")
+        if pace == "recorded":
+            assert took > sum(pause for pause, _ in pieces) * 0.8  # at the recorded pace
+            paced = took
+        else:
+            assert took < paced

@@ -24,7 +24,9 @@ def _make_lm(model: str, settings: Settings, max_tokens: int) -> dspy.LM:
         from fleet_kernel.engine.replay import replay_lm  # loaded only for a replayed model
 
         trusted = model in settings.configured_models  # the operator's own file: its errors may show it
-        return with_max_tokens(replay_lm(cassette_path(model, settings), trusted=trusted), max_tokens)
+        paced = settings.policy.lm.replay_pace == "recorded"
+        replayed = replay_lm(cassette_path(model, settings), trusted=trusted, paced=paced)
+        return with_max_tokens(replayed, max_tokens)
     kwargs: dict[str, Any] = {
         "cache": False,
         "num_retries": 2,

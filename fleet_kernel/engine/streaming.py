@@ -16,8 +16,9 @@ engine dspy picks for a request lm15 cannot carry) are not streamed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -77,20 +78,33 @@ def prompt_tokens(request: Request) -> int:
     return chars // CHARS_PER_TOKEN
 
 
+def current() -> CallStream | None:
+    """The turn's call listening to this one's tokens, if any."""
+    return _current.get()
+
+
 def streamed_complete(engine: Any, request: Request) -> Response:
     """``engine.complete(request)``, read as a stream when a turn's call is listening (see module doc)."""
+    return read_as_stream(request, engine.stream, functools.partial(_whole, engine))
+
+
+def read_as_stream(
+    request: Request, stream: Callable[[Request], Generator[Any, None, None]], whole: Callable[[Request], Response]
+) -> Response:
+    """The reply to ``request``: ``whole(request)``, or, when a turn's call is listening, the events of
+    ``stream(request)`` told to its sink as they come and assembled into the same ``Response``."""
     call = _current.get()
     if call is None:
-        return _whole(engine, request)
+        return whole(request)
     # the assembler dspy's own streaming uses; imported by name: its module's types would pull all of dspy
     # (which ships none) into the type check
     accumulate: Any = importlib.import_module("dspy._vendor.lm15.result").StreamAccumulator
 
-    events = engine.stream(request)
+    events = stream(request)
     try:
         first = next(events)
     except UnsupportedFeatureError:  # raised before any I/O: this provider only answers whole replies
-        return _whole(engine, request)
+        return whole(request)
     except StopIteration:
         first = None
     call.attempts += 1
@@ -128,6 +142,7 @@ def streamed_complete(engine: Any, request: Request) -> Response:
 
 
 def _whole(engine: Any, request: Request) -> Response:
+    """The engine's own ``complete`` (the class's: the instance's is ``streamed_complete``)."""
     response: Response = type(engine).complete(engine, request)
     return response
 
