@@ -268,3 +268,25 @@ async def test_a_cassette_records_the_stream_and_replays_it_as_one(
             paced = took
         else:
             assert took < paced
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_the_providers_thinking_is_kept_on_lm_finished(
+    make_runner, store: Store, scripted_lm: ScriptedLM, stream: bool
+) -> None:
+    thinking = "The user wants 42. I will submit it directly."
+    scripted_lm.add("*", [{"reasoning": "Done.", "code": "SUBMIT(answer='42')", "reasoning_content": thinking}])
+    runner = await make_runner(f"[lm]\nstream = {json.dumps(stream)}\n")
+    events = await collect(runner, (await store.create_session()).session_id, "think first")
+    finished = next(e for e in events if e.type == "lm.finished")
+    assert finished.data["reasoning_content"] == thinking
+    assert finished.data["reasoning_tokens"] == len(thinking) // 4
+    usage = finished.data["usage"]
+    assert usage["completion_tokens"] >= len(thinking) // 4  # the thinking is counted in the call's usage
+    assert events[-1].data["usage"]["completion_tokens"] == usage["completion_tokens"]
+    from fleet_kernel.transcript import transcript_bundle
+    from fleet_kernel.view import TurnView
+
+    view = TurnView.of(events)
+    assert view.iterations[0].thinking == [thinking]
+    assert "<details><summary>the model's thinking" in transcript_bundle(view)[0]["text/html"]
