@@ -20,7 +20,7 @@ import functools
 import importlib
 from collections.abc import Callable, Generator, Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dspy.lm15 import Request, Response, UnsupportedFeatureError
@@ -50,7 +50,6 @@ class CallStream:
     open: Callable[[], StreamSink]
     check: Callable[[int], None]
     stopped: Callable[[dict[str, int]], None]
-    attempts: int = field(default=0)
 
 
 _current: ContextVar[CallStream | None] = ContextVar("fleet_call_stream", default=None)
@@ -107,7 +106,6 @@ def read_as_stream(
         return whole(request)
     except StopIteration:
         first = None
-    call.attempts += 1
     sink = call.open()
     accumulator = accumulate(request)
     prompt = prompt_tokens(request)
