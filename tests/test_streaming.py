@@ -290,3 +290,32 @@ async def test_the_providers_thinking_is_kept_on_lm_finished(
     view = TurnView.of(events)
     assert view.iterations[0].thinking == [thinking]
     assert "<details><summary>the model's thinking" in transcript_bundle(view)[0]["text/html"]
+
+
+def test_a_provider_that_cannot_stream_gets_the_whole_reply_request() -> None:
+    from collections.abc import Generator
+
+    from dspy.lm15 import Message, Request, Response, TextPart, UnsupportedFeatureError, Usage
+
+    from fleet_kernel.engine.streaming import CallStream, read_as_stream, streaming
+
+    request = Request(model="m", messages=(Message.user("hi"),))
+    message = Message.assistant([TextPart("whole")])
+    reply = Response(id=None, model="m", message=message, finish_reason="stop", usage=Usage(input_tokens=1))
+    asked: list[str] = []
+
+    def no_stream(_: Request) -> Generator[Any, None, None]:
+        asked.append("stream")
+        raise UnsupportedFeatureError("this provider does not support stream.")
+        yield
+
+    def whole(_: Request) -> Response:
+        asked.append("whole")
+        return reply
+
+    opened: list[str] = []
+    call = CallStream(open=lambda: opened.append("sink"), check=lambda tokens: None, stopped=lambda usage: None)  # type: ignore[arg-type,return-value]
+    with streaming(call):
+        assert read_as_stream(request, no_stream, whole) is reply
+    assert asked == ["stream", "whole"] and not opened  # refused before any I/O: one whole request, no sink
+    assert read_as_stream(request, no_stream, whole) is reply and asked[-1] == "whole"  # nobody listening
