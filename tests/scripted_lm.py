@@ -81,6 +81,7 @@ class ScriptedLM:
         self.delay_s = delay_s
         self.token_chars = token_chars
         self.token_delay_s = token_delay_s
+        self.stream_usage = True  # false: a server that sends no usage chunk, even when asked for one
         self.first_token: list[float] = []
         self.streamed: list[int] = []
         self.sent: list[tuple[float, str]] = []
@@ -291,7 +292,8 @@ class ScriptedLM:
                     if self._client_left():
                         raise _ClientLeft
                     if status == 200 and body.get("stream"):
-                        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                        asked = bool((body.get("stream_options") or {}).get("include_usage"))
+                        include_usage = asked and server.stream_usage
                         self._stream(server.chunks(payload, include_usage=include_usage), pace)
                     else:
                         self._send(status, payload)

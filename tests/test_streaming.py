@@ -319,3 +319,16 @@ def test_a_provider_that_cannot_stream_gets_the_whole_reply_request() -> None:
         assert read_as_stream(request, no_stream, whole) is reply
     assert asked == ["stream", "whole"] and not opened  # refused before any I/O: one whole request, no sink
     assert read_as_stream(request, no_stream, whole) is reply and asked[-1] == "whole"  # nobody listening
+
+
+async def test_a_stream_without_usage_is_metered_by_estimate(
+    make_runner, store: Store, scripted_lm: ScriptedLM
+) -> None:
+    scripted_lm.stream_usage = False
+    scripted_lm.add("*", [step("Done.", "SUBMIT(answer='42')")])
+    runner = await make_runner()
+    events = await collect(runner, (await store.create_session()).session_id, "no usage")
+    usage = next(e for e in events if e.type == "lm.finished").data["usage"]
+    prompt = "\n".join(str(m["content"]) for m in scripted_lm.requests[-1]["messages"])
+    assert usage["prompt_tokens"] == len(prompt) // 4 and usage["completion_tokens"] > 0  # not free
+    assert events[-1].data["usage"]["prompt_tokens"] == usage["prompt_tokens"]

@@ -9,13 +9,15 @@ reply with lm15's own ``StreamAccumulator``, so dspy's retries, pricing, history
 Only a call made for a turn streams (``streaming(CallStream)`` around it, set by ``MeteredLM``); its
 tokens go to the ``CallStream``'s sink, which also decides whether the call may go on: a turn cancelled,
 or a call whose estimated tokens would pass the turn's token budget, closes the stream at once. A provider
-that cannot stream gets the whole-reply request, as before. Calls through LiteLLM (the compatibility
+that cannot stream gets the whole-reply request, as before; one whose stream carries no usage is metered
+by the same estimate the budget uses. Calls through LiteLLM (the compatibility
 engine dspy picks for a request lm15 cannot carry) are not streamed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
 from collections.abc import Callable, Generator, Iterator
@@ -23,7 +25,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from dspy.lm15 import Request, Response, UnsupportedFeatureError
+from dspy.lm15 import Request, Response, UnsupportedFeatureError, Usage
 
 CHARS_PER_TOKEN = 4  # the estimate of tokens not counted yet by the provider
 
@@ -136,6 +138,12 @@ def read_as_stream(
     finally:
         sink.close()
     response: Response = accumulator.response()
+    usage = response.usage
+    if usage is None or (not usage.input_tokens and not usage.output_tokens):
+        # a provider that sends no usage in its stream: meter the call by estimate rather than as free
+        completion = max(chunks, chars // CHARS_PER_TOKEN)
+        estimate = Usage(input_tokens=prompt, output_tokens=completion, total_tokens=prompt + completion)
+        response = dataclasses.replace(response, usage=estimate)
     return response
 
 
