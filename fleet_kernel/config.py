@@ -94,6 +94,16 @@ class LMPolicy(_Section):
     request_timeout_s: float = Field(
         120, gt=0, le=3_600, description="how long one LM request may wait for the model server"
     )
+    replay_pace: Literal["recorded", "at_once"] = Field(
+        "recorded",
+        description="a replay/<cassette> model streams each reply at the pace it was recorded (each pause at most "
+        "0.5 s), or at once",
+    )
+    stream: bool = Field(
+        True,
+        description="ask for each turn's LM replies as streams, so watchers see the tokens as they arrive "
+        "(lm.delta); false: whole replies",
+    )
     instructions: Path | None = Field(
         None,
         description="a file whose text replaces the built-in task instructions of every turn's RLM (fleet optimize "

@@ -105,6 +105,20 @@ class IterationStarted(EventData):
     max_iters: int
 
 
+class LMDelta(EventData):
+    """Tokens of an LM call as they arrive, for watchers: a piece of the step's `reasoning` or `code` field
+    (coalesced: a piece at most every ~50 ms or 256 characters). The pieces of one `call_id` and field,
+    joined, are (in the usual case) the text the step's own `reasoning` / `code` event carries; those
+    events still carry the whole text, so deltas are never needed to rebuild a turn. `call_id` names one
+    attempt of one call: text under a new `call_id` starts afresh."""
+
+    type: ClassVar[str] = "lm.delta"
+    iteration: int
+    call_id: str
+    field: Literal["reasoning", "code"]
+    text: str
+
+
 class Reasoning(EventData):
     """The model's reasoning for the step."""
 
@@ -152,7 +166,12 @@ class LMFinished(EventData):
     """Why the reply ended, as the provider says: `stop`, `length` (cut at the completion cap, `[lm] max_tokens`
     or `sub_max_tokens`), `tool_calls`, `content_filter`; `not_sent` when the turn failed before the call
     was made (no model configured, say), which the status line and the metrics do not count as a call;
-    null when not known."""
+    `stopped` when Fleet closed the call's stream (the turn was stopped, or the call would have passed
+    `limits.max_turn_tokens`): its usage is then estimated from what streamed; null when not known."""
+    reasoning_content: str | None = None
+    """The provider's own thinking text, when it sends one (`reasoning_content`, Anthropic thinking blocks)."""
+    reasoning_tokens: int | None = None
+    """The tokens of that thinking, when the provider counts them (part of `completion_tokens`)."""
 
 
 NOT_SENT = "not_sent"
@@ -246,7 +265,7 @@ class TurnCancelledData(EventData):
 
 
 EVENT_CLASSES: tuple[type[EventData], ...] = (
-    TurnStarted, IterationStarted, Reasoning, Code, Output, ExecutionFinished, LMFinished,
+    TurnStarted, IterationStarted, LMDelta, Reasoning, Code, Output, ExecutionFinished, LMFinished,
     ToolStarted, ToolFinished, AgentStarted, AgentFinished, Artifact,
     TurnCompleted, TurnFailed, TurnCancelledData,
 )  # fmt: skip

@@ -35,6 +35,7 @@ class Redactor:
 
     def __init__(self, secrets: tuple[str, ...]) -> None:
         ordered = sorted({s for s in secrets if s}, key=len, reverse=True)
+        self._secrets = tuple(ordered)
         self._pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
 
     @classmethod
@@ -45,6 +46,17 @@ class Redactor:
 
     def text(self, text: str) -> str:
         return text if self._pattern is None else self._pattern.sub(MASK, text)
+
+    def unsafe_tail(self, text: str) -> int:
+        """How many characters at the end of ``text`` could be the start of a secret: text shown in pieces
+        (streamed tokens) keeps them back until the next piece says whether the secret follows."""
+        longest = 0
+        for secret in self._secrets:
+            for size in range(min(len(secret) - 1, len(text)), longest, -1):
+                if text.endswith(secret[:size]):
+                    longest = size
+                    break
+        return longest
 
     def data(self, value: Any) -> Any:
         """Every string in a JSON-like value (dict keys too) without the secrets."""

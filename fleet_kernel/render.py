@@ -63,13 +63,26 @@ def reasoning_html(text: str) -> str:
     return f'<div style="white-space:pre-wrap;font-style:italic">{html.escape(text)}</div>'
 
 
-def head_html(it: IterationView) -> str:
-    """What the model thought and wrote: reasoning, then highlighted code."""
-    parts = []
-    if it.reasoning:
-        parts.append(reasoning_html(it.reasoning))
-    if it.code:
-        parts.append(highlight_python(it.code))
+def thinking_html(it: IterationView) -> str:
+    """The provider's own thinking, collapsed: it can be long, and it is not what the step says."""
+    if not it.thinking:
+        return ""
+    text = "\n\n".join(it.thinking)
+    return (
+        f"<details><summary>the model's thinking ({len(text):,} characters)</summary>"
+        f'<div style="white-space:pre-wrap;opacity:0.8">{html.escape(text)}</div></details>'
+    )
+
+
+def head_html(it: IterationView, *, live: bool = False) -> str:
+    """What the model thought and wrote: reasoning, then highlighted code; ``live``: as far as it has
+    streamed (``shown_reasoning``), where a transcript shows only the step's own text."""
+    reasoning, code = (it.shown_reasoning, it.shown_code) if live else (it.reasoning, it.code)
+    parts = [thinking_html(it)] if it.thinking else []
+    if reasoning:
+        parts.append(reasoning_html(reasoning))
+    if code:
+        parts.append(highlight_python(code))
     return "\n".join(parts)
 
 

@@ -23,6 +23,7 @@ from fleet_kernel.events import (
     Event,
     ExecutionFinished,
     IterationStarted,
+    LMDelta,
     LMFinished,
     Output,
     Reasoning,
@@ -58,6 +59,22 @@ class IterationView:
     error: dict[str, str] | None = None
     tools: list[str] = field(default_factory=list)
     finished: bool = False
+    live_call: str = ""
+    """The LM call whose tokens ``live_reasoning`` and ``live_code`` hold (``lm.delta``), until the step's
+    own ``reasoning`` and ``code`` replace them. Live views show them; transcripts never do."""
+    live_reasoning: str = ""
+    live_code: str = ""
+    thinking: list[str] = field(default_factory=list)
+    """The provider's own thinking text of each LM call made for this iteration (``lm.finished``)."""
+
+    @property
+    def shown_reasoning(self) -> str:
+        """The reasoning as a live view shows it: the step's, else what has streamed of it."""
+        return self.reasoning or self.live_reasoning
+
+    @property
+    def shown_code(self) -> str:
+        return self.code or self.live_code
 
     @property
     def label(self) -> str:
@@ -161,13 +178,22 @@ class TurnView:
                 it = self._iteration(agent, d.iteration)
                 it.max_iters = d.max_iters
                 return it
+            case LMDelta() as d:
+                it = self._iteration(agent, d.iteration)
+                if it.live_call != d.call_id:  # another call (or a retried attempt): its text starts afresh
+                    it.live_call, it.live_reasoning, it.live_code = d.call_id, "", ""
+                if d.field == "reasoning":
+                    it.live_reasoning += d.text
+                else:
+                    it.live_code += d.text
+                return it
             case Reasoning() as d:
                 it = self._iteration(agent, d.iteration)
-                it.reasoning = d.text
+                it.reasoning, it.live_reasoning = d.text, ""
                 return it
             case Code() as d:
                 it = self._iteration(agent, d.iteration)
-                it.code = d.code
+                it.code, it.live_code = d.code, ""
                 return it
             case Output() as d:
                 it = self._iteration(agent, d.iteration)
@@ -178,6 +204,10 @@ class TurnView:
                 it.duration_ms, it.error = d.duration_ms, d.error.model_dump() if d.error else None
                 return it
             case LMFinished() as d if d.finish_reason != NOT_SENT:
+                if d.reasoning_content:
+                    latest = self._latest(agent)
+                    if latest is not None:
+                        latest.thinking.append(d.reasoning_content)
                 self.lm_calls += 1
                 self.sub_lm_calls += d.role == "sub"
                 self.tokens += d.usage.prompt_tokens + d.usage.completion_tokens

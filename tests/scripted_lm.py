@@ -8,8 +8,13 @@ key that appears in the request (the turn's task, say), so concurrent turns each
     with ScriptedLM({"*": [step("look", "print(1)"), step("done", "SUBMIT(answer='42')")]}) as lm:
         env = {"FLEET_LM_MODEL": "openai/scripted", "FLEET_LM_BASE_URL": lm.base_url, "FLEET_LM_API_KEY": "sk-test"}
 
+A request with ``"stream": true`` is answered as the OpenAI chat.completions stream (server-sent
+``chat.completion.chunk`` events of ``token_chars`` characters, ``token_delay_s`` apart, the last one with
+the finish reason, then a usage chunk when ``stream_options.include_usage`` asks for it, then
+``data: [DONE]``): the same text, finish reason and usage as the whole reply.
+
 Run standalone for processes that need it: ``python tests/scripted_lm.py script.json`` prints the URL.
-Stdlib only; ``TCP_NODELAY`` and one write per response, so no Nagle delay.
+Stdlib only; ``TCP_NODELAY`` and one write per response (per chunk when streaming), so no Nagle delay.
 """
 
 from __future__ import annotations
@@ -48,11 +53,16 @@ class ScriptedLM:
     A step is ``{"reasoning", "code"}`` (RLM action), any other dict of output fields (rendered as
     ChatAdapter text, e.g. ``{"answer": ...}`` for the extract fallback), or a control step:
     ``{"status": 401, "error": "..."}`` answers an HTTP error; ``{"delay": s, ...}`` waits first;
-    ``{"raw": text}`` answers ``text`` as it is, and ``"finish_reason"`` in a step replaces ``stop``.
+    ``{"raw": text}`` answers ``text`` as it is, and ``"finish_reason"`` in a step replaces ``stop``;
+    ``"reasoning_content"`` adds the provider's thinking text (and its ``reasoning_tokens``);
+    ``"token_delay"`` paces this step's stream instead of ``token_delay_s``.
     When a script runs out, ``default`` (if set) is repeated, else the server answers HTTP 500.
     ``requests`` holds every request body; ``disconnects`` the bodies of requests whose client went
     away before their response was written (a delay ends early when that happens); ``asked`` when
-    (``time.perf_counter()``) each step of a keyed script was taken, by key.
+    (``time.perf_counter()``) each step of a keyed script was taken, by key; ``first_token`` when the
+    first chunk of each streamed reply was written, ``streamed`` how many chunks each wrote in all
+    (fewer than it had when its client went away), and ``sent`` each streamed piece of reply text with
+    the wall-clock time (``time.time()``) it was written, for latency measurements across processes.
     """
 
     def __init__(
@@ -62,11 +72,19 @@ class ScriptedLM:
         sub: Callable[[str], Any] = _echo,
         default: Step | None = None,
         delay_s: float = 0.0,
+        token_chars: int = 4,
+        token_delay_s: float = 0.0,
     ) -> None:
         self.scripts = {key: list(steps) for key, steps in (scripts or {}).items()}
         self.sub = sub
         self.default = default
         self.delay_s = delay_s
+        self.token_chars = token_chars
+        self.token_delay_s = token_delay_s
+        self.stream_usage = True  # false: a server that sends no usage chunk, even when asked for one
+        self.first_token: list[float] = []
+        self.streamed: list[int] = []
+        self.sent: list[tuple[float, str]] = []
         self.requests: list[dict[str, Any]] = []
         self.disconnects: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
@@ -154,30 +172,65 @@ class ScriptedLM:
                     "error": {"message": found.get("error", "scripted error"), "type": "error"}
                 }
             finish_reason = found.pop("finish_reason", "stop")
+            thinking = found.pop("reasoning_content", None)
+            pace = found.pop("token_delay", None)
             content = found.pop("raw") if "raw" in found else chat_adapter_text(found)
         else:
             prompt = str(messages[-1].get("content", "")) if messages else ""
-            finish_reason = "stop"
+            finish_reason, thinking, pace = "stop", None, None
             content = self.sub(prompt)
             if isinstance(content, dict):  # {"delay": s, "text": ...}: a slow sub-LM answer
                 wait(float(content.get("delay", 0)))
                 content = str(content.get("text", ""))
         prompt_tokens = max(1, len(text) // 4)
-        completion_tokens = max(1, len(content) // 4)
-        return 200, {
+        reasoning_tokens = len(thinking) // 4 if thinking else 0
+        completion_tokens = max(1, len(content) // 4) + reasoning_tokens
+        usage: dict[str, Any] = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if thinking:
+            message["reasoning_content"] = thinking
+            usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+        reply = {
             "id": "chatcmpl-scripted",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": body.get("model", "scripted"),
-            "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish_reason}
-            ],
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-            },
+            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+            "usage": usage,
         }
+        if pace is not None:
+            reply["token_delay"] = float(pace)  # taken off again before the reply is sent
+        return 200, reply
+
+    def chunks(self, reply: dict[str, Any], *, include_usage: bool) -> list[dict[str, Any]]:
+        """``reply`` (a whole chat completion) as the chunks of its stream: thinking, then the text in
+        ``token_chars`` pieces, the finish reason, and the usage when asked for."""
+        choice = reply["choices"][0]
+        message = choice["message"]
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            return {
+                "id": reply["id"],
+                "object": "chat.completion.chunk",
+                "created": reply["created"],
+                "model": reply["model"],
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
+
+        size = max(1, self.token_chars)
+        out = [chunk({"role": "assistant", "content": ""})]
+        thinking = message.get("reasoning_content") or ""
+        out += [chunk({"reasoning_content": thinking[i : i + size]}) for i in range(0, len(thinking), size)]
+        content = message["content"]
+        out += [chunk({"content": content[i : i + size]}) for i in range(0, len(content), size)]
+        out.append(chunk({}, choice["finish_reason"]))
+        if include_usage:
+            out.append({**chunk({}), "choices": [], "usage": reply["usage"]})
+        return out
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self
@@ -198,6 +251,33 @@ class ScriptedLM:
                 ).encode()
                 self.wfile.write(head + body)
 
+            def _stream(self, chunks: list[dict[str, Any]], pace: float) -> None:
+                """Server-sent events, one HTTP chunk each, ``pace`` seconds apart (stopping when the client
+                goes away)."""
+                self.wfile.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                    b"Transfer-Encoding: chunked\r\n\r\n"
+                )
+                sent = 0
+                try:
+                    for number, chunk in enumerate([*chunks, None]):
+                        if number and pace:
+                            self._wait(pace)
+                        data = (
+                            b"data: [DONE]\n\n" if chunk is None else b"data: " + json.dumps(chunk).encode() + b"\n\n"
+                        )
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) + (b"0\r\n\r\n" if chunk is None else b""))
+                        content = ((chunk or {}).get("choices") or [{}])[0].get("delta", {}).get("content")
+                        with server._lock:
+                            if number == 1:
+                                server.first_token.append(time.perf_counter())
+                            if content:
+                                server.sent.append((time.time(), content))
+                        sent += 1
+                finally:
+                    with server._lock:
+                        server.streamed.append(sent)
+
             def do_GET(self) -> None:  # noqa: N802
                 self._send(200, {"object": "list", "data": [{"id": "scripted", "object": "model"}]})
 
@@ -208,9 +288,15 @@ class ScriptedLM:
                     server.headers.append(dict(self.headers))
                 try:
                     status, payload = server.answer(body, self._wait)
+                    pace = payload.pop("token_delay", server.token_delay_s)
                     if self._client_left():
                         raise _ClientLeft
-                    self._send(status, payload)
+                    if status == 200 and body.get("stream"):
+                        asked = bool((body.get("stream_options") or {}).get("include_usage"))
+                        include_usage = asked and server.stream_usage
+                        self._stream(server.chunks(payload, include_usage=include_usage), pace)
+                    else:
+                        self._send(status, payload)
                 except (_ClientLeft, BrokenPipeError, ConnectionResetError):
                     with server._lock:
                         server.disconnects.append(body)

@@ -240,5 +240,5 @@ async def test_crossing_the_budget_closes_the_other_calls_in_flight(make_runner,
     events = await collect(runner, session.session_id, "ask at once")
     assert events[-1].type == "turn.failed" and events[-1].data["error"]["type"] == "budget_exceeded"
     assert time.monotonic() - started < 30  # well before the slow answers would come
-    await wait_for(lambda: len(scripted_lm.disconnects) == 2)
-    assert all("slow" in json.dumps(b) for b in scripted_lm.disconnects)
+    # the slow ones are closed; the big reply's stream is cut too, once it would pass the budget
+    await wait_for(lambda: sum("slow" in json.dumps(b) for b in scripted_lm.disconnects) == 2)

@@ -46,7 +46,7 @@ def test_missing_or_extra_field_is_caught() -> None:
 
 def test_vocabulary_is_the_documented_one() -> None:
     assert set(EVENT_TYPES) == {
-        "turn.started", "iteration.started", "reasoning", "code", "output", "execution.finished",
+        "turn.started", "iteration.started", "lm.delta", "reasoning", "code", "output", "execution.finished",
         "lm.finished", "tool.started", "tool.finished", "agent.started", "agent.finished", "artifact",
         "turn.completed", "turn.failed", "turn.cancelled",
     }  # fmt: skip

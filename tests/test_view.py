@@ -57,3 +57,28 @@ async def test_a_real_turn_folds_into_the_view_every_renderer_shows(
     # The stored envelopes, parsed back from their JSON, fold into the same view.
     stored = [parse_event(json.loads(e.to_json()))[0] for e in await store.events_after(events[0].turn_id)]
     assert TurnView.of(stored) == view
+
+
+def test_streamed_text_is_live_only_and_the_step_replaces_it() -> None:
+    from fleet_kernel.events import make_event
+
+    def fold(types_and_data: list[tuple[str, dict[str, Any]]]) -> TurnView:
+        where = {"session_id": "s", "turn_id": "t"}
+        return TurnView.of(make_event(t, d, seq=n, **where) for n, (t, d) in enumerate(types_and_data, 1))
+
+    start = [("iteration.started", {"iteration": 1, "max_iters": 5})]
+    delta = {"iteration": 1, "call_id": "lm-1"}
+    streamed = [
+        ("lm.delta", {**delta, "field": "reasoning", "text": "Count the "}),
+        ("lm.delta", {**delta, "field": "reasoning", "text": "words"}),
+        ("lm.delta", {**delta, "field": "code", "text": "words = "}),
+    ]
+    live = fold(start + streamed).iterations[0]
+    assert (live.reasoning, live.shown_reasoning, live.shown_code) == ("", "Count the words", "words = ")
+    retried = fold([*start, *streamed, ("lm.delta", {**delta, "call_id": "lm-1.2", "field": "reasoning", "text": "C"})])
+    assert retried.iterations[0].shown_reasoning == "C" and retried.iterations[0].shown_code == ""  # afresh
+    step_events = [("reasoning", {"iteration": 1, "text": REASONING}), ("code", {"iteration": 1, "code": CODE})]
+    with_deltas, without = fold(start + streamed + step_events), fold(start + step_events)
+    assert with_deltas.iterations[0].shown_reasoning == REASONING and with_deltas.iterations[0].live_code == ""
+    for render in (render_markdown, render_text, render_html):
+        assert render(with_deltas) == render(without)  # transcripts never show deltas

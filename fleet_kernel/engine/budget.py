@@ -89,6 +89,25 @@ class TurnBudget:
             self.cancel.cancel(f"{message}: the turn was stopped", BudgetExceeded)  # unless stopped just before
             self.cancel.raise_if_cancelled()
 
+    def check_call(self, tokens: int) -> None:
+        """Raise to stop a call in flight (a streamed one, between its tokens): the turn stopped, or the
+        ``tokens`` the call has used so far (estimated) would use up the token budget, which stops it.
+
+        Raises:
+            BudgetExceeded: the token budget would be used up (now or before).
+            TurnCancelled: the turn was stopped for another reason.
+        """
+        self.cancel.raise_if_cancelled()
+        if self.max_tokens is None:
+            return
+        with self._lock:
+            used = self.tokens + tokens
+        if used >= self.max_tokens:
+            budget = f"{self.max_tokens:,}-token budget (limits.max_turn_tokens)"
+            message = f"the turn used {used:,} LM tokens of its {budget}, a call's reply cut short"
+            self.cancel.cancel(f"{message}: the turn was stopped", BudgetExceeded)
+            self.cancel.raise_if_cancelled()
+
     def close(self) -> None:
         """Close the watched LMs' requests in flight (the token calls this when it is cancelled)."""
         with self._lock:

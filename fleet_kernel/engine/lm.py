@@ -24,7 +24,9 @@ def _make_lm(model: str, settings: Settings, max_tokens: int) -> dspy.LM:
         from fleet_kernel.engine.replay import replay_lm  # loaded only for a replayed model
 
         trusted = model in settings.configured_models  # the operator's own file: its errors may show it
-        return with_max_tokens(replay_lm(cassette_path(model, settings), trusted=trusted), max_tokens)
+        paced = settings.policy.lm.replay_pace == "recorded"
+        replayed = replay_lm(cassette_path(model, settings), trusted=trusted, paced=paced)
+        return with_max_tokens(replayed, max_tokens)
     kwargs: dict[str, Any] = {
         "cache": False,
         "num_retries": 2,
@@ -70,6 +72,9 @@ def build_lms(settings: Settings) -> tuple[dspy.LM, dspy.LM]:
         sub = _make_lm(settings.sub_lm_model, settings, caps.sub_cap)
     else:
         sub = with_max_tokens(root.copy(), caps.sub_cap)
+    for lm in (root, sub):
+        if isinstance(lm, MeteredLM):
+            lm.stream_replies = caps.stream
     return root, sub
 
 

@@ -2,7 +2,9 @@
 the call it just finished, so the engine's LM callback can report them in ``lm.finished``.
 
 Within a turn it asks the turn's ``TurnBudget`` before each call, reports each call's usage to it, never
-asks for more than its ``max_tokens`` cap, and can close its requests in flight when the turn stops.
+asks for more than its ``max_tokens`` cap, and can close its requests in flight when the turn stops. A
+turn's calls stream (``streaming.py``): their tokens go to the watcher as they arrive, and the budget
+can stop a call between two of them.
 Below ``lm`` (which builds the turn's models) and ``replay`` (whose cassette LM is one), so neither
 imports the other to share it.
 """
@@ -19,6 +21,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import dspy
 from dspy.utils.callback import BaseCallback
+
+from fleet_kernel.engine.streaming import CallStream, StreamingEngines, StreamSink, streaming
 
 if TYPE_CHECKING:
     from fleet_kernel.engine.budget import TurnBudget
@@ -49,12 +53,17 @@ def reported(
     return result
 
 
+STOPPED = "stopped"
+"""The finish reason of a streamed call Fleet closed (the turn stopped, or its token budget ran out)."""
+
+
 class LastCall(NamedTuple):
     """What the engine reports of an LM call in ``lm.finished``."""
 
     usage: dict[str, Any]
     cost: float | None
     finish_reason: str | None
+    thinking: str | None = None  # the provider's own reasoning text (``reasoning_content``), when it sends one
 
 
 NO_CALL = LastCall({}, None, None)
@@ -81,6 +90,28 @@ def finish_reason(response: Any) -> str | None:
     return str(reason) if reason else None
 
 
+def thinking_text(response: Any) -> str | None:
+    """The provider's reasoning text (lm15 ``ThinkingPart``s; LiteLLM's ``reasoning_content``), or None."""
+    from dspy.clients.legacy_outputs import value
+
+    if isinstance(response, list | tuple):
+        response = response[0] if response else None
+    message = value(response, "message", None)
+    parts = value(message, "parts", None)
+    if parts:
+        texts = [str(value(part, "text", "") or "") for part in parts if value(part, "type", None) == "thinking"]
+        return "".join(texts) or None
+    choices = value(response, "choices", None) or []
+    message = value(choices[0], "message", None) if choices else None
+    text = value(message, "reasoning_content", None) if message is not None else None
+    return str(text) if text else None
+
+
+def _streamed(stream: CallStream, call: Callable[[], Any]) -> Any:
+    with streaming(stream):
+        return call()
+
+
 class MeteredLM(dspy.LM):
     """``dspy.LM`` that hands each call's usage and cost to the engine (see ``take_last_call``).
 
@@ -89,6 +120,15 @@ class MeteredLM(dspy.LM):
 
     budget: TurnBudget | None = None
     watcher: BaseCallback | None = None  # told of each call as a dspy callback would be, without dspy's wrapper
+    stream_replies: bool = True  # a watched call streams its reply (``[lm] stream``)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._engine_store = StreamingEngines()  # copies share it, as they share dspy's plain one
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._engine_store = StreamingEngines()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         for key in TOKEN_KEYS:  # model code may pass its own cap per call; never above ours
@@ -108,11 +148,26 @@ class MeteredLM(dspy.LM):
         return result
 
     def _watched(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        call = functools.partial(super().__call__, *args, **kwargs)
+        call: Callable[[], Any] = functools.partial(super().__call__, *args, **kwargs)
         watcher = self.watcher
         if watcher is None:
             return call()
-        return reported(call, f"lm-{next(_call_ids)}", watcher.on_lm_start, watcher.on_lm_end, self, kwargs)
+        call_id = f"lm-{next(_call_ids)}"
+        open_sink: Callable[[str], StreamSink] | None = getattr(watcher, "lm_stream", None)
+        if open_sink is not None and self.stream_replies:
+            stream = CallStream(
+                open=functools.partial(open_sink, call_id),
+                check=self.budget.check_call if self.budget is not None else lambda tokens: None,
+                stopped=self._stopped,
+            )
+            call = functools.partial(_streamed, stream, call)
+        return reported(call, call_id, watcher.on_lm_start, watcher.on_lm_end, self, kwargs)
+
+    def _stopped(self, usage: dict[str, int]) -> None:
+        """A streamed call was closed before its end: meter what it used, as far as it is known."""
+        _last_call.value = LastCall(dict(usage), None, STOPPED)
+        if self.budget is not None:
+            self.budget.add(usage, None)
 
     def update_history(self, entry: dict[str, Any]) -> None:
         """Meter the call, and keep it in this LM's own history only.
@@ -122,7 +177,8 @@ class MeteredLM(dspy.LM):
         that kept the prompts of up to 10 000 past calls alive. A turn's LMs are dropped with the turn.
         """
         usage, cost = dict(entry.get("usage") or {}), entry.get("cost")
-        _last_call.value = LastCall(usage, cost, finish_reason(entry.get("response")))
+        response = entry.get("response")
+        _last_call.value = LastCall(usage, cost, finish_reason(response), thinking_text(response))
         if self.budget is not None:
             self.budget.add(usage, cost)
         if dspy.settings.disable_history:

@@ -30,6 +30,7 @@ from dspy.primitives.code_interpreter import CodeExecutionError
 from dspy.utils.callback import BaseCallback
 
 from fleet_kernel.cancel import CancelToken
+from fleet_kernel.engine.deltas import DeltaCoalescer, FieldSplitter
 from fleet_kernel.engine.lm import scrub
 from fleet_kernel.engine.metered import reported, take_last_call
 from fleet_kernel.engine.sink import TurnEmitter
@@ -42,6 +43,7 @@ from fleet_kernel.events import (
     EventData,
     ExecutionFinished,
     IterationStarted,
+    LMDelta,
     LMFinished,
     Output,
     Reasoning,
@@ -50,6 +52,8 @@ from fleet_kernel.events import (
 )
 
 PREVIEW_CHARS = 300
+THINKING_CHARS = 20_000
+"""The provider's thinking text kept on ``lm.finished`` (the rest is cut, with a note)."""
 
 
 @dataclass
@@ -141,6 +145,7 @@ class TurnObserver(BaseCallback):
         self._actions: dict[str, AgentFrame] = {}
         self._children: dict[str, tuple[AgentFrame, Any]] = {}
         self._lm_calls: dict[str, tuple[float, Any, AgentFrame]] = {}
+        self._attempts: dict[str, int] = {}
         self._executions: dict[str, tuple[AgentFrame, float]] = {}
         self._tool_calls: dict[str, float] = {}
         self._ids = itertools.count(1)
@@ -256,11 +261,14 @@ class TurnObserver(BaseCallback):
 
     def on_lm_end(self, call_id: str, outputs: Any, exception: BaseException | None = None) -> None:
         started, instance, frame = self._lm_calls.pop(call_id, (time.perf_counter(), None, self._frame()))
-        usage, cost, reason = take_last_call()
+        self._attempts.pop(call_id, None)
+        usage, cost, reason, thinking = take_last_call()
         if instance is self.root_lm:
             self.root_finish_reason = reason
         prompt_tokens = int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0)
         completion_tokens = int(usage.get("completion_tokens") or usage.get("output_tokens") or 0)
+        details = usage.get("completion_tokens_details") or {}
+        reasoning_tokens = usage.get("reasoning_tokens") or (details.get("reasoning_tokens") if details else None)
         with self._lock:
             self.usage["lm_calls"] += 1
             self.usage["prompt_tokens"] += prompt_tokens
@@ -274,9 +282,20 @@ class TurnObserver(BaseCallback):
                 usage={"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
                 cost_usd=cost,
                 finish_reason=reason,
+                reasoning_content=self._shown(thinking, THINKING_CHARS) if thinking else None,
+                reasoning_tokens=int(reasoning_tokens) if reasoning_tokens else None,
             ),
             frame,
         )
+
+    def lm_stream(self, call_id: str) -> _CallDeltas:
+        """Where an attempt of LM call ``call_id`` streams its reply: ``lm.delta`` events of the frame that
+        made it (a retried attempt gets a call id of its own, so watchers start its text afresh)."""
+        _, _, frame = self._lm_calls.get(call_id, (0.0, None, self._frame()))
+        with self._lock:
+            attempts = self._attempts[call_id] = self._attempts.get(call_id, 0) + 1
+        attempt_id = call_id if attempts == 1 else f"{call_id}.{attempts}"
+        return _CallDeltas(self, frame, attempt_id)
 
     # ------------------------------------------------------------------ interpreter
 
@@ -329,6 +348,33 @@ class TurnObserver(BaseCallback):
                 duration_ms=round((time.perf_counter() - started) * 1000, 3),
             )
         )
+
+
+class _CallDeltas:
+    """One streamed attempt of an LM call: its reply split by field (``FieldSplitter``) and coalesced into
+    ``lm.delta`` events (``DeltaCoalescer``), holding back the start of a secret until it is clear."""
+
+    def __init__(self, observer: TurnObserver, frame: AgentFrame, call_id: str) -> None:
+        self.observer = observer
+        self.frame = frame
+        self.call_id = call_id
+        self.iteration = frame.iteration
+        self.splitter = FieldSplitter()
+        self.coalescer = DeltaCoalescer(self._flush, hold=observer.settings.redactor.unsafe_tail)
+
+    def text(self, text: str) -> None:
+        for name, piece in self.splitter.feed(text):
+            self.coalescer.add(name, piece)
+
+    def thinking(self, text: str) -> None:
+        """The provider's thinking arrives whole on ``lm.finished``."""
+
+    def close(self) -> None:
+        self.coalescer.close()
+
+    def _flush(self, name: str, text: str) -> None:
+        delta = LMDelta(iteration=self.iteration, call_id=self.call_id, field=name, text=text)
+        self.observer._emit(delta, self.frame)
 
 
 class _ModuleEvents(BaseCallback):

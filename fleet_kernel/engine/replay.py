@@ -6,6 +6,11 @@ a request is matched exactly, else on its inputs with digit runs ignored (the sy
 and timings change between machines); a request the cassette does not hold is a clear error naming the nearest
 recorded one. Both are dspy custom engines (``complete(Request) -> Response``), so dspy's adapters,
 callbacks and history work unchanged and nothing in dspy is patched.
+
+A turn's calls stream (``streaming.py``): recording keeps when each piece of a streamed reply arrived
+(``response.stream``: ``[seconds since the previous piece, characters]``), and a replay streams the reply
+in those pieces, at the recorded pace (each pause at most ``MAX_PAUSE_S``) or at once (``[lm] replay_pace``).
+A reply recorded whole replays in pieces of ``PIECE_CHARS``, at once.
 """
 
 from __future__ import annotations
@@ -17,18 +22,23 @@ import os
 import re
 import tempfile
 import threading
+import time
 from collections import defaultdict
+from collections.abc import Generator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import dspy
-from dspy.lm15 import Message, Request, Response, TextPart, Usage, response_to_events
+from dspy.lm15 import Message, Request, Response, StreamDeltaEvent, TextPart, Usage, response_to_events
 
 from fleet_kernel.engine.metered import MeteredLM
+from fleet_kernel.engine.streaming import CallStream, StreamSink, current, read_as_stream, streaming
 from fleet_kernel.errors import LMError
 
 CASSETTE_VERSION = 1
+MAX_PAUSE_S = 0.5  # the longest pause a paced replay makes between two pieces
+PIECE_CHARS = 16  # the pieces a reply recorded whole is streamed in
 _DIGITS = re.compile(r"\d+")
 _last_cost = threading.local()
 
@@ -137,12 +147,22 @@ class Cassette:
         exchanges: list[dict[str, Any]] = self.data["exchanges"]
         return exchanges
 
-    def append(self, messages: list[dict[str, str]], text: str, usage: dict[str, int], cost: float | None) -> None:
+    def append(
+        self,
+        messages: list[dict[str, str]],
+        text: str,
+        usage: dict[str, int],
+        cost: float | None,
+        stream: list[list[float]] | None = None,
+    ) -> None:
+        response: dict[str, Any] = {"text": text, "usage": usage, "cost_usd": cost}
+        if stream:
+            response["stream"] = stream
         entry = {
             "key": exact_key(messages),
             "loose": loose_key(messages),
             "messages": messages,
-            "response": {"text": text, "usage": usage, "cost_usd": cost},
+            "response": response,
         }
         with self._lock:
             self.exchanges.append(entry)
@@ -157,8 +177,9 @@ class Cassette:
 class ReplayEngine:
     """Answers requests from a cassette; the same request asked again gets its next recorded answer."""
 
-    def __init__(self, cassette: Cassette) -> None:
+    def __init__(self, cassette: Cassette, *, paced: bool = True) -> None:
         self.cassette = cassette
+        self.paced = paced
         self._lock = threading.Lock()
         self._by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self._by_loose: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -175,16 +196,22 @@ class ReplayEngine:
                 return entry
         return candidates[-1]
 
-    def complete(self, request: Request) -> Response:
+    def _entry(self, request: Request) -> dict[str, Any]:
         messages = request_messages(request)
         with self._lock:
             candidates = self._by_key.get(exact_key(messages)) or self._by_loose.get(loose_key(messages))
             if not candidates:
                 raise LMError(self._miss_message(messages), code="lm_replay_miss")
-            entry = self._pick(candidates)
+            return self._pick(candidates)
+
+    def _answer(self, entry: dict[str, Any]) -> Response:
         answer = entry["response"]
         _last_cost.value = None  # replaying costs nothing
         return _response(answer["text"], answer.get("usage") or {}, self.cassette.data.get("model") or "replay")
+
+    def complete(self, request: Request) -> Response:
+        """The recorded answer; streamed to a turn's call that listens (see the module doc)."""
+        return read_as_stream(request, self.stream, lambda r: self._answer(self._entry(r)))
 
     def _miss_message(self, messages: list[dict[str, str]]) -> str:
         text = "\n".join(m["content"] for m in messages)
@@ -206,11 +233,50 @@ class ReplayEngine:
             "what was recorded: run the same notebook, or record again with FLEET_LM_RECORD and a real FLEET_LM_MODEL"
         )
 
-    def stream(self, request: Request) -> Any:
-        return response_to_events(self.complete(request))
+    def stream(self, request: Request) -> Generator[Any, None, None]:
+        """The recorded answer as stream events: its text in the recorded pieces (and pace)."""
+        entry = self._entry(request)
+        recorded = entry["response"].get("stream") or []
+        for event in response_to_events(self._answer(entry)):
+            if event.type != "delta" or event.delta.type != "text":
+                yield event
+                continue
+            text, at = event.delta.text, 0
+            pieces = [(float(pause), int(size)) for pause, size in recorded] or [
+                (0.0, PIECE_CHARS) for _ in range(0, len(text), PIECE_CHARS)
+            ]
+            for pause, size in pieces:
+                if self.paced and pause > 0:
+                    time.sleep(min(pause, MAX_PAUSE_S))
+                if at < len(text):
+                    yield StreamDeltaEvent(delta=type(event.delta)(text=text[at : at + size]))
+                at += size
+            if at < len(text):  # the recorded pieces fell short of the text: the rest at once
+                yield StreamDeltaEvent(delta=type(event.delta)(text=text[at:]))
 
     def close(self) -> None:
         pass
+
+
+class _Timed:
+    """A sink that notes when each piece of the reply text arrived, and passes it on."""
+
+    def __init__(self, inner: StreamSink, pieces: list[list[float]]) -> None:
+        self.inner = inner
+        self.pieces = pieces
+        self.last = time.perf_counter()
+
+    def text(self, text: str) -> None:
+        now = time.perf_counter()
+        self.pieces.append([round(now - self.last, 4), len(text)])
+        self.last = now
+        self.inner.text(text)
+
+    def thinking(self, text: str) -> None:
+        self.inner.thinking(text)
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 class RecordingEngine:
@@ -221,12 +287,24 @@ class RecordingEngine:
         self.cassette = cassette
 
     def complete(self, request: Request) -> Response:
+        pieces: list[list[float]] = []
+        listening = current()
         with dspy.context(callbacks=[]):  # the outer LM reports this call; the inner one must not again
-            response = self.inner(request)
+            if listening is None:
+                response = self.inner(request)
+            else:  # the inner LM streams to the turn's call; note the pace of its pieces on the way
+
+                def open_timed() -> StreamSink:
+                    pieces.clear()  # a retried attempt's pieces replace the last one's
+                    return _Timed(listening.open(), pieces)
+
+                timed = CallStream(open=open_timed, check=listening.check, stopped=listening.stopped)
+                with streaming(timed):
+                    response = self.inner(request)
         entry = self.inner.history[-1] if self.inner.history else {}
         cost = entry.get("cost")
         usage = {"input_tokens": response.usage.input_tokens or 0, "output_tokens": response.usage.output_tokens or 0}
-        self.cassette.append(request_messages(request), response.text or "", usage, cost)
+        self.cassette.append(request_messages(request), response.text or "", usage, cost, pieces or None)
         _last_cost.value = cost
         return response
 
@@ -245,15 +323,16 @@ class CassetteLM(MeteredLM):
         super().update_history(entry)
 
 
-def replay_lm(path: str | Path, *, trusted: bool = True) -> dspy.LM:
+def replay_lm(path: str | Path, *, trusted: bool = True, paced: bool = True) -> dspy.LM:
     """An LM answering from the cassette at ``path`` (``FLEET_LM_MODEL=replay/<path>``); ``trusted``: the
-    operator chose it (see ``Cassette.load``).
+    operator chose it (see ``Cassette.load``); ``paced``: streamed replies keep their recorded pace.
 
     Raises:
         LMError: the cassette is missing or invalid.
     """
     cassette = Cassette.load(path, trusted=trusted)
-    return CassetteLM(f"replay/{cassette.path.name}", engine=ReplayEngine(cassette), cache=False, num_retries=0)
+    engine = ReplayEngine(cassette, paced=paced)
+    return CassetteLM(f"replay/{cassette.path.name}", engine=engine, cache=False, num_retries=0)
 
 
 def recording(lm: dspy.LM, path: str | Path) -> dspy.LM:

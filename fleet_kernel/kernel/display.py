@@ -7,8 +7,9 @@
 - ``TextLive`` (``jupyter console``, ``%fleet output text``): everything as readable ``stream`` lines.
 
 All three fold events into a ``TurnView`` (the one fold, ``fleet_kernel.view``) and render what changed
-in it, never the events themselves. They flush at most every ``FLUSH_INTERVAL_S`` (the first
-event goes out at once, the last state always goes out), so a chatty turn stays well under
+in it, never the events themselves. They flush at most every ``FLUSH_INTERVAL_S`` (``TOKEN_FLUSH_S`` while
+the model's tokens stream in; the first event goes out at once, the last state always goes out), so a chatty
+turn stays well under
 JupyterLab's IOPub rate limit. ``finish_turn`` then replaces the live view with the turn's record:
 artifact images and one ``execute_result`` carrying the transcript; a widget frontend then gets the
 feedback bar under a completed turn's answer (its fallback text says how to mark it with ``%fleet feedback``).
@@ -21,7 +22,7 @@ import html
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleet_kernel.errors import NotFoundError
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from fleet_kernel.store import Store
 
 FLUSH_INTERVAL_S = 0.25
+TOKEN_FLUSH_S = 0.1  # streamed tokens (lm.delta) show within ~0.1 s: 10 updates a second while they arrive
 TICK_S = 1.0
 MAX_STREAM_CHARS = 64 * 1024
 MAX_LIVE_OUTPUT_CHARS = 200_000
@@ -88,6 +90,7 @@ class _Live:
         self.started = time.monotonic()
         self._last_flush = 0.0
         self._pending: asyncio.TimerHandle | None = None
+        self._due = 0.0  # when the pending flush runs
         self._ticker: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
 
@@ -97,7 +100,7 @@ class _Live:
 
     def on_event(self, event: Event) -> None:
         self.record(self.view.apply(event))
-        self._schedule()
+        self._schedule(TOKEN_FLUSH_S if event.type == "lm.delta" else FLUSH_INTERVAL_S)
 
     def record(self, touched: IterationView | None) -> None:
         """Note what changed in the view, in the iteration ``touched`` or the turn (subclasses); sending
@@ -106,11 +109,14 @@ class _Live:
     def flush(self) -> None:
         """Send everything noted since the last flush (subclasses)."""
 
-    def _schedule(self) -> None:
+    def _schedule(self, interval: float = FLUSH_INTERVAL_S) -> None:
+        due = max(self._last_flush + interval, time.monotonic())
         if self._pending is not None:
-            return
-        wait = self._last_flush + FLUSH_INTERVAL_S - time.monotonic()
-        self._pending = self._loop.call_later(max(wait, 0.0), self._flush_now)
+            if self._due <= due:
+                return
+            self._pending.cancel()  # tokens arrived: flush sooner than planned
+        self._due = due
+        self._pending = self._loop.call_later(due - time.monotonic(), self._flush_now)
 
     def _flush_now(self) -> None:
         self._pending = None
@@ -146,12 +152,21 @@ class _Live:
 
 
 @dataclass
+class _Growing:
+    """A field a text view prints as its tokens stream in, then completes with the step's own text."""
+
+    printed: str = ""  # the field's text printed so far (before indentation)
+    open: bool = False  # its last line is still being printed
+    done: bool = False
+
+
+@dataclass
 class _Said:
     """How much of one iteration a text view has printed."""
 
     header: bool = False
-    reasoning: bool = False
-    code: bool = False
+    reasoning: _Growing = field(default_factory=_Growing)
+    code: _Growing = field(default_factory=_Growing)
     chunks: int = 0
     dropped: bool = False
     tools: int = 0
@@ -169,6 +184,8 @@ class TextLive(_Live):
         self._said: dict[int, _Said] = {}
 
     def _say(self, text: str, name: str = "stdout") -> None:
+        if not text:
+            return
         if self._chunks and self._chunks[-1][0] == name:
             self._chunks[-1] = (name, self._chunks[-1][1] + text)
         else:
@@ -198,12 +215,8 @@ class TextLive(_Live):
         if not said.header:
             said.header = True
             self._say(f"\n── {who}iteration {it.iteration}/{it.max_iters} " + "─" * 24 + "\n")
-        if it.reasoning and not said.reasoning:
-            said.reasoning = True
-            self._say(f"{who}reasoning: {it.reasoning.strip()}\n")
-        if it.code and not said.code:
-            said.code = True
-            self._say(f"{who}code:\n{_indent(fence(it.code, 'python'))}\n{who}output:\n")
+        self._reasoning(it, said.reasoning, who)
+        self._code(it, said, who)
         for stream, text in it.chunks[said.chunks :]:
             self._say(text, stream)
         said.chunks = len(it.chunks)
@@ -216,6 +229,58 @@ class TextLive(_Live):
         if it.error and not said.error:
             said.error = True
             self._say(f"{who}error: {error_line(it)}\n", "stderr")
+
+    def _reasoning(self, it: IterationView, grow: _Growing, who: str) -> None:
+        """``reasoning: ...`` as its tokens arrive, completed (or restated) by the step's own text."""
+        if grow.done:
+            return
+        head = f"{who}reasoning: "
+        if it.reasoning:
+            final = it.reasoning.strip()
+            grow.done = True
+            if grow.printed == final:
+                self._say("\n" if grow.open else "")
+            elif grow.open and final.startswith(grow.printed):
+                self._say(final[len(grow.printed) :] + "\n")
+            else:
+                self._say(("\n" if grow.open else "") + f"{head}{final}\n")
+            grow.open = False
+            return
+        live = it.live_reasoning
+        if not live or live == grow.printed:
+            return
+        if grow.open and live.startswith(grow.printed):
+            self._say(live[len(grow.printed) :])
+        else:  # the first tokens, or another call's: start the line (again)
+            self._say(("\n" if grow.open else "") + head + live)
+        grow.printed, grow.open = live, True
+
+    def _code(self, it: IterationView, said: _Said, who: str) -> None:
+        """``code:`` and the fenced code as its tokens arrive, then ``output:`` once the step's code is known."""
+        grow = said.code
+        if grow.done:
+            return
+        head = f"{who}code:\n    ```python\n    "
+        if it.code:
+            grow.done = True
+            tail = f"{who}output:\n"
+            if grow.open and it.code.startswith(grow.printed):
+                self._say(_indent_more(it.code[len(grow.printed) :].rstrip("\n")) + "\n    ```\n" + tail)
+            else:
+                self._say(("\n" if grow.open else "") + f"{who}code:\n{_indent(fence(it.code, 'python'))}\n{tail}")
+            grow.open = False
+            return
+        live = it.live_code
+        if not live or live == grow.printed:
+            return
+        if said.reasoning.open:  # the reasoning's tokens are over: end its line
+            self._say("\n")
+            said.reasoning.open = False
+        if grow.open and live.startswith(grow.printed):
+            self._say(_indent_more(live[len(grow.printed) :]))
+        else:
+            self._say(("\n" if grow.open else "") + head + _indent_more(live))
+        grow.printed, grow.open = live, True
 
     def flush(self) -> None:
         chunks, self._chunks = self._chunks, []
@@ -245,7 +310,7 @@ class PlainLive(_Live):
             return
         its = self.view.iterations
         index = next(i for i in range(len(its) - 1, -1, -1) if its[i] is touched)
-        head = (touched.reasoning, touched.code, touched.duration_ms, touched.error)
+        head = (touched.shown_reasoning, touched.shown_code, touched.duration_ms, touched.error)
         if head != self._heads.get(index, ("", "", None, None)):
             self._heads[index] = head
             if index not in self._shown:
@@ -274,10 +339,12 @@ class PlainLive(_Live):
         note = iteration_note(it)
         text = (
             f"── {it.label}{note}\n"
-            + (f"{it.reasoning}\n" if it.reasoning else "")
-            + (fence(it.code, "python") if it.code else "")
+            + (f"{it.shown_reasoning}\n" if it.shown_reasoning else "")
+            + (fence(it.shown_code, "python") if it.shown_code else "")
         )
-        body = f'<div class="{NO_MATH}"><b>{html.escape(it.label)}</b>{html.escape(note)}{head_html(it)}</div>'
+        body = (
+            f'<div class="{NO_MATH}"><b>{html.escape(it.label)}</b>{html.escape(note)}{head_html(it, live=True)}</div>'
+        )
         return {"text/plain": text, "text/html": body}
 
     def _status_bundle(self) -> dict[str, str]:
@@ -459,3 +526,8 @@ def _who(agent_id: str) -> str:
 
 def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.splitlines())
+
+
+def _indent_more(text: str) -> str:
+    """A piece of code printed after an indented line's start: each new line indented too."""
+    return text.replace("\n", "\n    ")

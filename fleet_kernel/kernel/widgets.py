@@ -70,7 +70,7 @@ class _Section:
 
 
 def _state(it: IterationView) -> tuple[str, str, int, float | None]:
-    return (it.reasoning, it.code, len(it.output) + it.output_dropped, it.duration_ms)
+    return (it.shown_reasoning, it.shown_code, len(it.output) + it.output_dropped, it.duration_ms)
 
 
 def _title(it: IterationView) -> str:
@@ -78,7 +78,7 @@ def _title(it: IterationView) -> str:
 
 
 def _head_html(it: IterationView) -> str:
-    return head_html(it) or "<em>thinking…</em>"
+    return head_html(it, live=True) or "<em>thinking…</em>"
 
 
 def _output_html(it: IterationView) -> str:

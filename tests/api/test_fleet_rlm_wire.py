@@ -41,7 +41,9 @@ MAPPED = {
     "turn.failed": "error",
     "turn.cancelled": "turn_cancelled",
 }
-HELD = {"output", "artifact", "iteration.started"}  # folded into a later event, or no counterpart
+# folded into a later event, or no counterpart (the reference streams no tokens: lm.delta is dropped, and
+# the step's reasoning and code still arrive whole)
+HELD = {"output", "artifact", "iteration.started", "lm.delta"}
 
 
 def run(events: list[EventData], agent: str = "root") -> list[dict[str, Any]]:

@@ -1,0 +1,167 @@
+"""Benchmark of streamed LM tokens: from the provider writing a token to a watcher seeing it.
+
+    .venv/bin/python bench/streaming.py [--samples 3] [--pace 0.05]
+
+The scripted LM (tests/scripted_lm.py) streams each reply in 4-character chunks, ``--pace`` seconds apart,
+and notes the wall-clock time it writes each one. "Provider first token" is the write of the first chunk
+holding reasoning text (the ``[[ ## reasoning ## ]]`` header before it is no visible token); "first
+visible token" is when a watcher has it on screen:
+
+- SSE client: the first ``lm.delta`` frame read by an httpx client of ``POST /api/sessions/{id}/turns``
+  (the API in this process, uvicorn in a thread; the turn in its runner);
+- kernel, console text (``FLEET_OUTPUT=text``, what ``jupyter console`` prints): the first IOPub ``stream``
+  message after which the printed text shows the reasoning's first characters;
+- kernel, widget card (a widget frontend such as JupyterLab): the first ``comm_msg`` whose HTML holds them.
+
+Also "execute -> first visible token": from the kernel's ``execute_request`` to that message, which
+includes the turn's start (sandbox, prompt) and the provider's own time to its first token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+import httpx  # noqa: E402
+from jupyter_client.manager import start_new_kernel  # noqa: E402
+from live_api import LiveServer, iter_frames  # noqa: E402
+from scripted_lm import ScriptedLM, step  # noqa: E402
+
+from fleet_kernel.config import load_settings  # noqa: E402
+from fleet_kernel.kernel.install import install  # noqa: E402
+
+HEADER = "[[ ## reasoning ## ]]\n"
+REASONING = "Zebras first: I count the stripes, then write the code that checks them. " * 2
+
+
+def first_visible(lm: ScriptedLM, since: int) -> float:
+    """When the provider wrote the first chunk holding reasoning text, among chunks ``since`` on."""
+    written = 0
+    for at, piece in lm.sent[since:]:
+        written += len(piece)
+        if written > len(HEADER):
+            return at
+    raise RuntimeError("no reasoning text was streamed")
+
+
+def reply_start(lm: ScriptedLM) -> int:
+    """Index in ``lm.sent`` where the next reply begins."""
+    return len(lm.sent)
+
+
+def sse_sample(client: httpx.Client, lm: ScriptedLM, session_id: str, task: str) -> float:
+    start = reply_start(lm)
+    seen = None
+    with client.stream("POST", f"/api/sessions/{session_id}/turns", json={"task": task}) as response:
+        for frame in iter_frames(response):
+            if frame.event == "lm.delta" and seen is None:
+                seen = time.time()
+            if frame.event in ("turn.completed", "turn.failed", "turn.cancelled"):
+                break
+    assert seen is not None, "no lm.delta"
+    return (seen - first_visible(lm, start)) * 1000
+
+
+def kernel_sample(kc: Any, lm: ScriptedLM, task: str, widget: bool) -> tuple[float, float]:
+    """(provider first token -> visible, execute -> visible) in ms, for one cell."""
+    start = reply_start(lm)
+    began = time.time()
+    msg_id = kc.execute(task)
+    printed, seen = "", None
+    while True:
+        msg = kc.get_iopub_msg(timeout=120)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind = msg["msg_type"]
+        if seen is None and not widget and kind == "stream":
+            printed += msg["content"]["text"]
+            if "reasoning: Z" in printed:
+                seen = time.time()
+        if seen is None and widget and kind == "comm_msg" and 'font-style:italic">Z' in str(msg["content"]):
+            seen = time.time()
+        if kind == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    while kc.get_shell_msg(timeout=60)["parent_header"].get("msg_id") != msg_id:
+        pass
+    assert seen is not None, "the reasoning never showed"
+    return (seen - first_visible(lm, start)) * 1000, (seen - began) * 1000
+
+
+def attach_widget_manager(kc: Any) -> None:
+    content = {"comm_id": uuid.uuid4().hex, "target_name": "jupyter.widget.control", "data": {}}
+    kc.shell_channel.send(kc.session.msg("comm_open", content, metadata={"version": "1.0.0"}))
+    kc.execute_interactive("%fleet output", timeout=60)
+
+
+def steps(n: int) -> list[dict[str, Any]]:
+    return [step(REASONING, "SUBMIT(answer='ok')") for _ in range(n)]
+
+
+def summary(values: list[float]) -> str:
+    return f"{statistics.median(values):7.1f} {max(values):7.1f}"
+
+
+def run(samples: int, pace: float) -> list[tuple[str, list[float]]]:
+    rows: list[tuple[str, list[float]]] = []
+    home = Path(tempfile.mkdtemp(prefix="fleet-bench-stream-"))
+    with ScriptedLM(default=steps(1)[0], token_delay_s=pace) as lm:
+        env = {"FLEET_HOME": str(home), "FLEET_SANDBOX": "local", **lm.env()}
+        settings = load_settings(env)
+        with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=120) as client:
+            session_id = client.post("/api/sessions", json={"title": "bench"}).json()["session_id"]
+            sse_sample(client, lm, session_id, "warm up")
+            rows.append(("SSE client", [sse_sample(client, lm, session_id, f"t{i}") for i in range(samples)]))
+
+        prefix = home / "jupyter"
+        install(prefix=str(prefix), name="fleet-bench")
+        os.environ["JUPYTER_PATH"] = str(prefix / "share" / "jupyter")
+        for label, widget in (("kernel, console text", False), ("kernel, widget card", True)):
+            kernel_env = {**os.environ, **env, "FLEET_HOME": str(home / label.split()[-1])}
+            if not widget:
+                kernel_env["FLEET_OUTPUT"] = "text"
+            km, kc = start_new_kernel(kernel_name="fleet-bench", env=kernel_env, startup_timeout=60)
+            try:
+                if widget:
+                    attach_widget_manager(kc)
+                kernel_sample(kc, lm, "warm up", widget)
+                got = [kernel_sample(kc, lm, f"cell {i}", widget) for i in range(samples)]
+            finally:
+                kc.stop_channels()
+                km.shutdown_kernel(now=True)
+            rows.append((label, [g[0] for g in got]))
+            rows.append((f"{label}: execute -> first token", [g[1] for g in got]))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--samples", type=int, default=3)
+    parser.add_argument("--pace", type=float, default=0.05, help="seconds between the provider's chunks")
+    args = parser.parse_args()
+    threading.current_thread().name = "bench"
+    rows = asyncio.run(asyncio.to_thread(run, args.samples, args.pace))
+    print(
+        f"\nprovider first token -> first visible token (ms), scripted LM at {args.pace * 1000:.0f} ms a chunk, "
+        f"{args.samples} samples each\n"
+    )
+    print(f"| {'watcher':<48} | median |     max |")
+    print(f"|{'-' * 50}|--------:|--------:|")
+    for label, values in rows:
+        median, most = summary(values).split()
+        print(f"| {label:<48} | {median:>6} | {most:>7} |")
+
+
+if __name__ == "__main__":
+    main()

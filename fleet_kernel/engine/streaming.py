@@ -1,0 +1,168 @@
+"""LM calls that stream: the reply's tokens reach the turn as they arrive, the call's result is unchanged.
+
+dspy runs each call through its engine's ``complete(request)``. ``StreamingEngines`` is the engine store
+of Fleet's LMs (``dspy.LM._engine_store``): each native engine dspy puts there gets a ``complete`` that
+asks for the same request as a stream (``stream: true``; usage in the last chunk) and assembles the
+reply with lm15's own ``StreamAccumulator``, so dspy's retries, pricing, history and parsing see the very
+``Response`` a whole reply gives: the same text, usage, cost, finish reason and ``max_tokens``.
+
+Only a call made for a turn streams (``streaming(CallStream)`` around it, set by ``MeteredLM``); its
+tokens go to the ``CallStream``'s sink, which also decides whether the call may go on: a turn cancelled,
+or a call whose estimated tokens would pass the turn's token budget, closes the stream at once. A provider
+that cannot stream gets the whole-reply request, as before; one whose stream carries no usage is metered
+by the same estimate the budget uses. Calls through LiteLLM (the compatibility
+engine dspy picks for a request lm15 cannot carry) are not streamed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import importlib
+from collections.abc import Callable, Generator, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from dspy.lm15 import Request, Response, UnsupportedFeatureError, Usage
+
+CHARS_PER_TOKEN = 4  # the estimate of tokens not counted yet by the provider
+
+
+class StreamSink(Protocol):
+    """Where one attempt of a call streams to."""
+
+    def text(self, text: str) -> None: ...
+
+    def thinking(self, text: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class CallStream:
+    """One LM call of a turn, as its stream is read.
+
+    ``open`` gives the sink of each attempt (dspy retries a failed attempt); ``check(tokens)`` raises to
+    stop the call, given the tokens it would have used so far (estimated: prompt plus streamed reply);
+    ``stopped(usage)`` is told the estimated usage of a call cut short, which the provider never reports.
+    """
+
+    open: Callable[[], StreamSink]
+    check: Callable[[int], None]
+    stopped: Callable[[dict[str, int]], None]
+
+
+_current: ContextVar[CallStream | None] = ContextVar("fleet_call_stream", default=None)
+
+
+@contextlib.contextmanager
+def streaming(call: CallStream) -> Iterator[None]:
+    """Stream the LM calls made inside (on this thread and in contexts copied from it) to ``call``."""
+    token = _current.set(call)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+def prompt_tokens(request: Request) -> int:
+    """The request's tokens as the provider will count them, roughly: its characters over four."""
+    chars = 0
+    system = request.system
+    if isinstance(system, str):
+        chars += len(system)
+    elif system is not None:
+        chars += sum(len(getattr(part, "text", "") or "") for part in system)
+    chars += sum(len(message.text or "") for message in request.messages)
+    return chars // CHARS_PER_TOKEN
+
+
+def current() -> CallStream | None:
+    """The turn's call listening to this one's tokens, if any."""
+    return _current.get()
+
+
+def streamed_complete(engine: Any, request: Request) -> Response:
+    """``engine.complete(request)``, read as a stream when a turn's call is listening (see module doc)."""
+    return read_as_stream(request, engine.stream, functools.partial(_whole, engine))
+
+
+def read_as_stream(
+    request: Request, stream: Callable[[Request], Generator[Any, None, None]], whole: Callable[[Request], Response]
+) -> Response:
+    """The reply to ``request``: ``whole(request)``, or, when a turn's call is listening, the events of
+    ``stream(request)`` told to its sink as they come and assembled into the same ``Response``."""
+    call = _current.get()
+    if call is None:
+        return whole(request)
+    # the assembler dspy's own streaming uses; imported by name: its module's types would pull all of dspy
+    # (which ships none) into the type check
+    accumulate: Any = importlib.import_module("dspy._vendor.lm15.result").StreamAccumulator
+
+    events = stream(request)
+    try:
+        first = next(events)
+    except UnsupportedFeatureError:  # raised before any I/O: this provider only answers whole replies
+        return whole(request)
+    except StopIteration:
+        first = None
+    sink = call.open()
+    accumulator = accumulate(request)
+    prompt = prompt_tokens(request)
+    chunks = chars = 0
+    try:
+        with contextlib.closing(events):
+            event = first
+            while event is not None:
+                accumulator.push(event)
+                if event.type == "delta":
+                    text = getattr(event.delta, "text", None)
+                    if text:
+                        chunks += 1
+                        chars += len(text)
+                        if event.delta.type == "thinking":
+                            sink.thinking(text)
+                        elif event.delta.type == "text":
+                            sink.text(text)
+                        call.check(prompt + max(chunks, chars // CHARS_PER_TOKEN))
+                event = next(events, None)
+    except BaseException as exc:
+        completion = max(chunks, chars // CHARS_PER_TOKEN)
+        if chunks:  # the provider bills what it sent; it will never say how much
+            call.stopped({"prompt_tokens": prompt, "completion_tokens": completion})
+        if isinstance(exc, Exception):
+            call.check(prompt + completion)  # a stream closed because the turn stopped ends the turn, unretried
+        raise
+    finally:
+        sink.close()
+    response: Response = accumulator.response()
+    usage = response.usage
+    if usage is None or (not usage.input_tokens and not usage.output_tokens):
+        # a provider that sends no usage in its stream: meter the call by estimate rather than as free
+        completion = max(chunks, chars // CHARS_PER_TOKEN)
+        estimate = Usage(input_tokens=prompt, output_tokens=completion, total_tokens=prompt + completion)
+        response = dataclasses.replace(response, usage=estimate)
+    return response
+
+
+def _whole(engine: Any, request: Request) -> Response:
+    """The engine's own ``complete`` (the class's: the instance's is ``streamed_complete``)."""
+    response: Response = type(engine).complete(engine, request)
+    return response
+
+
+class StreamingEngines(dict[Any, Any]):
+    """A ``dspy.LM`` engine store whose native engines stream a turn's calls (``streamed_complete``).
+
+    dspy puts each engine it builds here before its first call and reuses it; ``complete`` is replaced
+    on that instance only (dspy's class and other LMs' engines are untouched).
+    """
+
+    def __setitem__(self, key: Any, engine: Any) -> None:
+        from dspy.clients.engines import lm15_engine  # dspy's native engine (untyped: imported here)
+
+        if isinstance(engine, lm15_engine.LM15Engine):
+            engine.complete = lambda request, _engine=engine: streamed_complete(_engine, request)
+        super().__setitem__(key, engine)

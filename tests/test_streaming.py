@@ -1,0 +1,334 @@
+"""Streamed LM calls: real turns (runner, sandbox, store) against the scripted LM streaming at a pace.
+
+The field splitter and the coalescer are checked on their own first; then whole turns: deltas come
+before the step's events and add up to its text, a streamed turn uses exactly what a whole-reply turn
+uses, a token budget stops a call mid-stream, and a cancel ends a slow stream at once.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scripted_lm import ScriptedLM, chat_adapter_text, step
+
+from fleet_kernel.config import load_settings
+from fleet_kernel.engine import TurnRunner
+from fleet_kernel.engine.deltas import DeltaCoalescer, FieldSplitter
+from fleet_kernel.engine.observe import strip_code
+from fleet_kernel.events import Event
+from fleet_kernel.redact import Redactor
+from fleet_kernel.store import Store
+
+LONG_REASONING = "Let me think this through step by step. " * 40  # ~1,600 characters: 400 chunks of 4
+
+
+# ---------------------------------------------------------------------- the splitter and the coalescer
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"reasoning": "think hard\n\nabout it  ", "code": "```python\nprint(1)\nx = '`a`'\n```"},
+        {"reasoning": "  a [[ ## not a header", "code": "print(2)\n\n"},
+        {"reasoning": "multi\nline\n[[ partial", "code": "```\nfor i in range(3):\n    print(i)\n```\nwords after"},
+        {"reasoning": "", "code": "y = 1"},
+    ],
+)
+def test_split_pieces_add_up_to_the_parsed_fields(fields: dict[str, str]) -> None:
+    text = chat_adapter_text(fields)
+    rng = random.Random(7)
+    for _ in range(100):
+        splitter, got, at = FieldSplitter(), {"reasoning": "", "code": ""}, 0
+        while at < len(text):
+            size = rng.randint(1, 9)
+            for name, piece in splitter.feed(text[at : at + size]):
+                got[name] += piece
+            at += size
+        assert got == {"reasoning": fields["reasoning"].strip(), "code": strip_code(fields["code"])}
+
+
+def test_a_header_is_held_back_only_while_it_may_be_one() -> None:
+    splitter = FieldSplitter()
+    assert splitter.feed("[[ ## reasoning ## ]]\nLook") == [("reasoning", "Look")]
+    assert splitter.feed(" here.\n[[ ## co") == [("reasoning", " here.")]  # the header may come
+    assert splitter.feed("de ## ]]\nprint(") == [("code", "print(")]
+
+
+def test_coalescer_bounds_parts_and_flushes_a_pause() -> None:
+    parts: list[tuple[str, str]] = []
+    coalescer = DeltaCoalescer(lambda name, text: parts.append((name, text)))
+    for _ in range(2000):  # 8,000 characters at once: parts of 256, not 2,000 of 4
+        coalescer.add("reasoning", "abcd")
+    assert len(parts) <= 8000 // 256 + 2
+    coalescer.add("reasoning", "tail")
+    time.sleep(0.2)  # a pause: the timer hands over what waits
+    assert "".join(t for _, t in parts) == "abcd" * 2000 + "tail"
+    coalescer.add("code", "x = 1")
+    coalescer.close()
+    assert parts[-1] == ("code", "x = 1") and coalescer.parts == len(parts)
+
+
+def test_coalescer_never_shows_half_a_secret() -> None:
+    secret = "sk-live-0123456789abcdef"
+    redactor = Redactor((secret,))
+    parts: list[str] = []
+    coalescer = DeltaCoalescer(lambda name, text: parts.append(text), hold=redactor.unsafe_tail, interval_s=0)
+    for piece in ["the key is sk-", "live-0123", "456789abcdef, said", " nobody"]:
+        coalescer.add("reasoning", piece)
+    coalescer.close()
+    assert "".join(parts) == f"the key is {secret}, said nobody"
+    assert sum(secret in part for part in parts) == 1  # whole in one part, so the emitter masks it
+    assert all(redactor.unsafe_tail(part) == 0 for part in parts)  # no part ends in the start of the key
+
+
+# ---------------------------------------------------------------------- whole turns
+
+
+@pytest.fixture
+async def make_runner(fleet_env: dict[str, str], tmp_path: Path, store: Store) -> AsyncIterator[Callable[..., Any]]:
+    runners: list[TurnRunner] = []
+
+    async def build(toml: str = "", **env: str) -> TurnRunner:
+        config = tmp_path / f"fleet-{len(runners)}.toml"
+        config.write_text(toml)
+        settings = load_settings({**fleet_env, "FLEET_CONFIG": str(config), "FLEET_SANDBOX": "local", **env})
+        runner = await TurnRunner(store, settings).open()
+        runners.append(runner)
+        return runner
+
+    yield build
+    for runner in runners:
+        await runner.close()
+
+
+async def collect(runner: TurnRunner, session_id: str, task: str) -> list[Event]:
+    handle = await runner.start(session_id, task)
+    return [event async for event in handle.events()]
+
+
+def deltas(events: list[Event], name: str, iteration: int = 1) -> str:
+    return "".join(
+        e.data["text"]
+        for e in events
+        if e.type == "lm.delta" and e.data["field"] == name and e.data["iteration"] == iteration
+    )
+
+
+async def test_deltas_come_first_and_add_up_to_the_step(make_runner, store: Store, scripted_lm: ScriptedLM) -> None:
+    scripted_lm.token_delay_s = 0.005
+    scripted_lm.add("*", [
+        step(LONG_REASONING, "```python\nprint('hello')\n```"),
+        step("Done.", "SUBMIT(answer='42')"),
+    ])  # fmt: skip
+    runner = await make_runner()
+    session = await store.create_session()
+    events = await collect(runner, session.session_id, "stream it")
+    types = [e.type for e in events]
+    assert types[-1] == "turn.completed"
+    first_delta, reasoning = types.index("lm.delta"), types.index("reasoning")
+    assert first_delta < types.index("lm.finished") < reasoning
+    assert deltas(events, "reasoning") == events[reasoning].data["text"] == LONG_REASONING.strip()
+    assert deltas(events, "code") == events[types.index("code")].data["code"] == "print('hello')"
+    # coalesced: ~400 chunks of reasoning became a few dozen rows, not one per token
+    assert 2 <= sum(e.type == "lm.delta" and e.data["iteration"] == 1 for e in events) < 100
+    assert all(body.get("stream") is True for body in scripted_lm.requests)
+    assert all(body["stream_options"] == {"include_usage": True} for body in scripted_lm.requests)
+
+
+async def test_a_streamed_turn_uses_what_a_whole_reply_turn_uses(
+    make_runner, store: Store, scripted_lm: ScriptedLM
+) -> None:
+    steps = [
+        step("Look first.", "print(llm_query('what is 6*7?'))"),
+        step("Done.", "SUBMIT(answer='42')"),
+    ]
+    runs = {}
+    for stream in (True, False):
+        scripted_lm.add("*", steps)
+        runner = await make_runner(f"[lm]\nstream = {json.dumps(stream)}\n")
+        session = await store.create_session()
+        asked = len(scripted_lm.requests)
+        events = await collect(runner, session.session_id, "the same task")
+        bodies = scripted_lm.requests[asked:]
+        runs[stream] = (events, bodies)
+    (streamed, streamed_bodies), (whole, whole_bodies) = runs[True], runs[False]
+    assert any(e.type == "lm.delta" for e in streamed) and not any(e.type == "lm.delta" for e in whole)
+    assert [b.get("stream") for b in whole_bodies] == [None] * len(whole_bodies)
+
+    def finished(events: list[Event]) -> list[dict[str, Any]]:
+        return [
+            {k: e.data[k] for k in ("role", "usage", "cost_usd", "finish_reason")}
+            for e in events
+            if e.type == "lm.finished"
+        ]
+
+    assert finished(streamed) == finished(whole)
+    assert streamed[-1].data["answer"] == whole[-1].data["answer"] == "42"
+    assert streamed[-1].data["usage"] == whole[-1].data["usage"]
+    caps = [{k: v for k, v in b.items() if "tokens" in k} for b in streamed_bodies]
+    assert caps == [{k: v for k, v in b.items() if "tokens" in k} for b in whole_bodies] and caps[0]
+
+
+async def test_a_token_budget_stops_a_call_mid_stream(make_runner, store: Store, scripted_lm: ScriptedLM) -> None:
+    scripted_lm.token_delay_s = 0.002
+    scripted_lm.add("*", [step("x " * 20_000, "print(1)")])  # ~10,000 completion tokens, 10,000 chunks
+    runner = await make_runner("[limits]\nmax_turn_tokens = 4000\n")
+    session = await store.create_session()
+    started = time.monotonic()
+    events = await collect(runner, session.session_id, "think at length")
+    assert events[-1].type == "turn.failed" and events[-1].data["error"]["type"] == "budget_exceeded"
+    assert time.monotonic() - started < 15  # all of it would take 20 s of streaming
+    lm_finished = next(e for e in events if e.type == "lm.finished")
+    assert lm_finished.data["finish_reason"] == "stopped"
+    used = lm_finished.data["usage"]["prompt_tokens"] + lm_finished.data["usage"]["completion_tokens"]
+    assert 4000 <= used < 4100  # stopped as it reached the budget, not after the whole reply
+    await wait_for(lambda: bool(scripted_lm.streamed))
+    assert scripted_lm.streamed[0] < 10_000 // 2 and scripted_lm.disconnects  # the provider request was closed
+    turn = await store.get_turn(events[0].turn_id)
+    assert turn.usage["prompt_tokens"] + turn.usage["completion_tokens"] == used
+
+
+async def test_cancel_ends_a_slow_stream_at_once(make_runner, store: Store, scripted_lm: ScriptedLM) -> None:
+    scripted_lm.token_delay_s = 0.3  # ~200 chunks: a minute
+    scripted_lm.add("*", [step("slowly " * 100, "print(1)")])
+    runner = await make_runner()
+    session = await store.create_session()
+    handle = await runner.start(session.session_id, "think slowly")
+    seen: list[Event] = []
+    stopped = 0.0
+    async for event in handle.events():
+        seen.append(event)
+        if event.type == "lm.delta" and not stopped:
+            stopped = time.monotonic()
+            handle.cancel("stopped by the user")
+    assert seen[-1].type == "turn.cancelled" and time.monotonic() - stopped < 2
+    await wait_for(lambda: bool(scripted_lm.streamed))
+    assert scripted_lm.streamed[0] < 20 and scripted_lm.disconnects  # the provider saw the client leave
+
+
+async def wait_for(condition: Callable[[], bool], timeout: float = 10) -> None:
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+def test_scripted_lm_streams_the_whole_reply_as_chunks() -> None:
+    """The scripted LM's stream is the OpenAI format: the same text, finish reason and usage."""
+    import httpx
+
+    with ScriptedLM({"*": [step("r", "c")] * 2}, token_chars=3) as lm:
+        body = {"model": "scripted", "messages": [{"role": "system", "content": "[[ ## x ## ]]"}]}
+        whole = httpx.post(f"{lm.base_url}/chat/completions", json=body).json()
+        stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        with httpx.stream("POST", f"{lm.base_url}/chat/completions", json=stream) as response:
+            assert response.headers["content-type"] == "text/event-stream"
+            lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in lines[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == whole["choices"][0]["message"]["content"]
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "stop"
+    assert chunks[-1]["usage"] == whole["usage"] and chunks[-1]["choices"] == []
+
+
+async def test_a_cassette_records_the_stream_and_replays_it_as_one(
+    make_runner, store: Store, scripted_lm: ScriptedLM, tmp_path: Path
+) -> None:
+    scripted_lm.token_delay_s = 0.01
+    scripted_lm.add("*", [step(LONG_REASONING, "print('hi')"), step("Done.", "SUBMIT(answer='42')")])
+    cassette = tmp_path / "streamed.cassette.json"
+    recorder = await make_runner(FLEET_LM_RECORD=str(cassette))
+    recorded = await collect(recorder, (await store.create_session()).session_id, "record me")
+    assert recorded[-1].type == "turn.completed"
+    response = json.loads(cassette.read_text())["exchanges"][0]["response"]
+    pieces = response["stream"]
+    assert sum(size for _, size in pieces) == len(response["text"]) and len(pieces) > 100  # 4-char chunks
+    assert 0.005 < sum(pause for pause, _ in pieces) / len(pieces) < 0.1  # the recorded pace
+
+    for pace in ("recorded", "at_once"):
+        player = await make_runner(f'[lm]\nreplay_pace = "{pace}"\n', FLEET_LM_MODEL=f"replay/{cassette}")
+        started = time.monotonic()
+        replayed = await collect(player, (await store.create_session()).session_id, "record me")
+        took = time.monotonic() - started
+        assert replayed[-1].type == "turn.completed" and replayed[-1].data["answer"] == "42"
+        assert deltas(replayed, "reasoning") == LONG_REASONING.strip() == deltas(recorded, "reasoning")
+        types = [e.type for e in replayed]
+        assert types.index("lm.delta") < types.index("reasoning")
+        if pace == "recorded":
+            assert took > sum(pause for pause, _ in pieces) * 0.8  # at the recorded pace
+            paced = took
+        else:
+            assert took < paced
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_the_providers_thinking_is_kept_on_lm_finished(
+    make_runner, store: Store, scripted_lm: ScriptedLM, stream: bool
+) -> None:
+    thinking = "The user wants 42. I will submit it directly."
+    scripted_lm.add("*", [{"reasoning": "Done.", "code": "SUBMIT(answer='42')", "reasoning_content": thinking}])
+    runner = await make_runner(f"[lm]\nstream = {json.dumps(stream)}\n")
+    events = await collect(runner, (await store.create_session()).session_id, "think first")
+    finished = next(e for e in events if e.type == "lm.finished")
+    assert finished.data["reasoning_content"] == thinking
+    assert finished.data["reasoning_tokens"] == len(thinking) // 4
+    usage = finished.data["usage"]
+    assert usage["completion_tokens"] >= len(thinking) // 4  # the thinking is counted in the call's usage
+    assert events[-1].data["usage"]["completion_tokens"] == usage["completion_tokens"]
+    from fleet_kernel.transcript import transcript_bundle
+    from fleet_kernel.view import TurnView
+
+    view = TurnView.of(events)
+    assert view.iterations[0].thinking == [thinking]
+    assert "<details><summary>the model's thinking" in transcript_bundle(view)[0]["text/html"]
+
+
+def test_a_provider_that_cannot_stream_gets_the_whole_reply_request() -> None:
+    from collections.abc import Generator
+
+    from dspy.lm15 import Message, Request, Response, TextPart, UnsupportedFeatureError, Usage
+
+    from fleet_kernel.engine.streaming import CallStream, read_as_stream, streaming
+
+    request = Request(model="m", messages=(Message.user("hi"),))
+    message = Message.assistant([TextPart("whole")])
+    reply = Response(id=None, model="m", message=message, finish_reason="stop", usage=Usage(input_tokens=1))
+    asked: list[str] = []
+
+    def no_stream(_: Request) -> Generator[Any, None, None]:
+        asked.append("stream")
+        raise UnsupportedFeatureError("this provider does not support stream.")
+        yield
+
+    def whole(_: Request) -> Response:
+        asked.append("whole")
+        return reply
+
+    opened: list[str] = []
+    call = CallStream(open=lambda: opened.append("sink"), check=lambda tokens: None, stopped=lambda usage: None)  # type: ignore[arg-type,return-value]
+    with streaming(call):
+        assert read_as_stream(request, no_stream, whole) is reply
+    assert asked == ["stream", "whole"] and not opened  # refused before any I/O: one whole request, no sink
+    assert read_as_stream(request, no_stream, whole) is reply and asked[-1] == "whole"  # nobody listening
+
+
+async def test_a_stream_without_usage_is_metered_by_estimate(
+    make_runner, store: Store, scripted_lm: ScriptedLM
+) -> None:
+    scripted_lm.stream_usage = False
+    scripted_lm.add("*", [step("Done.", "SUBMIT(answer='42')")])
+    runner = await make_runner()
+    events = await collect(runner, (await store.create_session()).session_id, "no usage")
+    usage = next(e for e in events if e.type == "lm.finished").data["usage"]
+    prompt = "\n".join(str(m["content"]) for m in scripted_lm.requests[-1]["messages"])
+    assert usage["prompt_tokens"] == len(prompt) // 4 and usage["completion_tokens"] > 0  # not free
+    assert events[-1].data["usage"]["prompt_tokens"] == usage["prompt_tokens"]
