@@ -200,6 +200,14 @@ class Turn(BaseModel):
     result: Any = Field(None, description="the validated value for the turn's output_schema; null without one")
     started_at: str
     finished_at: str | None
+    extracted: bool = Field(
+        False,
+        description="true when the answer was not submitted by the model but extracted by dspy from the steps "
+        "so far, after the turn reached a limit: a best guess, to be checked",
+    )
+    extraction_reason: Literal["max_iters", "deadline", "budget"] | None = Field(
+        None, description="the limit the turn reached when its answer was extracted; null when it was submitted"
+    )
     position: int = Field(..., description="1 for the session's first turn")
     last_seq: int = Field(..., description="seq of the last committed event")
     model: str | None

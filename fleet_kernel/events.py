@@ -220,7 +220,10 @@ class TurnCompleted(EventData):
     usage: TurnUsage
     duration_ms: float
     extracted: bool = False
-    """True when the model ran out of iterations and dspy extracted the answer."""
+    """True when the model ran out of iterations (or the turn reached its deadline or budget) without calling
+    `SUBMIT`, and dspy extracted the answer from the steps so far: a best guess, to be checked."""
+    reason: str | None = None
+    """Why the answer was extracted: `max_iters`, `deadline` or `budget`; null when the model submitted it."""
     result: Any = None
     """The validated value for the turn's `output_schema`; null without one."""
 

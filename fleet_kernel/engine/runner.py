@@ -595,8 +595,9 @@ class TurnRunner:
         if lost is not None:  # events were lost: the turn failed, and the writer records it with its last event
             outcome = Outcome("failed", error=lost, usage=outcome.usage)
         # the row, committed with the terminal event, shows what the turn used against its budgets
+        extraction = outcome.extraction_reason if outcome.status == "completed" and outcome.extracted else None
         ending = TurnEnding(
-            outcome.status, outcome.answer, outcome.error, {**usage, "budgets": budgets}, outcome.result
+            outcome.status, outcome.answer, outcome.error, {**usage, "budgets": budgets}, outcome.result, extraction
         )
         data: EventData
         if outcome.status == "completed":
@@ -605,6 +606,7 @@ class TurnRunner:
                 usage=usage,
                 duration_ms=round(duration_ms, 3),
                 extracted=outcome.extracted,
+                reason=extraction,
                 result=outcome.result,
             )
         elif outcome.status == "cancelled":

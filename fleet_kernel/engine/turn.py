@@ -288,6 +288,7 @@ def _run(job: TurnJob) -> Outcome:
             "completed",
             answer=scrub(str(prediction.answer), settings),
             extracted=observer.extracted,
+            extraction_reason="max_iters" if observer.extracted else None,
             usage=observer.usage,
             result=_scrubbed(getattr(prediction, "result", None), settings),
         )
