@@ -627,7 +627,7 @@ def format_history(turns: list[TurnRow], max_chars: int) -> str:
     Turns are numbered in the order given, the order of the notebook's cells, not the order they ran.
     """
     if not turns:
-        return "(this is the first turn of the session)"
+        return ""  # the first turn: the model gets no history input at all
     blocks = []
     for number, turn in enumerate(turns, 1):
         answer = (

@@ -39,16 +39,23 @@ log = logging.getLogger(__name__)
 class FleetTask(dspy.Signature):
     """Do the user's task for this turn of a notebook session, by writing and running Python.
 
-    Earlier turns of the session are in `history`; the session's durable folder is described in
-    `workspace` (attachments under files/, your outputs under artifacts/). Keep what later turns
-    should know with remember(), find it with search_memories() (memory/MEMORIES.md mirrors them).
+    Save plots, tables and other files you make under /workspace/artifacts/ to show them to the user.
     Answer in Markdown; keep the answer self-contained.
     """
 
     task: str = dspy.InputField(desc="what the user asks in this turn")
-    history: str = dspy.InputField(desc="earlier turns of this session (task and answer), oldest first")
-    workspace: str = dspy.InputField(desc="what /workspace holds right now")
     answer: str = dspy.OutputField(desc="the final answer for the user, in Markdown")
+
+
+HISTORY_FIELD = dspy.InputField(desc="earlier turns of this session (task and answer), oldest first")
+HISTORY_PROMPT = "Earlier turns of this session are in `history`; the user may refer to them."
+WORKSPACE_FIELD = dspy.InputField(desc="what /workspace holds right now")
+WORKSPACE_PROMPT = (
+    "`workspace` lists the session's durable folder: attachments under files/, earlier outputs under artifacts/, "
+    "notes kept with remember() in memory/MEMORIES.md."
+)
+"""Inputs a turn has only when they say something: a first turn, or a session with an empty folder, gets no
+``history`` or ``workspace`` field and no words about them (a small model took an empty one for the task)."""
 
 
 LMFactory = Callable[[Settings], tuple[Any, Any]]
@@ -65,9 +72,9 @@ class TurnJob:
     settings: Settings
     emitter: TurnEmitter
     task: str
-    history: str
+    history: str  # "" on a session's first turn: no ``history`` input then
     workspace: Path
-    workspace_manifest: str
+    workspace_manifest: str  # "" for an empty workspace: no ``workspace`` input then
     cancel: CancelToken
     lm_factory: LMFactory | None = None
     inputs: list[Any] = field(default_factory=list)  # engine.inputs.NotebookValue, sent to the sandbox once
@@ -145,6 +152,11 @@ def _unparsed(exc: AdapterParseError, settings: Settings, finish_reason: str | N
     return f"the model's reply could not be parsed into reasoning and code; {why}. {heading}:\n{scrub(said, settings)}"
 
 
+def _present(**inputs: str) -> dict[str, str]:
+    """The optional inputs that say something (``turn_signature`` gives only those a field)."""
+    return {name: text for name, text in inputs.items() if text}
+
+
 def _scrubbed(value: Any, settings: Settings) -> Any:
     """A result with every configured secret removed from its strings."""
     if isinstance(value, str):
@@ -198,12 +210,18 @@ def turn_signature(job: TurnJob) -> type[dspy.Signature]:
     choices = job.choices
     parts = [
         base_instructions(job.settings),
+        HISTORY_PROMPT if job.history else "",
+        WORKSPACE_PROMPT if job.workspace_manifest else "",
         job.catalogue.prompt(choices.skills) if job.catalogue.skills else "",
         files_prompt(choices.files),
     ]
     if choices.output_schema is not None:
         parts.append(schema_prompt(choices.output_schema))
     signature: type[Any] = FleetTask.with_instructions("\n\n".join(p for p in parts if p))
+    if job.history:
+        signature = signature.append("history", HISTORY_FIELD, type_=str)
+    if job.workspace_manifest:
+        signature = signature.append("workspace", WORKSPACE_FIELD, type_=str)
     if choices.output_schema is not None:
         desc = "the structured result, a dict that satisfies the output schema"
         typed = result_type(choices.output_schema, should_stop=lambda: job.cancel.cancelled)
@@ -279,8 +297,7 @@ def _run(job: TurnJob) -> Outcome:
             observer.enter_root()
             prediction = rlm(
                 task=job.task,
-                history=job.history,
-                workspace=job.workspace_manifest,
+                **_present(history=job.history, workspace=job.workspace_manifest),
                 **{value.name: value for value in job.inputs},
                 interpreter_factory=factory,
             )
