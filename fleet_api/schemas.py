@@ -83,6 +83,7 @@ class TurnLimitsRequest(_Request):
     timeout_s: float | None = Field(None, gt=0, description="deadline for the whole turn (limits.turn_timeout_s)")
     max_turn_tokens: int | None = Field(None, ge=1, description="prompt plus completion tokens over all LM calls")
     max_turn_cost_usd: float | None = Field(None, gt=0, description="LM cost of the turn")
+    max_errors: int | None = Field(None, ge=1, description="steps in a row whose code may fail (limits.max_errors)")
 
     def policy_names(self) -> dict[str, Any]:
         """The given limits under their ``[limits]`` names."""

@@ -56,6 +56,9 @@ class Limits(_Section):
         2_000_000, ge=1, le=10_000_000_000, description="prompt plus completion tokens over all LM calls of a turn"
     )
     max_turn_cost_usd: float | None = Field(None, gt=0, le=1_000_000, description="LM cost of a turn; none: no cap")
+    max_errors: int | None = Field(
+        5, ge=1, le=500, description="steps in a row whose code fails before the turn stops; none: no limit"
+    )
 
     def lowered(self, overrides: Mapping[str, Any]) -> Limits:
         """These limits with one turn's ``overrides``, none above what this policy allows.

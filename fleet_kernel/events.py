@@ -44,6 +44,8 @@ class TurnLimits(_Data):
     """Completion cap sent with each root LM call (``lm.max_tokens``)."""
     sub_max_tokens: int | None = None
     """Completion cap sent with each ``llm_query`` and child RLM call (``lm.sub_max_tokens``)."""
+    max_errors: int | None = None
+    """Steps in a row whose code may fail before the turn stops (``limits.max_errors``); null: no limit."""
 
 
 class LMUsage(_Data):
@@ -235,6 +237,7 @@ class TurnFailed(EventData):
     error: ErrorInfo
     """`type` `budget_exceeded`: the turn used up `limits.max_turn_tokens` or `max_turn_cost_usd` (the message
     says which, and how much was used); `deadline_exceeded`: it ran past `limits.turn_timeout_s`;
+    `too_many_errors`: its code failed `limits.max_errors` steps in a row (the message quotes the last error);
     `interrupted`: the process running it died and the next runner on the store closed it; `disk_full`: files the
     sandbox wrote could not be saved to the workspace, or an artifact to the store, because the disk is full (the
     message names the path, its mount point and the files lost); `workspace_unsaved`: files could not be saved for

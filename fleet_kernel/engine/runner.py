@@ -294,6 +294,7 @@ class TurnRunner:
                     "max_turn_cost_usd": effective.max_turn_cost_usd,
                     "max_tokens": settings.policy.lm.max_tokens,
                     "sub_max_tokens": settings.policy.lm.sub_cap,
+                    "max_errors": effective.max_errors,
                 },
                 cell_id=turn.cell_id,
                 supersedes_turn_id=turn.supersedes_turn_id,

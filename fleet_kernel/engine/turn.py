@@ -285,6 +285,7 @@ def _run(job: TurnJob) -> Outcome:
             settings=settings,
             max_depth=limits.max_depth,
             max_children=limits.max_children,
+            max_errors=limits.max_errors,
         )
         rlm.generate_action = WatchedPredict.watching(rlm.generate_action)
         rlm.extract = WatchedPredict.watching(rlm.extract)
