@@ -125,6 +125,19 @@ class SandboxLimits(_Section):
     max_sandboxes: int | None = Field(
         None, ge=1, le=4096, description="local sandboxes at once on this machine (this user); default: RAM / memory_mb"
     )
+    packages: tuple[str, ...] = Field(
+        (),
+        max_length=100,
+        description="more importable packages the model is told about (local sandboxes: those the host can import)",
+    )
+
+    @field_validator("packages")
+    @classmethod
+    def _package_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [name for name in names if not name.isidentifier()]
+        if bad:
+            raise ValueError(f"packages are import names such as 'polars' (no versions or dots); got {bad}")
+        return names
 
     @property
     def pool(self) -> int:
