@@ -25,6 +25,7 @@ from fleet_kernel.engine.choices import TurnChoices, files_prompt, result_type, 
 from fleet_kernel.engine.lm import build_lms, explain_lm_error, scrub
 from fleet_kernel.engine.observe import TurnObserver, WatchedPredict
 from fleet_kernel.engine.outcome import Outcome, stopped
+from fleet_kernel.engine.reask import ReaskingChatAdapter
 from fleet_kernel.engine.sink import TurnEmitter
 from fleet_kernel.errors import ConfigError, FleetError, LMError, TurnCancelled
 from fleet_kernel.events import lm_not_sent
@@ -149,7 +150,10 @@ def _unparsed(exc: AdapterParseError, settings: Settings, finish_reason: str | N
         said, heading = str(exc.lm_response or "").strip() or "(nothing)", "What the model said"
     if len(said) > UNPARSED_SHOWN_CHARS:
         said = f"{said[:UNPARSED_SHOWN_CHARS]}... ({len(said) - UNPARSED_SHOWN_CHARS} more characters)"
-    return f"the model's reply could not be parsed into reasoning and code; {why}. {heading}:\n{scrub(said, settings)}"
+    return (
+        f"the model's reply could not be parsed into reasoning and code, also when asked again with the error; "
+        f"{why}. {heading}:\n{scrub(said, settings)}"
+    )
 
 
 def _present(**inputs: str) -> dict[str, str]:
@@ -294,7 +298,8 @@ def _run(job: TurnJob) -> Outcome:
         sandbox_base.observer.set(observer)
         # max_trace_size=0: dspy keeps every predictor call (module, inputs, prediction) in a process-wide
         # trace of 10 000 for optimizers; a kernel or server running turn after turn held every turn alive
-        with dspy.context(lm=root_lm, max_trace_size=0):
+        # adapter: a reply that cannot be parsed is asked again once, with the error (engine/reask.py)
+        with dspy.context(lm=root_lm, max_trace_size=0, adapter=ReaskingChatAdapter()):
             observer.enter_root()
             prediction = rlm(
                 task=job.task,
