@@ -236,7 +236,8 @@ class TurnFailed(EventData):
     type: ClassVar[str] = "turn.failed"
     error: ErrorInfo
     """`type` `budget_exceeded`: the turn used up `limits.max_turn_tokens` or `max_turn_cost_usd` (the message
-    says which, and how much was used); `deadline_exceeded`: it ran past `limits.turn_timeout_s`;
+    says which, and how much was used); `deadline_exceeded`: it ran past `limits.turn_timeout_s` (either only
+    when no step had finished or no answer could be extracted from them, else `turn.completed`, `extracted`);
     `too_many_errors`: its code failed `limits.max_errors` steps in a row (the message quotes the last error);
     `interrupted`: the process running it died and the next runner on the store closed it; `disk_full`: files the
     sandbox wrote could not be saved to the workspace, or an artifact to the store, because the disk is full (the

@@ -137,6 +137,8 @@ class TurnObserver(BaseCallback):
         self.max_errors = max_errors
         self.failed_in_a_row = 0  # the root's steps whose code failed, since the last that did not
         self.extracted = False
+        self.finishing = False  # the turn was stopped and its answer is being extracted: let that call through
+        self.last_action: dict[str, Any] = {}  # the inputs of the root's latest step request (its REPL history)
         self.root_finish_reason: str | None = None  # the last root call's: a reply cut at max_tokens fails to parse
         self.usage = {"lm_calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}
         self._lock = threading.Lock()
@@ -160,7 +162,8 @@ class TurnObserver(BaseCallback):
         self.emitter.emit(data, agent_id=frame.agent_id, parent_agent_id=frame.parent_agent_id)
 
     def check_cancelled(self) -> None:
-        self.cancel.raise_if_cancelled()
+        if not self.finishing:
+            self.cancel.raise_if_cancelled()
 
     def enter_root(self) -> None:
         """Called on the turn thread before ``forward``: the root agent is current there."""
@@ -196,6 +199,8 @@ class TurnObserver(BaseCallback):
         if instance is self.root_rlm.extract:
             self.extracted = True
         frame = self._frames_by_predict.get(id(instance))
+        if frame is self.root:
+            self.last_action = dict(inputs.get("kwargs", inputs))
         if frame is not None:
             with self._lock:
                 frame.iteration += 1

@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 0.5
 CANCEL_GRACE_S = 1.0
+EXTRACT_GRACE_S = 30.0  # past the deadline, how long a turn may still take to extract its answer from its steps
 ANNOUNCE_WAIT_S = 0.25
 MAX_TASK_CHARS = 100_000
 MAX_CELL_ID_CHARS = 200
@@ -522,14 +523,16 @@ class TurnRunner:
         running.cancel.cancel(  # a no-op when something else stopped the turn first
             f"the turn ran past its {timeout:g} s deadline (limits.turn_timeout_s)", TurnDeadlineExceeded
         )
-        try:
+        with contextlib.suppress(TimeoutError):
             return await asyncio.wait_for(asyncio.shield(done), CANCEL_GRACE_S)
-        except TimeoutError:
-            # The worker is stuck in a call it cannot leave (a slow provider); it will unwind on its own
-            # and its late events are dropped because the turn is closed below.
-            cause = running.cancel.error()
-            assert cause is not None
-            return stopped(cause)
+        if job.extracting.is_set():  # the steps gave something: the answer is being extracted from them
+            with contextlib.suppress(TimeoutError):
+                return await asyncio.wait_for(asyncio.shield(done), EXTRACT_GRACE_S)
+        # The worker is stuck in a call it cannot leave (a slow provider); it will unwind on its own
+        # and its late events are dropped because the turn is closed below.
+        cause = running.cancel.error()
+        assert cause is not None
+        return stopped(cause)
 
     async def _collect_artifacts(self, running: _Running, job: TurnJob, *, cancelled: bool) -> None:
         """Files new or changed under ``artifacts/`` become artifact records and events.

@@ -7,6 +7,7 @@ so the caller's event loop stays free and the kernel starts without importing ds
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +84,7 @@ class TurnJob:
     choices: TurnChoices = field(default_factory=TurnChoices)
     tools: list[Callable[..., Any]] = field(default_factory=list)  # more host tools for sandbox code (memory)
     budget: TurnBudget = field(init=False)
+    extracting: threading.Event = field(default_factory=threading.Event)  # set: a stopped turn extracts its answer
 
     def __post_init__(self) -> None:
         self.budget = TurnBudget.for_limits(self.settings.limits, self.cancel)
@@ -233,6 +235,44 @@ def turn_signature(job: TurnJob) -> type[dspy.Signature]:
     return signature
 
 
+EXTRACTED_ON = {"deadline_exceeded": "deadline", "budget_exceeded": "budget"}
+"""The stops after which a turn ends with the answer extracted from its steps, when it took any (the reason
+``turn.completed`` gives); any other stop (a cancel, ``max_errors``) ends it as before."""
+
+
+def _extract_after_stop(job: TurnJob, cause: TurnCancelled, observer: TurnObserver | None, rlm: Any) -> Outcome | None:
+    """The turn reached its deadline or budget: its best answer so far, extracted by one more root request (as
+    dspy.RLM does at ``max_iters``) from the steps that ran, or None when there were none or extraction failed.
+
+    That request is made on a fresh copy of the root model, past the budget and the deadline: one call,
+    capped at ``[lm] max_tokens`` (asked again once if its reply cannot be parsed), counted in the turn's usage.
+    """
+    reason = EXTRACTED_ON.get(str(getattr(cause, "code", "")))
+    history = observer.last_action.get("repl_history") if observer is not None else None
+    if reason is None or observer is None or rlm is None or not history:
+        return None
+    settings = job.settings
+    job.extracting.set()  # the runner waits a little longer for this turn's outcome
+    try:
+        fresh, _ = (job.lm_factory or build_lms)(settings)
+        lm = fresh.copy()
+        observer.root_lm, observer.finishing = lm, True
+        observer.observe(lm)
+        with dspy.context(lm=lm, max_trace_size=0, adapter=ReaskingChatAdapter()):
+            prediction = rlm.extract(variables_info=observer.last_action.get("variables_info"), repl_history=history)
+        return Outcome(
+            "completed",
+            answer=scrub(str(prediction.answer), settings),
+            extracted=True,
+            extraction_reason=reason,
+            usage=observer.usage,
+            result=_scrubbed(getattr(prediction, "result", None), settings),
+        )
+    except BaseException:  # noqa: BLE001 - no answer to give: the turn fails with its stop's error, as before
+        log.warning("turn stopped (%s): extracting an answer from its steps failed", reason, exc_info=True)
+        return None
+
+
 def run_turn(job: TurnJob) -> Outcome:
     """Run one dspy.RLM turn to its outcome. Never raises; ``end`` the job after it.
 
@@ -262,6 +302,7 @@ def _run(job: TurnJob) -> Outcome:
     job.budget.watch(root_lm, sub_lm)
     sandbox = None
     observer: TurnObserver | None = None
+    rlm: Any = None
     try:
         sandbox = open_sandbox(settings, job.workspace, cancel=job.cancel)  # interrupted when the token is cancelled
         signature: Any = turn_signature(job)
@@ -321,7 +362,8 @@ def _run(job: TurnJob) -> Outcome:
         # sandbox), the token's first reason decides how the turn ends.
         cause = job.cancel.error() or (exc if isinstance(exc, TurnCancelled) else None)
         if cause is not None:
-            return stopped(cause, usage)
+            extracted = _extract_after_stop(job, cause, observer, rlm)
+            return extracted or stopped(cause, usage)
         outcome = _failure(exc, settings, observer.root_finish_reason if observer else None)
         outcome.usage = usage
         return outcome
