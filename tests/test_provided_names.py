@@ -8,18 +8,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from scripted_lm import ScriptedLM, step
 
 from fleet_kernel.config import load_settings
 from fleet_kernel.engine import TurnRunner
+from fleet_kernel.sandbox import probe_bwrap
 from fleet_kernel.store import Store
 from fleet_kernel.transcript import render_text
 from fleet_kernel.view import TurnView
 
 
+@pytest.mark.parametrize("backend", ["local", "pyodide"])  # the one runtime.py, in CPython and in Pyodide
 async def test_a_redefined_llm_query_is_restored_and_reported(
-    store: Store, fleet_env: dict[str, str], scripted_lm: ScriptedLM, tmp_path: Path
+    store: Store, fleet_env: dict[str, str], scripted_lm: ScriptedLM, tmp_path: Path, backend: str
 ) -> None:
+    if backend == "local" and probe_bwrap() is not None:
+        pytest.skip(f"bubblewrap cannot run here: {probe_bwrap()}")
     scripted_lm.add("*", [
         step("My own helper.", "def llm_query(p):\n    return 'fake'\nprint('mine says', llm_query('first question'))"),
         step("Ask again.", "print(llm_query('second question'))"),
@@ -27,7 +32,8 @@ async def test_a_redefined_llm_query_is_restored_and_reported(
     ])  # fmt: skip
     config = tmp_path / "fleet.toml"
     config.write_text("", encoding="utf-8")
-    runner = await TurnRunner(store, load_settings({**fleet_env, "FLEET_CONFIG": str(config)})).open()
+    env = {**fleet_env, "FLEET_CONFIG": str(config), "FLEET_SANDBOX": backend}
+    runner = await TurnRunner(store, load_settings(env)).open()
     try:
         session = await store.create_session()
         handle = await runner.start(session.session_id, "classify with the sub-model")
