@@ -83,6 +83,7 @@ class TurnLimitsRequest(_Request):
     timeout_s: float | None = Field(None, gt=0, description="deadline for the whole turn (limits.turn_timeout_s)")
     max_turn_tokens: int | None = Field(None, ge=1, description="prompt plus completion tokens over all LM calls")
     max_turn_cost_usd: float | None = Field(None, gt=0, description="LM cost of the turn")
+    max_errors: int | None = Field(None, ge=1, description="steps in a row whose code may fail (limits.max_errors)")
 
     def policy_names(self) -> dict[str, Any]:
         """The given limits under their ``[limits]`` names."""
@@ -200,6 +201,14 @@ class Turn(BaseModel):
     result: Any = Field(None, description="the validated value for the turn's output_schema; null without one")
     started_at: str
     finished_at: str | None
+    extracted: bool = Field(
+        False,
+        description="true when the answer was not submitted by the model but extracted by dspy from the steps "
+        "so far, after the turn reached a limit: a best guess, to be checked",
+    )
+    extraction_reason: Literal["max_iters", "deadline", "budget"] | None = Field(
+        None, description="the limit the turn reached when its answer was extracted; null when it was submitted"
+    )
     position: int = Field(..., description="1 for the session's first turn")
     last_seq: int = Field(..., description="seq of the last committed event")
     model: str | None

@@ -56,6 +56,9 @@ class Limits(_Section):
         2_000_000, ge=1, le=10_000_000_000, description="prompt plus completion tokens over all LM calls of a turn"
     )
     max_turn_cost_usd: float | None = Field(None, gt=0, le=1_000_000, description="LM cost of a turn; none: no cap")
+    max_errors: int | None = Field(
+        5, ge=1, le=500, description="steps in a row whose code fails before the turn stops; none: no limit"
+    )
 
     def lowered(self, overrides: Mapping[str, Any]) -> Limits:
         """These limits with one turn's ``overrides``, none above what this policy allows.
@@ -132,6 +135,19 @@ class SandboxLimits(_Section):
     max_sandboxes: int | None = Field(
         None, ge=1, le=4096, description="local sandboxes at once on this machine (this user); default: RAM / memory_mb"
     )
+    packages: tuple[str, ...] = Field(
+        (),
+        max_length=100,
+        description="more importable packages the model is told about (local sandboxes: those the host can import)",
+    )
+
+    @field_validator("packages")
+    @classmethod
+    def _package_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [name for name in names if not name.isidentifier()]
+        if bad:
+            raise ValueError(f"packages are import names such as 'polars' (no versions or dots); got {bad}")
+        return names
 
     @property
     def pool(self) -> int:

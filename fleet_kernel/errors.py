@@ -108,3 +108,9 @@ class TurnDeadlineExceeded(TurnCancelled):
     """The turn ran past its configured deadline (``limits.turn_timeout_s``)."""
 
     code = "deadline_exceeded"
+
+
+class TooManyErrors(TurnCancelled):
+    """The model's code failed ``limits.max_errors`` steps in a row: the turn stops instead of looping."""
+
+    code = "too_many_errors"

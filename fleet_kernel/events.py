@@ -44,6 +44,8 @@ class TurnLimits(_Data):
     """Completion cap sent with each root LM call (``lm.max_tokens``)."""
     sub_max_tokens: int | None = None
     """Completion cap sent with each ``llm_query`` and child RLM call (``lm.sub_max_tokens``)."""
+    max_errors: int | None = None
+    """Steps in a row whose code may fail before the turn stops (``limits.max_errors``); null: no limit."""
 
 
 class LMUsage(_Data):
@@ -239,7 +241,10 @@ class TurnCompleted(EventData):
     usage: TurnUsage
     duration_ms: float
     extracted: bool = False
-    """True when the model ran out of iterations and dspy extracted the answer."""
+    """True when the model ran out of iterations (or the turn reached its deadline or budget) without calling
+    `SUBMIT`, and dspy extracted the answer from the steps so far: a best guess, to be checked."""
+    reason: str | None = None
+    """Why the answer was extracted: `max_iters`, `deadline` or `budget`; null when the model submitted it."""
     result: Any = None
     """The validated value for the turn's `output_schema`; null without one."""
 
@@ -250,7 +255,9 @@ class TurnFailed(EventData):
     type: ClassVar[str] = "turn.failed"
     error: ErrorInfo
     """`type` `budget_exceeded`: the turn used up `limits.max_turn_tokens` or `max_turn_cost_usd` (the message
-    says which, and how much was used); `deadline_exceeded`: it ran past `limits.turn_timeout_s`;
+    says which, and how much was used); `deadline_exceeded`: it ran past `limits.turn_timeout_s` (either only
+    when no step had finished or no answer could be extracted from them, else `turn.completed`, `extracted`);
+    `too_many_errors`: its code failed `limits.max_errors` steps in a row (the message quotes the last error);
     `interrupted`: the process running it died and the next runner on the store closed it; `disk_full`: files the
     sandbox wrote could not be saved to the workspace, or an artifact to the store, because the disk is full (the
     message names the path, its mount point and the files lost); `workspace_unsaved`: files could not be saved for

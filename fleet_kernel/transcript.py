@@ -86,7 +86,10 @@ def render_markdown(view: TurnView) -> str:
             parts.append(f"**{lit(it.error.get('type', 'Error'))}**: {lit(it.error.get('message', ''))}")
     parts += ["- " + lit(line) for line in _artifact_lines(view, "")]
     if view.status == "completed":
-        parts += ["---", "### Answer", md_escape(view.answer) if view.answer else "*(empty answer)*"]
+        parts += ["---", "### Answer"]
+        if view.extraction_note():
+            parts.append(f"**{lit(view.extraction_note())}**")
+        parts.append(md_escape(view.answer) if view.answer else "*(empty answer)*")
     elif view.outcome_text():
         parts += ["---", f"**{lit(view.outcome_text())}**"]
     return md_block("\n\n".join(parts))
@@ -110,7 +113,9 @@ def render_text(view: TurnView) -> str:
             lines.append(f"error: {error_line(it)}")
     lines += _artifact_lines(view, "artifact: ")
     if view.status == "completed":
-        lines += ["── answer " + "─" * 20, view.answer or "(empty answer)"]
+        lines += ["── answer " + "─" * 20]
+        lines += [view.extraction_note()] if view.extraction_note() else []
+        lines.append(view.answer or "(empty answer)")
     elif view.outcome_text():
         lines += ["── " + view.outcome_text()]
     return "\n".join(lines).rstrip() + "\n"
@@ -131,7 +136,10 @@ def render_html(view: TurnView) -> str:
     for line in _artifact_lines(view, ""):
         out.append(f'<div>artifact: <code style="{MONO}">{esc(line)}</code></div>')
     if view.status == "completed":
-        out.append(f'<hr/><div class="fleet-answer">{markdown_html(view.answer or "*(empty answer)*")}</div>')
+        out.append("<hr/>")
+        if view.extraction_note():
+            out.append(f'<p class="fleet-extracted"><b>{esc(view.extraction_note())}</b></p>')
+        out.append(f'<div class="fleet-answer">{markdown_html(view.answer or "*(empty answer)*")}</div>')
     elif view.outcome_text():
         out.append(f"<hr/><p><b>{esc(view.outcome_text())}</b></p>")
     out.append("</div>")

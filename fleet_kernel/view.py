@@ -42,6 +42,14 @@ KEEP_OUTPUT_CHARS = 200_000
 """Output kept per iteration in memory (what live views can show); the store keeps all of it."""
 
 
+EXTRACTION_LIMITS = {
+    "max_iters": "its iteration limit (limits.max_iters)",
+    "deadline": "its deadline (limits.turn_timeout_s)",
+    "budget": "its token or cost budget (limits.max_turn_tokens, max_turn_cost_usd)",
+}
+"""The limit named when an answer was extracted, by ``turn.completed``'s ``reason``."""
+
+
 @dataclass
 class IterationView:
     """One RLM iteration of one agent: what the model thought, wrote, and what the code printed."""
@@ -125,6 +133,7 @@ class TurnView:
     reason: str = ""
     duration_ms: float | None = None
     extracted: bool = False
+    extraction_reason: str | None = None  # max_iters | deadline | budget
 
     @classmethod
     def of(cls, events: Iterable[Event], turn: TurnRow | None = None) -> TurnView:
@@ -144,6 +153,8 @@ class TurnView:
             self.status = turn.status
             self.answer = turn.answer or ""
             self.error = turn.error
+            self.extraction_reason = turn.extraction_reason
+            self.extracted = turn.extraction_reason is not None
 
     @property
     def current(self) -> IterationView | None:
@@ -229,6 +240,7 @@ class TurnView:
             case TurnCompleted() as d:
                 self._finish("completed")
                 self.answer, self.duration_ms, self.extracted = d.answer, d.duration_ms, d.extracted
+                self.extraction_reason = d.reason if d.extracted else None
                 self.lm_calls = max(self.lm_calls, d.usage.lm_calls)
                 self.cost_usd = max(self.cost_usd, d.usage.cost_usd)
             case TurnFailed() as d:
@@ -254,6 +266,18 @@ class TurnView:
         if self.duration_ms is not None:
             parts.append(f"{self.duration_ms / 1000:.1f} s")
         return " · ".join(parts)
+
+    def extraction_note(self) -> str:
+        """For an answer dspy extracted after a limit (not one the model submitted): which limit, plainly."""
+        if self.status != "completed" or not self.extracted:
+            return ""
+        limit = EXTRACTION_LIMITS.get(self.extraction_reason or "max_iters", EXTRACTION_LIMITS["max_iters"])
+        if self.extraction_reason in (None, "max_iters") and self.max_iters:
+            limit = f"its iteration limit ({self.max_iters}, limits.max_iters)"
+        return (
+            f"Extracted answer: the turn reached {limit} before the model called SUBMIT, so this answer was "
+            "extracted from the steps so far. It is a best guess: check it."
+        )
 
     def outcome_text(self) -> str:
         if self.status == "cancelled":

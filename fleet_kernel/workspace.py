@@ -256,6 +256,9 @@ class Workspace:
         ``artifacts/``, whatever they hold, and says how many files it left out ("and 950 more files", or
         "more than" when it stopped looking). Sizes come from ``lstat``; nothing is read or hashed. Names are
         escaped onto one line each, so a name cannot add lines of its own to the prompt.
+
+        Empty when there is nothing to list (no files, no artifacts, no memories yet): the turn then has no
+        ``workspace`` input, only the short instruction to save outputs under artifacts/.
         """
         lines = ["/workspace (your durable session folder; read and write it with normal Python file calls):"]
         samples = [self._sample(sub) for sub in (FILES_DIR, ARTIFACTS_DIR)]
@@ -266,12 +269,14 @@ class Workspace:
         if rest > 0 or partial:
             count = f"more than {max(rest, 0):,}" if partial else f"{rest:,}"
             lines.append(f"  ... and {count} more files, not listed; use os.walk('/workspace/{FILES_DIR}') to see them")
-        if not entries:
-            lines.append(f"  {FILES_DIR}/ and {ARTIFACTS_DIR}/ are empty")
         try:
             size = os.stat(self.root / MEMORY_FILE, follow_symlinks=False).st_size
         except OSError:
             size = 0
+        if not entries and size <= len(MEMORY_HEADER.encode("utf-8")):
+            return ""
+        if not entries:
+            lines.append(f"  {FILES_DIR}/ and {ARTIFACTS_DIR}/ are empty")
         lines.append(
             f"  {MEMORY_FILE}  ({size} bytes): your durable memory; read it first, append what a later turn needs"
         )

@@ -64,3 +64,32 @@ async def test_a_turn_without_a_model_reports_its_lm_step_as_not_sent(
     events = await _turn(store, env, tmp_path, "anything")
     assert events[-1].type == "turn.failed"
     assert [e.data["finish_reason"] for e in events if e.type == "lm.finished"] == ["not_sent"]
+
+
+async def test_an_unparseable_reply_is_asked_again_once_with_the_error(
+    store: Store, fleet_env: dict[str, str], scripted_lm: ScriptedLM, tmp_path: Path
+) -> None:
+    scripted_lm.add("*", [
+        {"raw": "Sure! I will count the lines with Python."},
+        {"reasoning": "Count them.", "code": "SUBMIT(answer='3 lines')"},
+    ])  # fmt: skip
+    events = await _turn(store, fleet_env, tmp_path, "count the lines")
+    assert events[-1].type == "turn.completed" and events[-1].data["answer"] == "3 lines", events[-1].data
+    first, again = scripted_lm.root_requests()
+    messages = again["messages"]
+    assert messages[: len(first["messages"])] == first["messages"]  # the same question, then the correction
+    assert messages[-2] == {"role": "assistant", "content": "Sure! I will count the lines with Python."}
+    correction = messages[-1]["content"]
+    assert "could not be parsed" in correction and "`reasoning`, `code`" in correction  # the error
+    assert "[[ ## reasoning ## ]]" in correction and "[[ ## completed ## ]]" in correction  # the expected format
+
+
+async def test_a_reply_unparseable_twice_fails_after_one_retry(
+    store: Store, fleet_env: dict[str, str], scripted_lm: ScriptedLM, tmp_path: Path
+) -> None:
+    scripted_lm.default = {"raw": "Sure! I will count the lines with Python."}
+    events = await _turn(store, fleet_env, tmp_path, "count the lines")
+    end = events[-1]
+    assert end.type == "turn.failed" and end.data["error"]["type"] == "lm_parse_error", end.data
+    assert "also when asked again" in end.data["error"]["message"]
+    assert len(scripted_lm.root_requests()) == 2

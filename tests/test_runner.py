@@ -20,6 +20,8 @@ from fleet_kernel.engine import TurnRunner
 from fleet_kernel.events import Event, make_event
 from fleet_kernel.sandbox import probe_bwrap
 from fleet_kernel.store import Store, TurnRow
+from fleet_kernel.transcript import render_html, render_markdown, render_text
+from fleet_kernel.view import TurnView
 
 SECRET = "sk-scripted-test-key"
 
@@ -214,6 +216,13 @@ async def test_max_iters_falls_back_to_extract(make_runner, store, scripted_lm) 
     events = await collect(runner, session.session_id, "hard question")
     assert events[-1].type == "turn.completed"
     assert events[-1].data["answer"] == "extracted guess" and events[-1].data["extracted"] is True
+    assert events[-1].data["reason"] == "max_iters"
+    turn = await store.get_turn(events[0].turn_id)
+    assert turn.extraction_reason == "max_iters"
+    view = TurnView.of(events, turn)
+    note = "the turn reached its iteration limit (1, limits.max_iters) before the model called SUBMIT"
+    assert note in render_text(view) and note in render_html(view)
+    assert "extracted from the steps so far" in render_markdown(view)
 
 
 async def test_child_rlm_is_an_agent(make_runner, store, scripted_lm) -> None:

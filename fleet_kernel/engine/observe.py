@@ -34,7 +34,7 @@ from fleet_kernel.engine.deltas import DeltaCoalescer, FieldSplitter
 from fleet_kernel.engine.lm import scrub
 from fleet_kernel.engine.metered import reported, take_last_call
 from fleet_kernel.engine.sink import TurnEmitter
-from fleet_kernel.errors import TurnCancelled
+from fleet_kernel.errors import TooManyErrors, TurnCancelled
 from fleet_kernel.events import (
     ROOT_AGENT,
     AgentFinished,
@@ -128,6 +128,7 @@ class TurnObserver(BaseCallback):
         settings: Any,
         max_depth: int,
         max_children: int,
+        max_errors: int | None = None,
     ) -> None:
         self.emitter = emitter
         self.root_rlm = root_rlm
@@ -137,7 +138,11 @@ class TurnObserver(BaseCallback):
         self.max_depth = max_depth
         self.max_children = max_children
         self.children = 0
+        self.max_errors = max_errors
+        self.failed_in_a_row = 0  # the root's steps whose code failed, since the last that did not
         self.extracted = False
+        self.finishing = False  # the turn was stopped and its answer is being extracted: let that call through
+        self.last_action: dict[str, Any] = {}  # the inputs of the root's latest step request (its REPL history)
         self.root_finish_reason: str | None = None  # the last root call's: a reply cut at max_tokens fails to parse
         self.usage = {"lm_calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}
         self._lock = threading.Lock()
@@ -162,7 +167,8 @@ class TurnObserver(BaseCallback):
         self.emitter.emit(data, agent_id=frame.agent_id, parent_agent_id=frame.parent_agent_id)
 
     def check_cancelled(self) -> None:
-        self.cancel.raise_if_cancelled()
+        if not self.finishing:
+            self.cancel.raise_if_cancelled()
 
     def enter_root(self) -> None:
         """Called on the turn thread before ``forward``: the root agent is current there."""
@@ -198,6 +204,8 @@ class TurnObserver(BaseCallback):
         if instance is self.root_rlm.extract:
             self.extracted = True
         frame = self._frames_by_predict.get(id(instance))
+        if frame is self.root:
+            self.last_action = dict(inputs.get("kwargs", inputs))
         if frame is not None:
             with self._lock:
                 frame.iteration += 1
@@ -315,6 +323,24 @@ class TurnObserver(BaseCallback):
             error = {"type": type(exception).__name__, "message": self._shown(str(exception), 2000)}
         duration_ms = round((time.perf_counter() - started) * 1000, 3)
         self._emit(ExecutionFinished(iteration=frame.iteration, duration_ms=duration_ms, error=error), frame)
+        if frame is self.root and not isinstance(exception, TurnCancelled):
+            self._count_failure(error)
+
+    def _count_failure(self, error: dict[str, str] | None) -> None:
+        """Stop the turn when the root's code has failed ``max_errors`` steps in a row: a model stuck on
+        one broken approach would spend every iteration left on it. The token is cancelled here, so the
+        turn ends at its next LM call (a callback's own exception may be swallowed by dspy)."""
+        self.failed_in_a_row = self.failed_in_a_row + 1 if error is not None else 0
+        if error is None or self.max_errors is None or self.failed_in_a_row < self.max_errors:
+            return
+        lines = error["message"].strip().splitlines()
+        last = preview(lines[-1] if lines else error["type"], 300)  # a traceback's last line names the error
+        self.cancel.cancel(
+            f"the code failed {self.failed_in_a_row} steps in a row (limits.max_errors = {self.max_errors}), so "
+            f"the turn was stopped; the last error was {last}. Ask again with more guidance, or raise "
+            "limits.max_errors in fleet.toml",
+            TooManyErrors,
+        )
 
     # ------------------------------------------------------------------ sandbox observer
 

@@ -16,6 +16,7 @@ class Outcome:
     reason: str | None = None
     result: Any = None  # the validated ``result`` output, when the turn had an output schema
     extracted: bool = False
+    extraction_reason: str | None = None  # max_iters | deadline | budget, when ``extracted``
     usage: dict[str, Any] = field(default_factory=dict)
 
 

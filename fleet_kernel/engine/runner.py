@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 0.5
 CANCEL_GRACE_S = 1.0
+EXTRACT_GRACE_S = 30.0  # past the deadline, how long a turn may still take to extract its answer from its steps
 ANNOUNCE_WAIT_S = 0.25
 MAX_TASK_CHARS = 100_000
 MAX_CELL_ID_CHARS = 200
@@ -294,6 +295,7 @@ class TurnRunner:
                     "max_turn_cost_usd": effective.max_turn_cost_usd,
                     "max_tokens": settings.policy.lm.max_tokens,
                     "sub_max_tokens": settings.policy.lm.sub_cap,
+                    "max_errors": effective.max_errors,
                 },
                 cell_id=turn.cell_id,
                 supersedes_turn_id=turn.supersedes_turn_id,
@@ -521,14 +523,16 @@ class TurnRunner:
         running.cancel.cancel(  # a no-op when something else stopped the turn first
             f"the turn ran past its {timeout:g} s deadline (limits.turn_timeout_s)", TurnDeadlineExceeded
         )
-        try:
+        with contextlib.suppress(TimeoutError):
             return await asyncio.wait_for(asyncio.shield(done), CANCEL_GRACE_S)
-        except TimeoutError:
-            # The worker is stuck in a call it cannot leave (a slow provider); it will unwind on its own
-            # and its late events are dropped because the turn is closed below.
-            cause = running.cancel.error()
-            assert cause is not None
-            return stopped(cause)
+        if job.extracting.is_set():  # the steps gave something: the answer is being extracted from them
+            with contextlib.suppress(TimeoutError):
+                return await asyncio.wait_for(asyncio.shield(done), EXTRACT_GRACE_S)
+        # The worker is stuck in a call it cannot leave (a slow provider); it will unwind on its own
+        # and its late events are dropped because the turn is closed below.
+        cause = running.cancel.error()
+        assert cause is not None
+        return stopped(cause)
 
     async def _collect_artifacts(self, running: _Running, job: TurnJob, *, cancelled: bool) -> None:
         """Files new or changed under ``artifacts/`` become artifact records and events.
@@ -595,8 +599,9 @@ class TurnRunner:
         if lost is not None:  # events were lost: the turn failed, and the writer records it with its last event
             outcome = Outcome("failed", error=lost, usage=outcome.usage)
         # the row, committed with the terminal event, shows what the turn used against its budgets
+        extraction = outcome.extraction_reason if outcome.status == "completed" and outcome.extracted else None
         ending = TurnEnding(
-            outcome.status, outcome.answer, outcome.error, {**usage, "budgets": budgets}, outcome.result
+            outcome.status, outcome.answer, outcome.error, {**usage, "budgets": budgets}, outcome.result, extraction
         )
         data: EventData
         if outcome.status == "completed":
@@ -605,6 +610,7 @@ class TurnRunner:
                 usage=usage,
                 duration_ms=round(duration_ms, 3),
                 extracted=outcome.extracted,
+                reason=extraction,
                 result=outcome.result,
             )
         elif outcome.status == "cancelled":
@@ -625,7 +631,7 @@ def format_history(turns: list[TurnRow], max_chars: int) -> str:
     Turns are numbered in the order given, the order of the notebook's cells, not the order they ran.
     """
     if not turns:
-        return "(this is the first turn of the session)"
+        return ""  # the first turn: the model gets no history input at all
     blocks = []
     for number, turn in enumerate(turns, 1):
         answer = (

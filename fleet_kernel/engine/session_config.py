@@ -116,6 +116,7 @@ def effective_config(
             "max_turn_cost_usd": limits.max_turn_cost_usd,
             "max_tokens": policy.lm.max_tokens,
             "sub_max_tokens": policy.lm.sub_cap,
+            "max_errors": limits.max_errors,
         },
         "history": {"window_turns": policy.history.window_turns, "max_chars": policy.history.max_chars},
         "memory": {"max_chars": policy.memory.max_chars, "max_count": policy.memory.max_count},

@@ -7,6 +7,7 @@ so the caller's event loop stays free and the kernel starts without importing ds
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from fleet_kernel.engine.choices import TurnChoices, files_prompt, result_type, 
 from fleet_kernel.engine.lm import build_lms, explain_lm_error, scrub
 from fleet_kernel.engine.observe import TurnObserver, WatchedPredict
 from fleet_kernel.engine.outcome import Outcome, stopped
+from fleet_kernel.engine.reask import ReaskingChatAdapter
 from fleet_kernel.engine.sink import TurnEmitter
 from fleet_kernel.errors import ConfigError, FleetError, LMError, TurnCancelled
 from fleet_kernel.events import lm_not_sent
@@ -39,16 +41,23 @@ log = logging.getLogger(__name__)
 class FleetTask(dspy.Signature):
     """Do the user's task for this turn of a notebook session, by writing and running Python.
 
-    Earlier turns of the session are in `history`; the session's durable folder is described in
-    `workspace` (attachments under files/, your outputs under artifacts/). Keep what later turns
-    should know with remember(), find it with search_memories() (memory/MEMORIES.md mirrors them).
+    Save plots, tables and other files you make under /workspace/artifacts/ to show them to the user.
     Answer in Markdown; keep the answer self-contained.
     """
 
     task: str = dspy.InputField(desc="what the user asks in this turn")
-    history: str = dspy.InputField(desc="earlier turns of this session (task and answer), oldest first")
-    workspace: str = dspy.InputField(desc="what /workspace holds right now")
     answer: str = dspy.OutputField(desc="the final answer for the user, in Markdown")
+
+
+HISTORY_FIELD = dspy.InputField(desc="earlier turns of this session (task and answer), oldest first")
+HISTORY_PROMPT = "Earlier turns of this session are in `history`; the user may refer to them."
+WORKSPACE_FIELD = dspy.InputField(desc="what /workspace holds right now")
+WORKSPACE_PROMPT = (
+    "`workspace` lists the session's durable folder: attachments under files/, earlier outputs under artifacts/, "
+    "notes kept with remember() in memory/MEMORIES.md."
+)
+"""Inputs a turn has only when they say something: a first turn, or a session with an empty folder, gets no
+``history`` or ``workspace`` field and no words about them (a small model took an empty one for the task)."""
 
 
 LMFactory = Callable[[Settings], tuple[Any, Any]]
@@ -65,9 +74,9 @@ class TurnJob:
     settings: Settings
     emitter: TurnEmitter
     task: str
-    history: str
+    history: str  # "" on a session's first turn: no ``history`` input then
     workspace: Path
-    workspace_manifest: str
+    workspace_manifest: str  # "" for an empty workspace: no ``workspace`` input then
     cancel: CancelToken
     lm_factory: LMFactory | None = None
     inputs: list[Any] = field(default_factory=list)  # engine.inputs.NotebookValue, sent to the sandbox once
@@ -75,6 +84,7 @@ class TurnJob:
     choices: TurnChoices = field(default_factory=TurnChoices)
     tools: list[Callable[..., Any]] = field(default_factory=list)  # more host tools for sandbox code (memory)
     budget: TurnBudget = field(init=False)
+    extracting: threading.Event = field(default_factory=threading.Event)  # set: a stopped turn extracts its answer
 
     def __post_init__(self) -> None:
         self.budget = TurnBudget.for_limits(self.settings.limits, self.cancel)
@@ -142,7 +152,15 @@ def _unparsed(exc: AdapterParseError, settings: Settings, finish_reason: str | N
         said, heading = str(exc.lm_response or "").strip() or "(nothing)", "What the model said"
     if len(said) > UNPARSED_SHOWN_CHARS:
         said = f"{said[:UNPARSED_SHOWN_CHARS]}... ({len(said) - UNPARSED_SHOWN_CHARS} more characters)"
-    return f"the model's reply could not be parsed into reasoning and code; {why}. {heading}:\n{scrub(said, settings)}"
+    return (
+        f"the model's reply could not be parsed into reasoning and code, also when asked again with the error; "
+        f"{why}. {heading}:\n{scrub(said, settings)}"
+    )
+
+
+def _present(**inputs: str) -> dict[str, str]:
+    """The optional inputs that say something (``turn_signature`` gives only those a field)."""
+    return {name: text for name, text in inputs.items() if text}
 
 
 def _scrubbed(value: Any, settings: Settings) -> Any:
@@ -198,17 +216,61 @@ def turn_signature(job: TurnJob) -> type[dspy.Signature]:
     choices = job.choices
     parts = [
         base_instructions(job.settings),
+        HISTORY_PROMPT if job.history else "",
+        WORKSPACE_PROMPT if job.workspace_manifest else "",
         job.catalogue.prompt(choices.skills) if job.catalogue.skills else "",
         files_prompt(choices.files),
     ]
     if choices.output_schema is not None:
         parts.append(schema_prompt(choices.output_schema))
     signature: type[Any] = FleetTask.with_instructions("\n\n".join(p for p in parts if p))
+    if job.history:
+        signature = signature.append("history", HISTORY_FIELD, type_=str)
+    if job.workspace_manifest:
+        signature = signature.append("workspace", WORKSPACE_FIELD, type_=str)
     if choices.output_schema is not None:
         desc = "the structured result, a dict that satisfies the output schema"
         typed = result_type(choices.output_schema, should_stop=lambda: job.cancel.cancelled)
         signature = signature.append("result", dspy.OutputField(desc=desc), type_=typed)
     return signature
+
+
+EXTRACTED_ON = {"deadline_exceeded": "deadline", "budget_exceeded": "budget"}
+"""The stops after which a turn ends with the answer extracted from its steps, when it took any (the reason
+``turn.completed`` gives); any other stop (a cancel, ``max_errors``) ends it as before."""
+
+
+def _extract_after_stop(job: TurnJob, cause: TurnCancelled, observer: TurnObserver | None, rlm: Any) -> Outcome | None:
+    """The turn reached its deadline or budget: its best answer so far, extracted by one more root request (as
+    dspy.RLM does at ``max_iters``) from the steps that ran, or None when there were none or extraction failed.
+
+    That request is made on a fresh copy of the root model, past the budget and the deadline: one call,
+    capped at ``[lm] max_tokens`` (asked again once if its reply cannot be parsed), counted in the turn's usage.
+    """
+    reason = EXTRACTED_ON.get(str(getattr(cause, "code", "")))
+    history = observer.last_action.get("repl_history") if observer is not None else None
+    if reason is None or observer is None or rlm is None or not history:
+        return None
+    settings = job.settings
+    job.extracting.set()  # the runner waits a little longer for this turn's outcome
+    try:
+        fresh, _ = (job.lm_factory or build_lms)(settings)
+        lm = fresh.copy()
+        observer.root_lm, observer.finishing = lm, True
+        observer.observe(lm)
+        with dspy.context(lm=lm, max_trace_size=0, adapter=ReaskingChatAdapter()):
+            prediction = rlm.extract(variables_info=observer.last_action.get("variables_info"), repl_history=history)
+        return Outcome(
+            "completed",
+            answer=scrub(str(prediction.answer), settings),
+            extracted=True,
+            extraction_reason=reason,
+            usage=observer.usage,
+            result=_scrubbed(getattr(prediction, "result", None), settings),
+        )
+    except BaseException:  # noqa: BLE001 - no answer to give: the turn fails with its stop's error, as before
+        log.warning("turn stopped (%s): extracting an answer from its steps failed", reason, exc_info=True)
+        return None
 
 
 def run_turn(job: TurnJob) -> Outcome:
@@ -240,6 +302,7 @@ def _run(job: TurnJob) -> Outcome:
     job.budget.watch(root_lm, sub_lm)
     sandbox = None
     observer: TurnObserver | None = None
+    rlm: Any = None
     try:
         sandbox = open_sandbox(settings, job.workspace, cancel=job.cancel)  # interrupted when the token is cancelled
         signature: Any = turn_signature(job)
@@ -267,6 +330,7 @@ def _run(job: TurnJob) -> Outcome:
             settings=settings,
             max_depth=limits.max_depth,
             max_children=limits.max_children,
+            max_errors=limits.max_errors,
         )
         rlm.generate_action = WatchedPredict.watching(rlm.generate_action)
         rlm.extract = WatchedPredict.watching(rlm.extract)
@@ -275,12 +339,12 @@ def _run(job: TurnJob) -> Outcome:
         sandbox_base.observer.set(observer)
         # max_trace_size=0: dspy keeps every predictor call (module, inputs, prediction) in a process-wide
         # trace of 10 000 for optimizers; a kernel or server running turn after turn held every turn alive
-        with dspy.context(lm=root_lm, max_trace_size=0):
+        # adapter: a reply that cannot be parsed is asked again once, with the error (engine/reask.py)
+        with dspy.context(lm=root_lm, max_trace_size=0, adapter=ReaskingChatAdapter()):
             observer.enter_root()
             prediction = rlm(
                 task=job.task,
-                history=job.history,
-                workspace=job.workspace_manifest,
+                **_present(history=job.history, workspace=job.workspace_manifest),
                 **{value.name: value for value in job.inputs},
                 interpreter_factory=factory,
             )
@@ -288,6 +352,7 @@ def _run(job: TurnJob) -> Outcome:
             "completed",
             answer=scrub(str(prediction.answer), settings),
             extracted=observer.extracted,
+            extraction_reason="max_iters" if observer.extracted else None,
             usage=observer.usage,
             result=_scrubbed(getattr(prediction, "result", None), settings),
         )
@@ -297,7 +362,8 @@ def _run(job: TurnJob) -> Outcome:
         # sandbox), the token's first reason decides how the turn ends.
         cause = job.cancel.error() or (exc if isinstance(exc, TurnCancelled) else None)
         if cause is not None:
-            return stopped(cause, usage)
+            extracted = _extract_after_stop(job, cause, observer, rlm)
+            return extracted or stopped(cause, usage)
         outcome = _failure(exc, settings, observer.root_finish_reason if observer else None)
         outcome.usage = usage
         return outcome

@@ -512,6 +512,8 @@ async def finish_turn(
     data, metadata = transcript_bundle(view)
     if text_mode:  # the terminal already printed the transcript and its summary line by line
         outcome = view.answer if view.status == "completed" else view.outcome_text()
+        if view.extraction_note():
+            outcome = f"{view.extraction_note()}\n{outcome}"
         data["text/plain"] = f"{outcome}\n"
     pub.send("execute_result", {"execution_count": execution_count, "data": data, "metadata": metadata})
     error = error_content(view)

@@ -33,8 +33,14 @@ _NOTABLE_PACKAGES = ("numpy", "pandas", "scipy", "matplotlib", "sklearn", "sympy
 
 
 @functools.cache
-def _installed_packages() -> str:
-    found = [name for name in _NOTABLE_PACKAGES if importlib.util.find_spec(name) is not None]
+def _installed_packages(extra: tuple[str, ...] = ()) -> str:
+    """The data stack model code reaches for, and ``[sandbox] packages``, as far as they can be imported here
+    (the local sandbox runs the host's Python); a named package that cannot is logged, not promised."""
+    names = list(dict.fromkeys([*_NOTABLE_PACKAGES, *extra]))
+    found = [name for name in names if importlib.util.find_spec(name) is not None]
+    missing = [name for name in extra if name not in found]
+    if missing:
+        logger.warning("[sandbox] packages: %s cannot be imported here; the model is not told of them", missing)
     return f" Installed packages include {', '.join(found)}." if found else ""
 
 
@@ -64,7 +70,7 @@ class LocalBackend:
             exec_timeout_s=settings.limits.exec_timeout_s,
             root="/workspace" if self.isolated else str(workspace.absolute()),
             memory_mb=settings.policy.sandbox.memory_mb,
-            notes=f"Nothing can be installed.{_installed_packages()}",
+            notes=f"Nothing can be installed.{_installed_packages(settings.policy.sandbox.packages)}",
         )
 
     def open(self, settings: Settings, workspace: Path, *, cancel: CancelToken | None = None) -> SandboxFactory:

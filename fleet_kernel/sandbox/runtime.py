@@ -342,6 +342,7 @@ class Runtime:
         self.module.__dict__["__builtins__"] = builtins
         sys.modules["__main__"] = self.module
         self._tools: set[str] = set()
+        self._provided: dict[str, Any] = {}  # name -> what the sandbox bound to it (tools, SUBMIT)
         self._output_fields: list[dict[str, Any]] | None = None
         self._injected: dict[str, Any] = {}
         self._pending: dict[int, queue.SimpleQueue[Message | None]] = {}
@@ -366,6 +367,31 @@ class Runtime:
         self._tools = set(tools)
         self._output_fields = output_fields
         namespace["SUBMIT"] = self.submit
+        self._provided = {name: namespace[name] for name in [*sorted(self._tools), "SUBMIT"]}
+
+    def restore_provided(self) -> list[str]:
+        """Put back every name the sandbox gives the model (``llm_query``, ``SUBMIT``, the tools) that code
+        rebound or deleted, and say so on stderr: a model that defines its own ``llm_query`` would otherwise
+        go on calling its stub, and no sub-model call would ever be made. Returns the names restored."""
+        namespace = self.module.__dict__
+        restored = [name for name, value in self._provided.items() if namespace.get(name) is not value]
+        for name in restored:
+            namespace[name] = self._provided[name]
+        if restored:
+            one = len(restored) == 1
+            subject = f"{restored[0]} is" if one else f"{', '.join(restored)} are"
+            advice = (
+                f"Call {restored[0]}(...) as given; never define or assign it"
+                if one
+                else ("Call them as given; never define or assign them")
+            )
+            self.output.write(
+                "stderr",
+                f"\n[fleet] {subject} provided by the sandbox; this code redefined "
+                f"{'it' if one else 'them'}, so the original{'' if one else 's'} {'was' if one else 'were'} "
+                f"restored. {advice}.\n",
+            )
+        return restored
 
     def _stub(self, name: str) -> Callable[..., Any]:
         def tool(*args: Any, **kwargs: Any) -> Any:
@@ -459,6 +485,7 @@ class Runtime:
         finally:
             if os.getpid() != self._pid:  # a fork of this process finished the cell: never reply twice
                 os._exit(0)
+        self.restore_provided()
         if done["kind"] in ("error", "interrupted") and self._reap:
             _reap_strays()
         if self._capture is not None:

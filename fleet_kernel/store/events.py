@@ -31,7 +31,7 @@ _INSERT_EVENTS = (
 )
 _UPDATE_LAST_SEQ = "UPDATE turns SET last_seq = ? WHERE turn_id = ?"
 _END_TURN = (
-    "UPDATE turns SET status = ?, answer = ?, error = ?, usage = ?, result = ?, finished_at = ? "
+    "UPDATE turns SET status = ?, answer = ?, error = ?, usage = ?, result = ?, extraction_reason = ?, finished_at = ? "
     "WHERE turn_id = ? AND status = 'running'"
 )
 _TOUCH_SESSION = (
@@ -48,6 +48,7 @@ class TurnEnding:
     error: dict[str, Any] | None = None
     usage: dict[str, Any] | None = None  # what it used, against its budgets
     result: Any = None  # the validated output_schema value
+    extraction_reason: str | None = None  # why the answer was extracted, not submitted (max_iters, deadline, budget)
 
 
 class EventStore(Database):
@@ -131,7 +132,7 @@ class EventStore(Database):
                 cursor.executemany(_UPDATE_LAST_SEQ, [(seq, turn) for turn, seq in _last_seqs(events).items()])
                 for turn_id, e in endings.items():
                     values = (bind["error"](e.error), bind["usage"](e.usage), bind["result"](e.result))
-                    cursor.execute(_END_TURN, (e.status, e.answer, *values, now, turn_id))
+                    cursor.execute(_END_TURN, (e.status, e.answer, *values, e.extraction_reason, now, turn_id))
                     if cursor.rowcount:
                         cursor.execute(_TOUCH_SESSION, (now, turn_id))
                 cursor.execute("COMMIT")
@@ -215,7 +216,7 @@ def _ending_statements(turn_id: str, ending: TurnEnding, now: Any) -> tuple[Any,
         update(TurnRow)
         .where(TurnRow.turn_id == turn_id, TurnRow.status == "running")
         .values(status=ending.status, answer=ending.answer, error=ending.error, usage=ending.usage,
-                result=ending.result, finished_at=now)
+                result=ending.result, extraction_reason=ending.extraction_reason, finished_at=now)
     )  # fmt: skip
     session = select(TurnRow.session_id).where(TurnRow.turn_id == turn_id).scalar_subquery()
     return end, update(SessionRow).where(SessionRow.session_id == session).values(updated_at=now)

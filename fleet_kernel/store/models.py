@@ -85,6 +85,8 @@ class TurnRow(Base):
     error: Mapped[dict[str, Any] | None]
     usage: Mapped[dict[str, Any] | None]
     result: Mapped[Any | None] = mapped_column(JSON, nullable=True)  # the validated value of an output_schema
+    # max_iters | deadline | budget: the answer was extracted from the steps, not submitted by the model
+    extraction_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
     model: Mapped[str | None] = mapped_column(String(200))
     sandbox: Mapped[str | None] = mapped_column(String(32))
     owner: Mapped[str] = mapped_column(String(200))
@@ -109,6 +111,8 @@ class TurnRow(Base):
             "error": self.error,
             "usage": self.usage,
             "result": self.result,
+            "extracted": self.extraction_reason is not None,
+            "extraction_reason": self.extraction_reason,
             "started_at": iso(self.started_at),
             "finished_at": iso(self.finished_at),
         }

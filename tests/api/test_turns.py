@@ -162,3 +162,23 @@ def test_notebook_export(client: httpx.Client, session_id: str, scripted_lm: Scr
     assert [c.source for c in nb.cells if c.cell_type == "code"] == ["notebook turn"]
     assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# test\n")
     assert_error(client.get("/api/sessions/ses_missing/notebook"), 404)
+
+
+def test_an_extracted_answer_is_marked_on_the_event_and_the_turn(
+    client: httpx.Client, session_id: str, scripted_lm: ScriptedLM
+) -> None:
+    scripted_lm.add("guess the total", [step("Explore.", "print('hm')"), {"answer": "about 12"}])
+    body = {"task": "guess the total", "limits": {"max_iters": 1}}
+    with client.stream("POST", f"/api/sessions/{session_id}/turns", json=body) as r:
+        frames = events_of(r)
+    end = frames[-1].envelope
+    assert end["type"] == "turn.completed" and end["data"]["answer"] == "about 12"
+    assert end["data"]["extracted"] is True and end["data"]["reason"] == "max_iters"
+    turn = client.get(f"/api/sessions/{session_id}/turns/{end['turn_id']}").json()
+    assert turn["extracted"] is True and turn["extraction_reason"] == "max_iters"
+
+    scripted_lm.add("submit it", DONE)
+    end = run_turn(client, session_id, "submit it")[-1].envelope
+    assert end["data"]["extracted"] is False and end["data"]["reason"] is None
+    turn = client.get(f"/api/sessions/{session_id}/turns/{end['turn_id']}").json()
+    assert turn["extracted"] is False and turn["extraction_reason"] is None

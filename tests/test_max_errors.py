@@ -1,0 +1,54 @@
+"""``[limits] max_errors``: a turn whose code fails that many steps in a row stops, saying which key and why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from scripted_lm import ScriptedLM, step
+
+from fleet_kernel.config import load_settings
+from fleet_kernel.engine import TurnRunner
+from fleet_kernel.events import Event
+from fleet_kernel.store import Store
+
+BROKEN = step("Parse it.", "import json\njson.loads('{not json')")
+
+
+async def _turn(store: Store, fleet_env: dict[str, str], tmp_path: Path, task: str, toml: str) -> list[Event]:
+    config = tmp_path / "fleet.toml"
+    config.write_text(toml, encoding="utf-8")
+    runner = await TurnRunner(store, load_settings({**fleet_env, "FLEET_CONFIG": str(config)})).open()
+    try:
+        session = await store.create_session()
+        handle = await runner.start(session.session_id, task)
+        return [event async for event in handle.events()]
+    finally:
+        await runner.close()
+
+
+async def test_code_failing_n_steps_in_a_row_stops_the_turn(
+    store: Store, fleet_env: dict[str, str], scripted_lm: ScriptedLM, tmp_path: Path
+) -> None:
+    scripted_lm.default = BROKEN
+    events = await _turn(store, fleet_env, tmp_path, "parse the data", "[limits]\nmax_errors = 3\nmax_iters = 10\n")
+    assert events[0].data["limits"]["max_errors"] == 3
+    end = events[-1]
+    assert end.type == "turn.failed", end.data
+    error = end.data["error"]
+    assert error["type"] == "too_many_errors"
+    assert "failed 3 steps in a row" in error["message"] and "limits.max_errors = 3" in error["message"]
+    assert "JSONDecodeError" in error["message"]  # the last error, quoted
+    finished = [e.data for e in events if e.type == "execution.finished"]
+    assert len(finished) == 3 and all(d["error"] for d in finished)
+    assert len(scripted_lm.root_requests()) == 3  # no step was asked for after the third failure
+    turn = await store.get_turn(end.turn_id)
+    assert turn.status == "failed" and turn.error["type"] == "too_many_errors"
+
+
+async def test_a_step_that_works_resets_the_count(
+    store: Store, fleet_env: dict[str, str], scripted_lm: ScriptedLM, tmp_path: Path
+) -> None:
+    fixed = step("Fix it.", "print('fine')")
+    scripted_lm.add("*", [BROKEN, BROKEN, fixed, BROKEN, BROKEN, step("Done.", "SUBMIT(answer='parsed')")])
+    events = await _turn(store, fleet_env, tmp_path, "parse the data", "[limits]\nmax_errors = 3\n")
+    assert events[-1].type == "turn.completed" and events[-1].data["answer"] == "parsed", events[-1].data

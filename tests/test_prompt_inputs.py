@@ -1,0 +1,58 @@
+"""What Fleet adds to the model's prompt earns its place: an empty history or workspace adds no input and no words.
+
+A small model read an empty ``history`` input as the task and a workspace description as a file path; the first
+turn of an empty session now asks exactly what raw dspy.RLM would, plus one line on where to save outputs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from scripted_lm import ScriptedLM, step
+
+from fleet_kernel.config import load_settings
+from fleet_kernel.engine import TurnRunner
+from fleet_kernel.events import Event
+from fleet_kernel.store import Store
+
+MARKERS = ("Variable: `history`", "Variable: `workspace`", "`history`", "`workspace`")
+
+
+def _prompt(body: dict[str, Any]) -> str:
+    return "\n".join(str(m.get("content") or "") for m in body["messages"])
+
+
+async def _turn(runner: TurnRunner, session_id: str, task: str) -> list[Event]:
+    handle = await runner.start(session_id, task)
+    return [event async for event in handle.events()]
+
+
+async def test_a_first_turn_in_an_empty_session_has_no_history_or_workspace_input(
+    store: Store, fleet_env: dict[str, str], scripted_lm: ScriptedLM, tmp_path: Path
+) -> None:
+    scripted_lm.add("first task", [
+        step("Save it.", "open('/workspace/artifacts/out.txt', 'w').write('made')\nSUBMIT(answer='saved')"),
+    ])  # fmt: skip
+    scripted_lm.add("second task", [step("Done.", "SUBMIT(answer='ok')")])
+    config = tmp_path / "fleet.toml"
+    config.write_text("", encoding="utf-8")
+    runner = await TurnRunner(store, load_settings({**fleet_env, "FLEET_CONFIG": str(config)})).open()
+    try:
+        session = await store.create_session()
+        first = await _turn(runner, session.session_id, "first task")
+        assert first[-1].type == "turn.completed", first[-1].data
+        [asked] = scripted_lm.root_requests()
+        prompt = _prompt(asked)
+        assert "Variable: `task`" in prompt and "first task" in prompt
+        assert not [marker for marker in MARKERS if marker in prompt], prompt
+        assert "first turn of the session" not in prompt and "are empty" not in prompt
+
+        second = await _turn(runner, session.session_id, "second task")
+        assert second[-1].type == "turn.completed", second[-1].data
+        prompt = _prompt(scripted_lm.root_requests()[-1])
+        # now there is something to say: the first turn, and the artifact it saved
+        assert "Variable: `history`" in prompt and "User: first task" in prompt
+        assert "Variable: `workspace`" in prompt and "artifacts/out.txt" in prompt
+    finally:
+        await runner.close()

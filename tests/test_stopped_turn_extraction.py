@@ -1,0 +1,82 @@
+"""A turn stopped at its deadline or budget ends with its best answer so far, marked as extracted.
+
+dspy.RLM extracts an answer from the steps when it runs out of iterations; Fleet does the same when the turn
+reaches its deadline or its token budget, once the steps have produced something, and fails it as before when
+they have not. The extraction is one more root request, counted in the turn's usage.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from scripted_lm import ScriptedLM, step
+
+from fleet_kernel.config import load_settings
+from fleet_kernel.engine import TurnRunner
+from fleet_kernel.events import Event
+from fleet_kernel.store import Store
+from fleet_kernel.transcript import render_text
+from fleet_kernel.view import TurnView
+
+EXTRACT_KEY = "extract the final outputs now"  # in dspy.RLM's extract prompt only
+
+
+async def _turn(store: Store, fleet_env: dict[str, str], tmp_path: Path, task: str, toml: str) -> list[Event]:
+    config = tmp_path / "fleet.toml"
+    config.write_text(toml, encoding="utf-8")
+    runner = await TurnRunner(store, load_settings({**fleet_env, "FLEET_CONFIG": str(config)})).open()
+    try:
+        session = await store.create_session()
+        handle = await runner.start(session.session_id, task)
+        return [event async for event in handle.events()]
+    finally:
+        await runner.close()
+
+
+async def test_a_turn_at_its_deadline_ends_with_the_answer_extracted_from_its_steps(
+    store: Store, fleet_env: dict[str, str], scripted_lm: ScriptedLM, tmp_path: Path
+) -> None:
+    scripted_lm.add(EXTRACT_KEY, [{"answer": "42, from the first count"}])
+    scripted_lm.add("*", [
+        step("Count.", "print('count is 42')"),
+        step("Check again slowly.", "import time\ntime.sleep(60)"),
+    ])  # fmt: skip
+    events = await _turn(store, fleet_env, tmp_path, "count it", "[limits]\nturn_timeout_s = 4\n")
+    end = events[-1]
+    assert end.type == "turn.completed", end.data
+    assert end.data["answer"] == "42, from the first count"
+    assert end.data["extracted"] is True and end.data["reason"] == "deadline"
+    extract = [b for b in scripted_lm.root_requests() if EXTRACT_KEY in str(b["messages"])]
+    assert len(extract) == 1 and "count is 42" in str(extract[0]["messages"])  # extracted from the steps that ran
+    assert end.data["usage"]["lm_calls"] == sum(e.type == "lm.finished" for e in events) == 3
+    turn = await store.get_turn(end.turn_id)
+    assert turn.status == "completed" and turn.extraction_reason == "deadline"
+    assert "the turn reached its deadline (limits.turn_timeout_s)" in render_text(TurnView.of(events, turn))
+
+
+async def test_a_turn_at_its_deadline_before_any_step_finished_fails(
+    store: Store, fleet_env: dict[str, str], scripted_lm: ScriptedLM, tmp_path: Path
+) -> None:
+    scripted_lm.add(EXTRACT_KEY, [{"answer": "never asked"}])
+    scripted_lm.add("*", [step("Sleep.", "import time\ntime.sleep(60)")])
+    events = await _turn(store, fleet_env, tmp_path, "sleep", "[limits]\nturn_timeout_s = 2\n")
+    assert events[-1].type == "turn.failed" and events[-1].data["error"]["type"] == "deadline_exceeded"
+    assert not [b for b in scripted_lm.root_requests() if EXTRACT_KEY in str(b["messages"])]
+
+
+async def test_a_turn_over_its_budget_ends_with_the_answer_extracted_from_its_steps(
+    store: Store, fleet_env: dict[str, str], scripted_lm: ScriptedLM, tmp_path: Path
+) -> None:
+    scripted_lm.add(EXTRACT_KEY, [{"answer": "about 7, so far"}])
+    scripted_lm.default = step("Keep looking.", "print('still looking, 7 so far')")
+    toml = "[limits]\nmax_iters = 20\nmax_turn_tokens = 6000\n"
+    events = await _turn(store, fleet_env, tmp_path, "look for it", toml)
+    end = events[-1]
+    assert end.type == "turn.completed", end.data
+    assert end.data["answer"] == "about 7, so far" and end.data["extracted"] is True and end.data["reason"] == "budget"
+    requests = scripted_lm.root_requests()
+    assert EXTRACT_KEY in str(requests[-1]["messages"])  # the one request after the budget was used up
+    assert not any(EXTRACT_KEY in str(b["messages"]) for b in requests[:-1])
+    assert end.data["usage"]["prompt_tokens"] + end.data["usage"]["completion_tokens"] >= 6000
+    turn = await store.get_turn(end.turn_id)
+    assert turn.extraction_reason == "budget" and turn.answer == "about 7, so far"
