@@ -420,7 +420,7 @@ class ChunkTranslator:
                 ]
             case "turn.cancelled":
                 return [{"type": "turn_cancelled", "reason": d["reason"] or "Turn cancelled"}]
-        return []  # lm.finished: its usage is summed into the outcome's usage chunk
+        return []  # lm.finished: its usage is summed into the outcome's usage chunk; lm.delta: steps arrive whole
 
     def _child(self, agent_id: str, state: str, ts: str) -> dict[str, Any]:
         label, started = self._children.get(agent_id, (agent_id, _epoch(ts)))

@@ -131,7 +131,7 @@ CHUNKED = {
     "turn.failed": "turn_finish",
     "turn.cancelled": "turn_cancelled",
 }
-UNCHUNKED = {"lm.finished"}  # summed into the outcome's usage chunk
+UNCHUNKED = {"lm.finished", "lm.delta"}  # summed into the outcome's usage chunk; steps arrive whole
 
 
 def run_chunks(events: list[tuple[EventData, str]]) -> list[dict[str, Any]]:
