@@ -18,7 +18,8 @@ import pytest
 from kernel_harness import KERNEL
 from scripted_lm import step
 
-pytestmark = pytest.mark.browser
+# JupyterLab in Chromium on a busy 2-core machine: bounds are generous liveness bounds, not latencies
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [
     "--no-sandbox",
@@ -105,9 +106,9 @@ def test_lab_shows_the_live_card_then_the_transcript(lab: tuple[str, Path], scri
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.goto(url)
-            expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_attached(timeout=60_000)
+            expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_attached(timeout=120_000)
             first, second = page.locator(".jp-Cell").nth(0), page.locator(".jp-Cell").nth(1)
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 120
             while "(widgets)" not in (first.locator(".jp-OutputArea-output").all_inner_texts() or [""])[0]:
                 # the widget manager connects to a new kernel shortly after it is idle: ask until it has
                 assert time.monotonic() < deadline, "the kernel never saw JupyterLab's widget manager"
@@ -124,18 +125,18 @@ def test_lab_shows_the_live_card_then_the_transcript(lab: tuple[str, Path], scri
             page.keyboard.press("Control+Enter")
             output = second.locator(".jp-OutputArea-output").first
             # live: the widget card with its Stop button, the code's output appearing while it runs
-            expect(page.locator(".widget-button", has_text="Stop")).to_be_visible(timeout=60_000)
-            expect(output).to_contain_text("tick 1", timeout=30_000)
+            expect(page.locator(".widget-button", has_text="Stop")).to_be_visible(timeout=120_000)
+            expect(output).to_contain_text("tick 1", timeout=120_000)
             page.screenshot(path=str(shots / "live.png"))
             assert "counted to" not in output.inner_text()
             # final: the card is replaced by the transcript
-            expect(page.locator(".fleet-transcript")).to_contain_text("counted to eight", timeout=60_000)
+            expect(page.locator(".fleet-transcript")).to_contain_text("counted to eight", timeout=120_000)
             expect(page.locator(".widget-button", has_text="Stop")).to_have_count(0)
             page.screenshot(path=str(shots / "final.png"))
             # the feedback bar under the answer: a note, a click, and the bar says what it kept
             second.locator(".widget-text input").fill("counted right")
             second.locator(".widget-button", has_text="good").click()
-            expect(second.locator("div.widget-label")).to_contain_text("marked good: counted right", timeout=30_000)
+            expect(second.locator("div.widget-label")).to_contain_text("marked good: counted right", timeout=120_000)
             expect(second.locator(".widget-button", has_text="good")).to_be_disabled()
             page.screenshot(path=str(shots / "feedback.png"))
         except BaseException:
@@ -173,12 +174,12 @@ def test_lab_shows_a_fleet_cell_of_a_python_notebook_live_then_its_transcript(
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.goto(url)
-            expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_attached(timeout=60_000)
+            expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_attached(timeout=120_000)
             dialog = page.locator(".jp-Dialog .jp-mod-accept")
             if dialog.count():
                 dialog.first.click()
             cell = [page.locator(".jp-Cell").nth(i) for i in range(3)]
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + 120
             while "[1]" not in cell[0].locator(".jp-InputPrompt").inner_text():
                 assert time.monotonic() < deadline, "the first cell never ran"
                 cell[0].locator(".cm-content").click()
@@ -188,15 +189,15 @@ def test_lab_shows_a_fleet_cell_of_a_python_notebook_live_then_its_transcript(
             page.keyboard.press("Control+Enter")  # runs the %%fleet cell
             output = cell[1].locator(".jp-OutputArea-output").first
             # live: the widget card (no Stop button: the kernel's interrupt stops a turn here)
-            expect(output.locator(".widget-html", has_text="Fleet")).to_be_visible(timeout=60_000)
-            expect(output).to_contain_text("tick 1", timeout=30_000)
+            expect(output.locator(".widget-html", has_text="Fleet")).to_be_visible(timeout=120_000)
+            expect(output).to_contain_text("tick 1", timeout=120_000)
             expect(page.locator(".widget-button")).to_have_count(0)
             page.screenshot(path=str(shots / "magic-live.png"))
-            expect(page.locator(".fleet-transcript")).to_contain_text("counted to eight", timeout=60_000)
+            expect(page.locator(".fleet-transcript")).to_contain_text("counted to eight", timeout=120_000)
             expect(cell[1].locator(".widget-button", has_text="bad")).to_be_visible()  # the feedback bar
             cell[2].locator(".cm-content").click()
             page.keyboard.press("Shift+Enter")
-            expect(cell[2].locator(".jp-OutputArea-output")).to_contain_text("COUNTED TO **EIGHT**", timeout=30_000)
+            expect(cell[2].locator(".jp-OutputArea-output")).to_contain_text("COUNTED TO **EIGHT**", timeout=120_000)
             page.screenshot(path=str(shots / "magic-final.png"))
         except BaseException:
             page.screenshot(path=str(shots / "magic-failure.png"))
@@ -275,7 +276,7 @@ def test_lab_edits_and_reruns_a_cell_and_history_shows_the_new_version(lab: tupl
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         try:
             page.goto(url)
-            expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_attached(timeout=60_000)
+            expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_attached(timeout=120_000)
             cells = page.locator(".jp-Cell")
 
             def run(index: int, expect_text: str, *, replace: str | None = None) -> None:
@@ -287,9 +288,9 @@ def test_lab_edits_and_reruns_a_cell_and_history_shows_the_new_version(lab: tupl
                     page.keyboard.press("Control+a")
                     page.keyboard.type(replace)
                 page.keyboard.press("Control+Enter")
-                expect(cells.nth(index).locator(".jp-OutputArea")).to_contain_text(expect_text, timeout=60_000)
+                expect(cells.nth(index).locator(".jp-OutputArea")).to_contain_text(expect_text, timeout=120_000)
 
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 120
             while not cells.nth(0).locator(".jp-OutputArea-output").count():  # the kernel takes requests
                 assert time.monotonic() < deadline, "the kernel never ran the first cell"
                 run(0, "")
