@@ -459,3 +459,24 @@ async def test_the_providers_thinking_streams_live(
     assert "thinking" not in head_html(it)  # a transcript shows only what lm.finished kept
     view.apply(finished)
     assert it.thinking == [thinking] and it.live_thinking == ""
+
+
+async def test_a_cassette_records_a_litellm_call_as_a_stream(
+    make_runner, store: Store, scripted_lm: ScriptedLM, tmp_path: Path
+) -> None:
+    """The recorder sends a typed request, which dspy's LiteLLM engine answers in ``complete``: streamed too."""
+    scripted_lm.token_delay_s = 0.002
+    scripted_lm.add("*", [step(LONG_REASONING, "print('hi')"), step("Done.", "SUBMIT(answer='42')")])
+    cassette = tmp_path / "litellm.cassette.json"
+    recorder = await make_runner(FLEET_LM_MODEL=LITELLM_MODEL, FLEET_LM_RECORD=str(cassette))
+    recorded = await collect(recorder, (await store.create_session()).session_id, "record me")
+    assert recorded[-1].type == "turn.completed" and recorded[-1].data["answer"] == "42"
+    assert deltas(recorded, "reasoning") == LONG_REASONING.strip()
+    assert all(body.get("stream") is True for body in scripted_lm.root_requests())
+    response = json.loads(cassette.read_text())["exchanges"][0]["response"]
+    assert sum(size for _, size in response["stream"]) == len(response["text"]) and len(response["stream"]) > 100
+    usage = next(e for e in recorded if e.type == "lm.finished").data["usage"]
+    assert usage == {
+        "prompt_tokens": response["usage"]["input_tokens"],
+        "completion_tokens": response["usage"]["output_tokens"],
+    }

@@ -9,7 +9,9 @@ request as a stream (``stream=True``, usage in the last chunk), tells each piece
 provider's thinking to the call's ``StreamReader`` (so the budget can stop it between two pieces), and
 rebuilds the reply with ``litellm.stream_chunk_builder``: the ``ModelResponse`` dspy goes on with has the
 same text, thinking, finish reason, usage and cost as the whole reply. Any other caller, and a call made
-while dspy's own streaming (``streamify``) is on, gets dspy's function unchanged.
+while dspy's own streaming (``streamify``) is on, gets dspy's function unchanged. A typed ``Request`` sent
+through LiteLLM (a cassette's recorder sends one) goes to the engine's ``complete`` instead, which reads
+the engine's own stream (``read_as_stream``, as for a native engine).
 
 A stream being read is kept in its call's ``live`` set, so that ``MeteredLM.abort`` (the turn stopped) can
 cut it at once, from another thread, even while the provider sends nothing (``cut``).
@@ -18,12 +20,13 @@ cut it at once, from another thread, even while the provider sends nothing (``cu
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import socket
 from collections.abc import Callable
 from typing import Any
 
-from fleet_kernel.engine.streaming import CHARS_PER_TOKEN, StreamReader, current
+from fleet_kernel.engine.streaming import CHARS_PER_TOKEN, StreamReader, current, read_as_stream
 
 NO_CACHE = {"no-cache": True, "no-store": True}
 
@@ -31,7 +34,8 @@ Completion = Callable[..., Any]
 
 
 def install() -> None:
-    """Route dspy's LiteLLM chat completions through ``streamed_completion`` (idempotent)."""
+    """Route dspy's LiteLLM chat completions through ``streamed_completion``, and its typed ``Request`` calls
+    through LiteLLM through ``read_as_stream`` (idempotent)."""
     lm_module: Any = importlib.import_module("dspy.clients.lm")  # dspy ships no types: looked up by name
     original = lm_module.litellm_completion
     if getattr(original, "fleet_streams", False):
@@ -42,6 +46,18 @@ def install() -> None:
 
     litellm_completion.fleet_streams = True  # type: ignore[attr-defined]
     lm_module.litellm_completion = litellm_completion
+
+    # a typed Request (a cassette's recorder sends one) goes to the engine's ``complete``, not the function
+    # above; its own ``stream`` gives lm15 events, which ``read_as_stream`` reads as the native path does
+    engine_class: Any = importlib.import_module("dspy.clients.engines.litellm_engine").LiteLLMEngine
+    whole = engine_class.complete
+
+    def complete(engine: Any, request: Any) -> Any:
+        if engine.model_type != "chat":  # LiteLLM's engine streams chat completions only
+            return whole(engine, request)
+        return read_as_stream(request, engine.stream, functools.partial(whole, engine))
+
+    engine_class.complete = complete
 
 
 def prompt_tokens(messages: list[dict[str, Any]]) -> int:

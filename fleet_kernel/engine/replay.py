@@ -298,7 +298,7 @@ class RecordingEngine:
                     pieces.clear()  # a retried attempt's pieces replace the last one's
                     return _Timed(listening.open(), pieces)
 
-                timed = CallStream(open=open_timed, check=listening.check, stopped=listening.stopped)
+                timed = CallStream(open_timed, listening.check, listening.stopped, listening.live)
                 with streaming(timed):
                     response = self.inner(request)
         entry = self.inner.history[-1] if self.inner.history else {}
