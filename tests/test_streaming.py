@@ -480,3 +480,52 @@ async def test_a_cassette_records_a_litellm_call_as_a_stream(
         "prompt_tokens": response["usage"]["input_tokens"],
         "completion_tokens": response["usage"]["output_tokens"],
     }
+
+
+class _Pub:
+    """What a live view sends (the kernel's IOPub, without a kernel)."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.html: list[str] = []
+
+    def display(self, data: dict[str, str], metadata: object = None, **_: object) -> None:
+        self.html.append(data.get("text/html", ""))
+
+    def stream(self, name: str, text: str) -> None:
+        self.text += text
+
+
+async def test_the_live_views_show_the_thinking_as_it_grows() -> None:
+    from fleet_kernel.events import make_event
+    from fleet_kernel.kernel.display import PlainLive, TextLive
+    from fleet_kernel.view import TurnView
+
+    delta = {"iteration": 1, "call_id": "lm-1"}
+    finished = {"role": "root", "model": "m", "duration_ms": 1.0, "usage": {"prompt_tokens": 1, "completion_tokens": 9}}
+    steps = [
+        ("iteration.started", {"iteration": 1, "max_iters": 5}),
+        ("lm.delta", {**delta, "field": "thinking", "text": "Weigh <a> "}),
+        ("lm.delta", {**delta, "field": "thinking", "text": "against b."}),
+        ("lm.delta", {**delta, "field": "reasoning", "text": "Pick a."}),
+        ("lm.finished", {**finished, "reasoning_content": "Weigh <a> against b."}),
+        ("reasoning", {"iteration": 1, "text": "Pick a."}),
+    ]
+    events = [make_event(t, d, seq=i + 1, session_id="s", turn_id="t") for i, (t, d) in enumerate(steps)]
+    text_pub, plain_pub = _Pub(), _Pub()
+    text = TextLive(text_pub, TurnView())  # type: ignore[arg-type]
+    plain = PlainLive(plain_pub, TurnView())  # type: ignore[arg-type]
+    for live in (text, plain):
+        for event in events[:3]:
+            live.on_event(event)
+        live.flush()
+    assert "thinking… " in text_pub.text and "Weigh" not in text_pub.text  # a terminal keeps it to one line
+    assert "the model's thinking (so far, 20 characters)" in plain_pub.html[-1]  # collapsed, growing
+    assert "Weigh &lt;a&gt; against b." in plain_pub.html[-1]  # escaped, inside the collapsed part
+    for live in (text, plain):
+        for event in events[3:]:
+            live.on_event(event)
+        await live.finish()
+        live.close()
+    assert "thinking… (20 characters)\n" in text_pub.text and "reasoning: Pick a." in text_pub.text
+    assert "the model's thinking (20 characters)" in plain_pub.html[-1] and "so far" not in plain_pub.html[-1]
