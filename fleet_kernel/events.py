@@ -112,12 +112,14 @@ class LMDelta(EventData):
     (coalesced: a piece at most every ~50 ms or 256 characters). The pieces of one `call_id` and field,
     joined, are (in the usual case) the text the step's own `reasoning` / `code` event carries; those
     events still carry the whole text, so deltas are never needed to rebuild a turn. `call_id` names one
-    attempt of one call: text under a new `call_id` starts afresh."""
+    attempt of one call: text under a new `call_id` starts afresh. `thinking` (an extension of the two
+    fields) is a piece of the provider's own thinking text, which `lm.finished` carries whole as
+    `reasoning_content`."""
 
     type: ClassVar[str] = "lm.delta"
     iteration: int
     call_id: str
-    field: Literal["reasoning", "code"]
+    field: Literal["reasoning", "code", "thinking"]
     text: str
 
 

@@ -63,13 +63,16 @@ def reasoning_html(text: str) -> str:
     return f'<div style="white-space:pre-wrap;font-style:italic">{html.escape(text)}</div>'
 
 
-def thinking_html(it: IterationView) -> str:
-    """The provider's own thinking, collapsed: it can be long, and it is not what the step says."""
-    if not it.thinking:
+def thinking_html(it: IterationView, *, live: bool = False) -> str:
+    """The provider's own thinking, collapsed and dimmed: it can be long, and it is not what the step says.
+    ``live``: with what has streamed of it so far (``live_thinking``), which a transcript never shows."""
+    texts = [*it.thinking, it.live_thinking] if live and it.live_thinking else it.thinking
+    if not texts:
         return ""
-    text = "\n\n".join(it.thinking)
+    text = "\n\n".join(texts)
+    growing = "so far, " if live and it.live_thinking else ""
     return (
-        f"<details><summary>the model's thinking ({len(text):,} characters)</summary>"
+        f"<details><summary>the model's thinking ({growing}{len(text):,} characters)</summary>"
         f'<div style="white-space:pre-wrap;opacity:0.8">{html.escape(text)}</div></details>'
     )
 
@@ -78,7 +81,8 @@ def head_html(it: IterationView, *, live: bool = False) -> str:
     """What the model thought and wrote: reasoning, then highlighted code; ``live``: as far as it has
     streamed (``shown_reasoning``), where a transcript shows only the step's own text."""
     reasoning, code = (it.shown_reasoning, it.shown_code) if live else (it.reasoning, it.code)
-    parts = [thinking_html(it)] if it.thinking else []
+    thinking = thinking_html(it, live=live)
+    parts = [thinking] if thinking else []
     if reasoning:
         parts.append(reasoning_html(reasoning))
     if code:

@@ -72,6 +72,9 @@ class IterationView:
     own ``reasoning`` and ``code`` replace them. Live views show them; transcripts never do."""
     live_reasoning: str = ""
     live_code: str = ""
+    live_thinking: str = ""
+    """The provider's thinking as it streams (``lm.delta`` field ``thinking``), until ``lm.finished`` keeps it
+    in ``thinking``."""
     thinking: list[str] = field(default_factory=list)
     """The provider's own thinking text of each LM call made for this iteration (``lm.finished``)."""
 
@@ -192,9 +195,11 @@ class TurnView:
             case LMDelta() as d:
                 it = self._iteration(agent, d.iteration)
                 if it.live_call != d.call_id:  # another call (or a retried attempt): its text starts afresh
-                    it.live_call, it.live_reasoning, it.live_code = d.call_id, "", ""
+                    it.live_call, it.live_reasoning, it.live_code, it.live_thinking = d.call_id, "", "", ""
                 if d.field == "reasoning":
                     it.live_reasoning += d.text
+                elif d.field == "thinking":
+                    it.live_thinking += d.text
                 else:
                     it.live_code += d.text
                 return it
@@ -219,6 +224,7 @@ class TurnView:
                     latest = self._latest(agent)
                     if latest is not None:
                         latest.thinking.append(d.reasoning_content)
+                        latest.live_thinking = ""
                 self.lm_calls += 1
                 self.sub_lm_calls += d.role == "sub"
                 self.tokens += d.usage.prompt_tokens + d.usage.completion_tokens

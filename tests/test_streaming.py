@@ -332,3 +332,200 @@ async def test_a_stream_without_usage_is_metered_by_estimate(
     prompt = "\n".join(str(m["content"]) for m in scripted_lm.requests[-1]["messages"])
     assert usage["prompt_tokens"] == len(prompt) // 4 and usage["completion_tokens"] > 0  # not free
     assert events[-1].data["usage"]["prompt_tokens"] == usage["prompt_tokens"]
+
+
+# ---------------------------------------------------------------------- calls dspy sends through LiteLLM
+
+LITELLM_MODEL = "lm_studio/scripted"  # a provider dspy's native engine does not serve: the call goes through LiteLLM
+
+
+def test_the_litellm_model_goes_through_litellm() -> None:
+    """The tests below stream through LiteLLM only as long as dspy routes this model there."""
+    import dspy
+    from dspy.clients.backend_selection import select_backend
+
+    lm = dspy.LM(LITELLM_MODEL, api_base="http://127.0.0.1:9/v1", api_key="k")
+    assert not select_backend(lm).native
+    assert select_backend(dspy.LM("openai/scripted", api_base="http://127.0.0.1:9/v1", api_key="k")).native
+
+
+async def test_a_litellm_call_streams_and_uses_what_a_whole_reply_uses(
+    make_runner, store: Store, scripted_lm: ScriptedLM
+) -> None:
+    import litellm
+
+    priced = f"{LITELLM_MODEL}-priced"  # a price LiteLLM knows, so both ways report a cost to compare
+    litellm.register_model({priced: {"input_cost_per_token": 1e-6, "output_cost_per_token": 3e-6, "mode": "chat",
+                                     "litellm_provider": "lm_studio", "max_tokens": 4096}})  # fmt: skip
+    scripted_lm.token_delay_s = 0.002
+    steps = [
+        step(LONG_REASONING, "```python\nprint(llm_query('what is 6*7?'))\n```"),
+        step("Done.", "SUBMIT(answer='42')"),
+    ]
+    runs = {}
+    for stream in (True, False):
+        scripted_lm.add("*", steps)
+        runner = await make_runner(f"[lm]\nstream = {json.dumps(stream)}\n", FLEET_LM_MODEL=priced)
+        asked = len(scripted_lm.requests)
+        events = await collect(runner, (await store.create_session()).session_id, "through litellm")
+        runs[stream] = (events, scripted_lm.requests[asked:])
+    (streamed, streamed_bodies), (whole, whole_bodies) = runs[True], runs[False]
+    assert streamed[-1].type == "turn.completed" and streamed[-1].data["answer"] == "42"
+    assert all(b.get("stream") is True and b["stream_options"] == {"include_usage": True} for b in streamed_bodies)
+    assert [b.get("stream") for b in whole_bodies] == [None] * len(whole_bodies)
+    types = [e.type for e in streamed]
+    assert types.index("lm.delta") < types.index("lm.finished") < types.index("reasoning")
+    assert deltas(streamed, "reasoning") == LONG_REASONING.strip() == streamed[types.index("reasoning")].data["text"]
+    assert deltas(streamed, "code") == "print(llm_query('what is 6*7?'))"
+    assert 2 <= sum(e.type == "lm.delta" and e.data["iteration"] == 1 for e in streamed) < 100  # coalesced
+    assert not any(e.type == "lm.delta" for e in whole)
+
+    def finished(events: list[Event]) -> list[dict[str, Any]]:
+        keys = ("role", "usage", "cost_usd", "finish_reason")
+        return [{k: e.data[k] for k in keys} for e in events if e.type == "lm.finished"]
+
+    assert finished(streamed) == finished(whole) and finished(streamed)[0]["cost_usd"]  # priced, and the same
+    assert streamed[-1].data["usage"] == whole[-1].data["usage"]
+    caps = [{k: v for k, v in b.items() if "tokens" in k} for b in streamed_bodies]
+    assert caps == [{k: v for k, v in b.items() if "tokens" in k} for b in whole_bodies] and caps[0]
+
+
+async def test_a_token_budget_stops_a_litellm_call_mid_stream(
+    make_runner, store: Store, scripted_lm: ScriptedLM
+) -> None:
+    scripted_lm.token_delay_s = 0.002
+    # varied text: LiteLLM ends a stream that repeats one chunk 100 times (a model stuck in a loop)
+    scripted_lm.add("*", [step(" ".join(f"{i:04d}" for i in range(8_000)), "print(1)")])  # 10,000 chunks
+    runner = await make_runner("[limits]\nmax_turn_tokens = 4000\n", FLEET_LM_MODEL=LITELLM_MODEL)
+    session = await store.create_session()
+    events = await collect(runner, session.session_id, "think at length")
+    assert events[-1].type == "turn.failed" and events[-1].data["error"]["type"] == "budget_exceeded"
+    lm_finished = next(e for e in events if e.type == "lm.finished")
+    assert lm_finished.data["finish_reason"] == "stopped"
+    used = lm_finished.data["usage"]["prompt_tokens"] + lm_finished.data["usage"]["completion_tokens"]
+    assert 4000 <= used < 4100
+    await wait_for(lambda: bool(scripted_lm.streamed))
+    assert scripted_lm.streamed[0] < 10_000 // 2 and scripted_lm.disconnects  # the provider request was closed
+    assert len(scripted_lm.root_requests()) == 1  # not retried
+
+
+@pytest.mark.parametrize("model", ["openai/scripted", LITELLM_MODEL])
+async def test_a_stop_cuts_a_silent_stream_at_once(
+    make_runner, store: Store, scripted_lm: ScriptedLM, model: str
+) -> None:
+    """The provider is between two tokens for 30 s: the stop closes its request now, not at the next token."""
+    scripted_lm.add("*", [{**step("slowly", "print(1)"), "token_delay": 30}])
+    runner = await make_runner(FLEET_LM_MODEL=model)
+    handle = await runner.start((await store.create_session()).session_id, "wait for it")
+    await wait_for(lambda: bool(scripted_lm.requests))
+    import asyncio
+
+    await asyncio.sleep(0.5)  # the stream is open: its first (empty) chunk is read, the next one is 30 s away
+    stopped = time.monotonic()
+    handle.cancel("stopped by the user")
+    seen = [event async for event in handle.events()]
+    assert seen[-1].type == "turn.cancelled" and time.monotonic() - stopped < 3
+    await wait_for(lambda: bool(scripted_lm.disconnects), timeout=5)  # the provider saw the client leave
+    assert scripted_lm.streamed and scripted_lm.streamed[0] <= 2
+    assert len(scripted_lm.root_requests()) == 1  # and no retry opened another
+
+
+@pytest.mark.parametrize("model", ["openai/scripted", LITELLM_MODEL])
+async def test_the_providers_thinking_streams_live(
+    make_runner, store: Store, scripted_lm: ScriptedLM, model: str
+) -> None:
+    thinking = "First I weigh the options, then I pick 42. " * 20
+    scripted_lm.token_delay_s = 0.002
+    scripted_lm.add("*", [{"reasoning": "Done.", "code": "SUBMIT(answer='42')", "reasoning_content": thinking}])
+    runner = await make_runner(FLEET_LM_MODEL=model)
+    events = await collect(runner, (await store.create_session()).session_id, "think aloud")
+    assert events[-1].type == "turn.completed"
+    types = [e.type for e in events]
+    finished = events[types.index("lm.finished")]
+    assert finished.data["reasoning_content"] == thinking
+    assert deltas(events, "thinking") == thinking  # streamed live, the same text lm.finished keeps
+    first_thought = next(i for i, e in enumerate(events) if e.type == "lm.delta" and e.data["field"] == "thinking")
+    first_said = next(i for i, e in enumerate(events) if e.type == "lm.delta" and e.data["field"] == "reasoning")
+    assert first_thought < first_said < types.index("lm.finished")  # the thinking comes before the reply
+    from fleet_kernel.render import head_html
+    from fleet_kernel.view import TurnView
+
+    view = TurnView()
+    for event in events[: types.index("lm.finished")]:
+        view.apply(event)
+    it = view.iterations[0]
+    assert it.live_thinking == thinking and not it.thinking
+    assert "the model's thinking (so far, " in head_html(it, live=True) and "<details>" in head_html(it, live=True)
+    assert "thinking" not in head_html(it)  # a transcript shows only what lm.finished kept
+    view.apply(finished)
+    assert it.thinking == [thinking] and it.live_thinking == ""
+
+
+async def test_a_cassette_records_a_litellm_call_as_a_stream(
+    make_runner, store: Store, scripted_lm: ScriptedLM, tmp_path: Path
+) -> None:
+    """The recorder sends a typed request, which dspy's LiteLLM engine answers in ``complete``: streamed too."""
+    scripted_lm.token_delay_s = 0.002
+    scripted_lm.add("*", [step(LONG_REASONING, "print('hi')"), step("Done.", "SUBMIT(answer='42')")])
+    cassette = tmp_path / "litellm.cassette.json"
+    recorder = await make_runner(FLEET_LM_MODEL=LITELLM_MODEL, FLEET_LM_RECORD=str(cassette))
+    recorded = await collect(recorder, (await store.create_session()).session_id, "record me")
+    assert recorded[-1].type == "turn.completed" and recorded[-1].data["answer"] == "42"
+    assert deltas(recorded, "reasoning") == LONG_REASONING.strip()
+    assert all(body.get("stream") is True for body in scripted_lm.root_requests())
+    response = json.loads(cassette.read_text())["exchanges"][0]["response"]
+    assert sum(size for _, size in response["stream"]) == len(response["text"]) and len(response["stream"]) > 100
+    usage = next(e for e in recorded if e.type == "lm.finished").data["usage"]
+    assert usage == {
+        "prompt_tokens": response["usage"]["input_tokens"],
+        "completion_tokens": response["usage"]["output_tokens"],
+    }
+
+
+class _Pub:
+    """What a live view sends (the kernel's IOPub, without a kernel)."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.html: list[str] = []
+
+    def display(self, data: dict[str, str], metadata: object = None, **_: object) -> None:
+        self.html.append(data.get("text/html", ""))
+
+    def stream(self, name: str, text: str) -> None:
+        self.text += text
+
+
+async def test_the_live_views_show_the_thinking_as_it_grows() -> None:
+    from fleet_kernel.events import make_event
+    from fleet_kernel.kernel.display import PlainLive, TextLive
+    from fleet_kernel.view import TurnView
+
+    delta = {"iteration": 1, "call_id": "lm-1"}
+    finished = {"role": "root", "model": "m", "duration_ms": 1.0, "usage": {"prompt_tokens": 1, "completion_tokens": 9}}
+    steps = [
+        ("iteration.started", {"iteration": 1, "max_iters": 5}),
+        ("lm.delta", {**delta, "field": "thinking", "text": "Weigh <a> "}),
+        ("lm.delta", {**delta, "field": "thinking", "text": "against b."}),
+        ("lm.delta", {**delta, "field": "reasoning", "text": "Pick a."}),
+        ("lm.finished", {**finished, "reasoning_content": "Weigh <a> against b."}),
+        ("reasoning", {"iteration": 1, "text": "Pick a."}),
+    ]
+    events = [make_event(t, d, seq=i + 1, session_id="s", turn_id="t") for i, (t, d) in enumerate(steps)]
+    text_pub, plain_pub = _Pub(), _Pub()
+    text = TextLive(text_pub, TurnView())  # type: ignore[arg-type]
+    plain = PlainLive(plain_pub, TurnView())  # type: ignore[arg-type]
+    for live in (text, plain):
+        for event in events[:3]:
+            live.on_event(event)
+        live.flush()
+    assert "thinking… " in text_pub.text and "Weigh" not in text_pub.text  # a terminal keeps it to one line
+    assert "the model's thinking (so far, 20 characters)" in plain_pub.html[-1]  # collapsed, growing
+    assert "Weigh &lt;a&gt; against b." in plain_pub.html[-1]  # escaped, inside the collapsed part
+    for live in (text, plain):
+        for event in events[3:]:
+            live.on_event(event)
+        await live.finish()
+        live.close()
+    assert "thinking… (20 characters)\n" in text_pub.text and "reasoning: Pick a." in text_pub.text
+    assert "the model's thinking (20 characters)" in plain_pub.html[-1] and "so far" not in plain_pub.html[-1]

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import dspy
 from dspy.utils.callback import BaseCallback
 
+from fleet_kernel.engine import litellm_stream
 from fleet_kernel.engine.streaming import CallStream, StreamingEngines, StreamSink, streaming
 
 if TYPE_CHECKING:
@@ -125,10 +126,18 @@ class MeteredLM(dspy.LM):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._engine_store = StreamingEngines()  # copies share it, as they share dspy's plain one
+        self._live_streams: set[Any] = set()  # LiteLLM streams being read (copies share it too)
+        litellm_stream.install()  # calls through LiteLLM stream as well
+
+    def __getstate__(self) -> dict[str, Any]:
+        state: dict[str, Any] = super().__getstate__()
+        state.pop("_live_streams", None)  # open connections: never copied
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self._engine_store = StreamingEngines()
+        self._live_streams = set()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         for key in TOKEN_KEYS:  # model code may pass its own cap per call; never above ours
@@ -159,6 +168,7 @@ class MeteredLM(dspy.LM):
                 open=functools.partial(open_sink, call_id),
                 check=self.budget.check_call if self.budget is not None else lambda tokens: None,
                 stopped=self._stopped,
+                live=self._live_streams,
             )
             call = functools.partial(_streamed, stream, call)
         return reported(call, call_id, watcher.on_lm_start, watcher.on_lm_end, self, kwargs)
@@ -192,8 +202,11 @@ class MeteredLM(dspy.LM):
 
         dspy's native engine (lm15) waits for a reply in ``recv`` on a pooled socket; closing that socket
         from another thread would not wake it until the reply came, shutting it down ends the read (and the
-        request) at once. The engine is closed too, so a retry cannot open a new connection.
+        request) at once. The engine is closed too, so a retry cannot open a new connection. A stream read
+        through LiteLLM is cut the same way (``litellm_stream.cut``).
         """
+        for source in list(self._live_streams):
+            litellm_stream.cut(source)
         with self._engine_lock:
             engines = list(self._engine_store.values())
         for engine in engines:

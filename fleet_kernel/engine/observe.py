@@ -393,7 +393,8 @@ class _CallDeltas:
             self.coalescer.add(name, piece)
 
     def thinking(self, text: str) -> None:
-        """The provider's thinking arrives whole on ``lm.finished``."""
+        """The provider's thinking, as it comes (``lm.finished`` carries it whole, too)."""
+        self.coalescer.add("thinking", text)
 
     def close(self) -> None:
         self.coalescer.close()

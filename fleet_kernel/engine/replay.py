@@ -5,7 +5,8 @@ cassette (a JSON file). ``FLEET_LM_MODEL=replay/<file>`` answers from the casset
 a request is matched exactly, else on its inputs with digit runs ignored (the system prompt, file sizes
 and timings change between machines); a request the cassette does not hold is a clear error naming the nearest
 recorded one. Both are dspy custom engines (``complete(Request) -> Response``), so dspy's adapters,
-callbacks and history work unchanged and nothing in dspy is patched.
+callbacks and history work unchanged (recording and replay patch nothing in dspy; see ``litellm_stream``
+for the one place Fleet stands in for a dspy function).
 
 A turn's calls stream (``streaming.py``): recording keeps when each piece of a streamed reply arrived
 (``response.stream``: ``[seconds since the previous piece, characters]``), and a replay streams the reply
@@ -298,7 +299,7 @@ class RecordingEngine:
                     pieces.clear()  # a retried attempt's pieces replace the last one's
                     return _Timed(listening.open(), pieces)
 
-                timed = CallStream(open=open_timed, check=listening.check, stopped=listening.stopped)
+                timed = CallStream(open_timed, listening.check, listening.stopped, listening.live)
                 with streaming(timed):
                     response = self.inner(request)
         entry = self.inner.history[-1] if self.inner.history else {}

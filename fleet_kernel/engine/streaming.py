@@ -10,8 +10,8 @@ Only a call made for a turn streams (``streaming(CallStream)`` around it, set by
 tokens go to the ``CallStream``'s sink, which also decides whether the call may go on: a turn cancelled,
 or a call whose estimated tokens would pass the turn's token budget, closes the stream at once. A provider
 that cannot stream gets the whole-reply request, as before; one whose stream carries no usage is metered
-by the same estimate the budget uses. Calls through LiteLLM (the compatibility
-engine dspy picks for a request lm15 cannot carry) are not streamed.
+by the same estimate the budget uses. Calls dspy sends through LiteLLM (providers its native engine does not
+know) stream the same way, in ``litellm_stream.py``; ``StreamReader`` is what both paths share.
 """
 
 from __future__ import annotations
@@ -52,6 +52,54 @@ class CallStream:
     open: Callable[[], StreamSink]
     check: Callable[[int], None]
     stopped: Callable[[dict[str, int]], None]
+    live: set[Any] = dataclasses.field(default_factory=set)
+    """The LiteLLM streams being read for this call's LM, so that closing the LM cuts them (``abort``)."""
+
+
+class StreamReader:
+    """One attempt's stream as it is read: each piece goes to the attempt's sink, and the call is asked
+    whether it may go on, given the tokens used so far (the prompt's estimate plus one per piece, or the
+    pieces' characters over four when that is more). ``failed`` meters an attempt cut short."""
+
+    def __init__(self, call: CallStream, prompt: int) -> None:
+        self.call = call
+        self.prompt = prompt
+        self.sink = call.open()
+        self.pieces = self.chars = 0
+
+    @property
+    def completion(self) -> int:
+        return max(self.pieces, self.chars // CHARS_PER_TOKEN)
+
+    def text(self, text: str) -> None:
+        self._count(text)
+        self.sink.text(text)
+        self.call.check(self.prompt + self.completion)
+
+    def thinking(self, text: str) -> None:
+        self._count(text)
+        self.sink.thinking(text)
+        self.call.check(self.prompt + self.completion)
+
+    def _count(self, text: str) -> None:
+        self.pieces += 1
+        self.chars += len(text)
+
+    def failed(self, exc: BaseException) -> None:
+        """The stream ended in ``exc``: meter what was sent (the provider will never say how much), and
+        raise the turn's own reason when the turn stopped, so the call is not retried."""
+        if self.pieces:
+            self.call.stopped({"prompt_tokens": self.prompt, "completion_tokens": self.completion})
+        if isinstance(exc, Exception):
+            self.call.check(self.prompt + self.completion)
+
+    def close(self) -> None:
+        self.sink.close()
+
+    def estimate(self) -> Usage:
+        """The call's usage as the budget estimates it, for a stream that reports none."""
+        total = self.prompt + self.completion
+        return Usage(input_tokens=self.prompt, output_tokens=self.completion, total_tokens=total)
 
 
 _current: ContextVar[CallStream | None] = ContextVar("fleet_call_stream", default=None)
@@ -108,10 +156,8 @@ def read_as_stream(
         return whole(request)
     except StopIteration:
         first = None
-    sink = call.open()
+    reader = StreamReader(call, prompt_tokens(request))
     accumulator = accumulate(request)
-    prompt = prompt_tokens(request)
-    chunks = chars = 0
     try:
         with contextlib.closing(events):
             event = first
@@ -119,31 +165,21 @@ def read_as_stream(
                 accumulator.push(event)
                 if event.type == "delta":
                     text = getattr(event.delta, "text", None)
-                    if text:
-                        chunks += 1
-                        chars += len(text)
-                        if event.delta.type == "thinking":
-                            sink.thinking(text)
-                        elif event.delta.type == "text":
-                            sink.text(text)
-                        call.check(prompt + max(chunks, chars // CHARS_PER_TOKEN))
+                    if text and event.delta.type == "thinking":
+                        reader.thinking(text)
+                    elif text and event.delta.type == "text":
+                        reader.text(text)
                 event = next(events, None)
     except BaseException as exc:
-        completion = max(chunks, chars // CHARS_PER_TOKEN)
-        if chunks:  # the provider bills what it sent; it will never say how much
-            call.stopped({"prompt_tokens": prompt, "completion_tokens": completion})
-        if isinstance(exc, Exception):
-            call.check(prompt + completion)  # a stream closed because the turn stopped ends the turn, unretried
+        reader.failed(exc)
         raise
     finally:
-        sink.close()
+        reader.close()
     response: Response = accumulator.response()
     usage = response.usage
     if usage is None or (not usage.input_tokens and not usage.output_tokens):
         # a provider that sends no usage in its stream: meter the call by estimate rather than as free
-        completion = max(chunks, chars // CHARS_PER_TOKEN)
-        estimate = Usage(input_tokens=prompt, output_tokens=completion, total_tokens=prompt + completion)
-        response = dataclasses.replace(response, usage=estimate)
+        response = dataclasses.replace(response, usage=reader.estimate())
     return response
 
 

@@ -165,6 +165,7 @@ class _Said:
     """How much of one iteration a text view has printed."""
 
     header: bool = False
+    thinking: str = ""  # "open": the provider's thinking streams (its line shows only that), "done"
     reasoning: _Growing = field(default_factory=_Growing)
     code: _Growing = field(default_factory=_Growing)
     chunks: int = 0
@@ -215,6 +216,7 @@ class TextLive(_Live):
         if not said.header:
             said.header = True
             self._say(f"\n── {who}iteration {it.iteration}/{it.max_iters} " + "─" * 24 + "\n")
+        self._thinking(it, said, who)
         self._reasoning(it, said.reasoning, who)
         self._code(it, said, who)
         for stream, text in it.chunks[said.chunks :]:
@@ -229,6 +231,17 @@ class TextLive(_Live):
         if it.error and not said.error:
             said.error = True
             self._say(f"{who}error: {error_line(it)}\n", "stderr")
+
+    def _thinking(self, it: IterationView, said: _Said, who: str) -> None:
+        """``thinking…`` while the provider's thinking streams, then how long it was: a terminal cannot fold
+        text away, so the thinking itself is left to the transcript and ``lm.finished``."""
+        if said.thinking == "" and it.live_thinking:
+            said.thinking = "open"
+            self._say(f"{who}thinking… ")
+        if said.thinking == "open" and (it.thinking or it.shown_reasoning or it.shown_code):
+            said.thinking = "done"
+            chars = sum(len(text) for text in it.thinking) or len(it.live_thinking)
+            self._say(f"({chars:,} characters)\n")
 
     def _reasoning(self, it: IterationView, grow: _Growing, who: str) -> None:
         """``reasoning: ...`` as its tokens arrive, completed (or restated) by the step's own text."""
@@ -310,8 +323,9 @@ class PlainLive(_Live):
             return
         its = self.view.iterations
         index = next(i for i in range(len(its) - 1, -1, -1) if its[i] is touched)
-        head = (touched.shown_reasoning, touched.shown_code, touched.duration_ms, touched.error)
-        if head != self._heads.get(index, ("", "", None, None)):
+        thought = len(touched.live_thinking) + len(touched.thinking)
+        head = (touched.shown_reasoning, touched.shown_code, thought, touched.duration_ms, touched.error)
+        if head != self._heads.get(index, ("", "", 0, None, None)):
             self._heads[index] = head
             if index not in self._shown:
                 self._shown[index] = self._id(index)

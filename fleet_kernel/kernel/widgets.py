@@ -51,11 +51,11 @@ class _Section:
         state = _state(it)
         if state == self.shown:
             return
-        if state[:2] != self.shown[:2]:
+        if state[:3] != self.shown[:3]:
             self.head.value = _head_html(it)
-        if state[2] != self.shown[2] or it.error:
+        if state[3] != self.shown[3] or it.error:
             self.output.value = _output_html(it)
-        if state[3] != self.shown[3]:
+        if state[4] != self.shown[4]:
             self.box.titles = (_title(it),)
         self.shown = state
 
@@ -69,8 +69,9 @@ class _Section:
         return [self.box, self.inner, self.head, self.output]
 
 
-def _state(it: IterationView) -> tuple[str, str, int, float | None]:
-    return (it.shown_reasoning, it.shown_code, len(it.output) + it.output_dropped, it.duration_ms)
+def _state(it: IterationView) -> tuple[str, str, int, int, float | None]:
+    thought = len(it.live_thinking) + sum(len(text) for text in it.thinking)
+    return (it.shown_reasoning, it.shown_code, thought, len(it.output) + it.output_dropped, it.duration_ms)
 
 
 def _title(it: IterationView) -> str:
