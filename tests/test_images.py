@@ -92,7 +92,9 @@ async def test_look_shows_a_saved_image_on_the_next_step_only(
     events = await _events(runner, session.session_id, "plot and look")
     assert events[-1].type == "turn.completed", events[-1].data
     outputs = "".join(str(e.data.get("text", "")) for e in events if e.type == "output")
-    assert "is attached to your next step" in outputs
+    assert "artifacts/plot.png (PNG, " in outputs and "is attached to your next step" in outputs
+    looked = [e.data for e in events if e.type == "tool.started" and e.data["name"] == "look"]
+    assert "name=artifacts/plot.png" in looked[0]["args_preview"]  # the user sees which file, not just bytes
     assert "refused:" in outputs and "no such file" in outputs
     roots = [i for i, body in enumerate(scripted_lm.requests) if scripted_lm.is_root(body)]
     seen = [[i["mime"] for i in scripted_lm.images if i["request"] == index] for index in roots]

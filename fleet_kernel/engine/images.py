@@ -119,13 +119,22 @@ def from_workspace(path: str, workspace: Path) -> Picture:
     return from_bytes(target.read_bytes(), path)
 
 
+def data_url_name(url: str) -> str | None:
+    """The file a ``data:`` URL came from (``;name=artifacts/plot.png``, as the sandbox writes it), if named."""
+    head = url.partition(",")[0]
+    names = [p.removeprefix("name=") for p in head.split(";")[1:] if p.startswith("name=")]
+    return names[0] if names else None
+
+
 def from_sandbox(item: Any, workspace: Path, where: str) -> Picture:
     """One image sandbox code passed: a workspace path, or bytes (which cross from the sandbox as a
     ``data:`` URL, see ``sandbox.runtime``)."""
     if isinstance(item, str) and item.startswith("data:"):
+        _, _, encoded = item.partition(",")
+        where = data_url_name(item) or where
         try:
-            data = base64.b64decode(item.split(",", 1)[1], validate=True)
-        except (IndexError, binascii.Error):
+            data = base64.b64decode(encoded, validate=True)
+        except binascii.Error:
             raise ValidationError(f"{where} is not a PNG or JPEG image: {WHAT_IMAGES_ARE}") from None
         return from_bytes(data, where)
     if isinstance(item, str):
@@ -196,7 +205,7 @@ def look_tool(images: TurnImages, workspace: Path) -> Callable[[str], str]:
         look("artifacts/plot.png"): it is attached to your next step. To ask the sub-model about images,
         pass them to llm_query(prompt, images=[png_bytes or "artifacts/x.png", ...])."""
         # the sandbox sends a file's bytes (as a data: URL): its /workspace reaches the host after the turn
-        where = "the image" if str(path).startswith("data:") else str(path)
+        where = (data_url_name(path) or "the image") if str(path).startswith("data:") else str(path)
         picture = from_sandbox(path, workspace, where)
         images.show(picture)
         return f"{where} ({picture.describe()}) is attached to your next step"

@@ -85,7 +85,9 @@ def _images_read_here(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     def read(item: Any) -> Any:
         if isinstance(item, (str, os.PathLike)) and not str(item).startswith("data:") and os.path.isfile(item):
             with open(item, "rb") as handle:
-                return handle.read(MAX_IMAGE_READ)
+                data = binascii.b2a_base64(handle.read(MAX_IMAGE_READ), newline=False).decode("ascii")
+            named = "" if any(c in str(item) for c in ";,") else f";name={item}"  # the tool event shows the path
+            return f"data:application/octet-stream{named};base64,{data}"
         return item
 
     key = IMAGE_ARGS[name]
