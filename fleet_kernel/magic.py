@@ -26,6 +26,7 @@ from typing import Any
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
+from fleet_kernel import rich_out
 from fleet_kernel.cancel import CancelToken
 from fleet_kernel.errors import FleetError
 from fleet_kernel.kernel import commands
@@ -138,13 +139,20 @@ class FleetMagics(Magics):
         if missing:
             raise _fail("NameError", f"--in names {', '.join(missing)}, not defined in the notebook")
         model_class, schema = _schema(ns, opts.schema)
-        if opts.out is not None and not opts.out.isidentifier():
-            raise _fail("UsageError", f"--out {opts.out!r} is not a Python name")
+        try:
+            out_name, rich = rich_out.parse(opts.out)  # --out NAME, or NAME:df|arr|fig|path (rich_out.py)
+        except ValueError as exc:
+            raise _fail("UsageError", str(exc)) from None
+        if rich is not None and schema is not None:
+            raise _fail("UsageError", f"--out {opts.out} and --schema cannot go together: {rich_out.WHAT_COMES_BACK}")
         cancel = CancelToken()
         ctx = self.engine.ctx
         pub = _publisher(ctx)
         count = self.shell.displayhook.prompt_count  # this cell's number (IPython counts on before it runs)
         task = commands.substitute(ctx.params, cell).strip()  # {name} of %fleet set, as in the kernel
+        if rich is not None:
+            task += rich.ask()
+            rich.note_before(_workspace(ctx))
         cell_id = _cell_id()  # a cell run again supersedes its earlier turn, as in the kernel
         job = _turn(ctx, pub, task, cancel, count, {n: ns[n] for n in names}, opts, schema, cell_id)
         try:
@@ -155,7 +163,9 @@ class FleetMagics(Magics):
             raise _as_error(exc) from None
         if error is not None:
             raise _fail(error["ename"], error["evalue"])
-        if opts.out is not None:
+        if rich is not None:
+            ns[rich.name] = self._take(rich, view.answer)
+        elif out_name is not None:
             value = view.answer if schema is None else result
             if model_class is not None:
                 try:
@@ -164,7 +174,28 @@ class FleetMagics(Magics):
                     raise _fail(
                         "ValidationError", f"the turn's result is not a valid {model_class.__name__}: {exc}"
                     ) from None
-            ns[opts.out] = value
+            ns[out_name] = value
+
+    def _take(self, rich: rich_out.RichOut, answer: str) -> Any:
+        """The value of ``--out NAME:KIND`` the turn saved, checked (an image is also shown in the cell)."""
+        ctx = self.engine.ctx
+        workspace = _workspace(ctx)
+        if workspace is None:
+            raise _fail("RefusedValue", f"no session workspace to take --out {rich.name} from")
+        try:
+            value = rich.take(workspace, answer, int(ctx.settings.policy.kernel.max_input_mb * 1024 * 1024))
+        except rich_out.Refused as exc:
+            raise _fail("RefusedValue", str(exc)) from None
+        if rich.kind == "fig":
+            from IPython.display import Image, display  # only inside a running shell
+
+            display(Image(data=value.info["png_bytes"], format="png"))
+        return value
+
+
+def _workspace(ctx: KernelContext) -> Any:
+    """The host folder of the notebook's session (``/workspace``), or None before its first turn."""
+    return ctx.settings.workspaces_dir / ctx.session_id if ctx.session_id else None
 
 
 async def _turn(

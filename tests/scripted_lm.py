@@ -19,6 +19,7 @@ Stdlib only; ``TCP_NODELAY`` and one write per response (per chunk when streamin
 
 from __future__ import annotations
 
+import base64
 import json
 import select
 import socket
@@ -41,6 +42,27 @@ def step(reasoning: str, code: str) -> Step:
 def chat_adapter_text(fields: dict[str, Any]) -> str:
     parts = [f"[[ ## {name} ## ]]\n{value}" for name, value in fields.items()]
     return "\n\n".join([*parts, "[[ ## completed ## ]]"])
+
+
+def text_of(content: Any) -> str:
+    """A message's text: its string, or the text parts of a multimodal content list."""
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return str(content or "")
+
+
+def image_parts(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``image_url`` parts of a request, each as ``{"mime", "bytes"}`` (decoded size of its data URL)."""
+    found = []
+    for message in body.get("messages") or []:
+        content = message.get("content")
+        for part in content if isinstance(content, list) else []:
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                url = str((part.get("image_url") or {}).get("url", ""))
+                head, _, data = url.partition(",")
+                mime = head.removeprefix("data:").split(";")[0]
+                found.append({"mime": mime, "bytes": len(base64.b64decode(data)) if data else 0})
+    return found
 
 
 def _echo(prompt: str) -> str:
@@ -86,6 +108,7 @@ class ScriptedLM:
         self.streamed: list[int] = []
         self.sent: list[tuple[float, str]] = []
         self.requests: list[dict[str, Any]] = []
+        self.images: list[dict[str, Any]] = []
         self.disconnects: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.asked: dict[str, list[float]] = {}
@@ -130,7 +153,7 @@ class ScriptedLM:
         """Whether a request is the root model's (a dspy ChatAdapter prompt) rather than a sub-LM call:
         the one place that knows what dspy's prompts look like, so tests need not."""
         messages = body.get("messages") or []
-        system = str(messages[0].get("content", "")) if messages and messages[0].get("role") == "system" else ""
+        system = text_of(messages[0].get("content")) if messages and messages[0].get("role") == "system" else ""
         return "[[ ## " in system
 
     def root_requests(self) -> list[dict[str, Any]]:
@@ -155,9 +178,12 @@ class ScriptedLM:
     def answer(self, body: dict[str, Any], wait: Callable[[float], None] = time.sleep) -> tuple[int, dict[str, Any]]:
         """The response to one request; ``wait`` sleeps for the delays (and may raise to abandon it)."""
         messages = body.get("messages") or []
-        text = "\n".join(str(m.get("content", "")) for m in messages)
+        text = "\n".join(text_of(m.get("content")) for m in messages)
+        root = self.is_root(body)
         with self._lock:
             self.requests.append(body)
+            seen = [{"root": root, "request": len(self.requests) - 1, **image} for image in image_parts(body)]
+            self.images.extend(seen)
         if self.delay_s:
             wait(self.delay_s)
         if self.is_root(body):
@@ -176,7 +202,10 @@ class ScriptedLM:
             pace = found.pop("token_delay", None)
             content = found.pop("raw") if "raw" in found else chat_adapter_text(found)
         else:
-            prompt = str(messages[-1].get("content", "")) if messages else ""
+            prompt = text_of(messages[-1].get("content")) if messages else ""
+            if seen:  # the sub-model says what it was shown, so a test can read it in the answer
+                shown = ", ".join(f"{image['mime']} {image['bytes']} bytes" for image in seen)
+                prompt = f"[images: {shown}] {prompt}"
             finish_reason, thinking, pace = "stop", None, None
             content = self.sub(prompt)
             if isinstance(content, dict):  # {"delay": s, "text": ...}: a slow sub-LM answer

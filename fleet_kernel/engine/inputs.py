@@ -17,15 +17,20 @@ from typing import Any
 
 from dspy.primitives.sandbox_serializable import SandboxSerializable
 
+from fleet_kernel.engine.images import Picture, from_value
 from fleet_kernel.errors import ValidationError
 
-RESERVED = frozenset({"task", "history", "workspace", "answer", "SUBMIT", "llm_query", "llm_query_batched", "print"})
+RESERVED = frozenset(
+    {"task", "history", "workspace", "answer", "SUBMIT", "llm_query", "llm_query_batched", "print", "look"}
+)
 PREVIEW_CHARS = 300
 _PLAIN = (str, bytes, int, float, bool, type(None))
 
 
 class NotebookValue(SandboxSerializable):
     """One encoded value: ``payload`` is the text sent, ``assignment`` rebuilds the value from it."""
+
+    image: Picture | None = None  # an image value: also shown to the model (``engine.images``)
 
     def __init__(self, name: str, type_name: str, payload: str, assignment: str, preview: str, size: int) -> None:
         self.name = name
@@ -65,6 +70,13 @@ def encode(name: str, value: Any) -> NotebookValue:
     """Encode ``value`` for the sandbox. Raises ``ValidationError`` for a type that cannot travel."""
     check_name(name)
     kind = type(value).__name__
+    picture = from_value(value, name)
+    if picture is not None:  # bound as its PNG/JPEG bytes, and shown to the model as an image
+        payload = base64.b64encode(picture.data).decode("ascii")
+        preview = f"{picture.describe()}: the image is attached to your prompt; here its bytes"
+        image = _wrap(name, "image", payload, "import base64 as _b64\n{name} = _b64.b64decode({raw})", preview)
+        image.image = picture
+        return image
     if isinstance(value, str):
         return _wrap(name, "str", value, "{name} = {raw}", value)
     if isinstance(value, (bytes, bytearray)):
@@ -85,7 +97,7 @@ def encode(name: str, value: Any) -> NotebookValue:
     if not _plain(value):
         raise ValidationError(
             f"{name} is a {kind}: an input variable must be str, bytes, a number, a list or dict of those, "
-            "or a pandas DataFrame or Series"
+            "a pandas DataFrame or Series, or an image (PNG/JPEG bytes, a PIL image, a uint8 array HxW or HxWx3/4)"
         )
     payload = json.dumps(value)
     return _wrap(name, kind, payload, "import json as _json\n{name} = _json.loads({raw})", payload)

@@ -23,6 +23,7 @@ from fleet_kernel.cancel import CancelToken
 from fleet_kernel.config import Settings
 from fleet_kernel.engine.budget import TurnBudget
 from fleet_kernel.engine.choices import TurnChoices, files_prompt, result_type, schema_prompt
+from fleet_kernel.engine.images import ImageChatAdapter, look_tool, turn_images, with_image_queries
 from fleet_kernel.engine.lm import build_lms, explain_lm_error, scrub
 from fleet_kernel.engine.observe import TurnObserver, WatchedPredict
 from fleet_kernel.engine.outcome import Outcome, stopped
@@ -311,6 +312,7 @@ def _run(job: TurnJob) -> Outcome:
                 value.name, dspy.InputField(desc="a value from the user's notebook"), type_=type(value)
             )
         factory = _GuardedFactory(sandbox)
+        images = turn_images(job.inputs, job.choices.files, job.workspace)  # --in images, image attachments
         rlm = dspy.RLM(
             signature,
             # given here, not only to forward(): RLM then builds its action signature once, where a factory
@@ -320,8 +322,16 @@ def _run(job: TurnJob) -> Outcome:
             max_llm_calls=limits.max_llm_calls,
             max_output_chars=limits.max_output_chars,
             sub_lm=sub_lm,
-            tools=[as_tool(f) for f in [*(job.catalogue.tools() if job.catalogue.skills else []), *job.tools]] or None,
+            tools=[
+                as_tool(f)
+                for f in [
+                    *(job.catalogue.tools() if job.catalogue.skills else []),
+                    *job.tools,
+                    look_tool(images, job.workspace),
+                ]
+            ],
         )
+        with_image_queries(rlm, job.workspace)  # llm_query(prompt, images=[...])
         observer = TurnObserver(
             job.emitter,
             root_rlm=rlm,
@@ -340,7 +350,7 @@ def _run(job: TurnJob) -> Outcome:
         # max_trace_size=0: dspy keeps every predictor call (module, inputs, prediction) in a process-wide
         # trace of 10 000 for optimizers; a kernel or server running turn after turn held every turn alive
         # adapter: a reply that cannot be parsed is asked again once, with the error (engine/reask.py)
-        with dspy.context(lm=root_lm, max_trace_size=0, adapter=ReaskingChatAdapter()):
+        with dspy.context(lm=root_lm, max_trace_size=0, adapter=ImageChatAdapter(images)):
             observer.enter_root()
             prediction = rlm(
                 task=job.task,

@@ -14,6 +14,7 @@ capped per execution; an ``interrupt`` becomes ``KeyboardInterrupt`` on the thre
 from __future__ import annotations
 
 import ast
+import binascii
 import builtins
 import codecs
 import io
@@ -66,8 +67,37 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, (set, frozenset, tuple)):
         return list(obj)
     if isinstance(obj, (bytes, bytearray)):
-        return obj.decode("utf-8", "replace")
+        try:
+            return obj.decode("utf-8")
+        except UnicodeDecodeError:  # binary (an image for llm_query): a data: URL, not mangled text
+            return "data:application/octet-stream;base64," + binascii.b2a_base64(obj, newline=False).decode("ascii")
     return repr(obj)
+
+
+IMAGE_ARGS = {"look": "path", "llm_query": "images"}
+"""Tool arguments naming image files: read here, since the host sees /workspace only after the turn."""
+MAX_IMAGE_READ = 5 * 1024 * 1024 + 1  # the host refuses an image larger than 5 MB (``engine.images``)
+
+
+def _images_read_here(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """``look(path)`` and ``llm_query(images=[...])`` with each path of a file that exists replaced by its bytes."""
+
+    def read(item: Any) -> Any:
+        if isinstance(item, (str, os.PathLike)) and not str(item).startswith("data:") and os.path.isfile(item):
+            with open(item, "rb") as handle:
+                data = binascii.b2a_base64(handle.read(MAX_IMAGE_READ), newline=False).decode("ascii")
+            named = "" if any(c in str(item) for c in ";,") else f";name={item}"  # the tool event shows the path
+            return f"data:application/octet-stream{named};base64,{data}"
+        return item
+
+    key = IMAGE_ARGS[name]
+    if key == "path":
+        if args:
+            return (read(args[0]), *args[1:]), kwargs
+        return args, {**kwargs, key: read(kwargs[key])} if key in kwargs else kwargs
+    if isinstance(kwargs.get(key), (list, tuple)):
+        return args, {**kwargs, key: [read(item) for item in kwargs[key]]}
+    return args, kwargs
 
 
 def jsonable(value: Any) -> Any:
@@ -395,6 +425,8 @@ class Runtime:
 
     def _stub(self, name: str) -> Callable[..., Any]:
         def tool(*args: Any, **kwargs: Any) -> Any:
+            if name in IMAGE_ARGS:
+                args, kwargs = _images_read_here(name, args, kwargs)
             return self.call_tool(name, args, kwargs)
 
         tool.__name__ = tool.__qualname__ = name
