@@ -24,6 +24,7 @@ from pydantic_core import PydanticCustomError
 from fleet_kernel import ownership, sandbox_registry
 from fleet_kernel.errors import ConfigError, ValidationError
 from fleet_kernel.redact import Redactor, env_secrets
+from fleet_kernel.tool_config import MCP, ToolSource
 
 
 def _registered_sandbox(name: str) -> str:
@@ -217,6 +218,8 @@ class Policy(_Section):
     memory: Memory = Memory()
     kernel: Kernel = Kernel()
     skills: Skills = Skills()
+    tools: tuple[ToolSource, ...] = ()
+    mcp: MCP = MCP()
 
 
 # Environment variables (DESIGN.md Part 2) and the Settings attribute each one sets.
