@@ -108,3 +108,16 @@ class MCP(_Entry):
         if twice:
             raise ValueError(f"server names must be unique; {twice} appear more than once")
         return servers
+
+
+def referenced_secrets(mcp: MCP, environ: Mapping[str, str] | None = None) -> list[str]:
+    """The values of the environment variables the servers' ``env`` and ``headers`` name (tokens, most
+    likely): Fleet scrubs them from events, logs and errors like its own keys."""
+    environ = os.environ if environ is None else environ
+    names = {
+        var
+        for server in mcp.servers
+        for text in (*server.env.values(), *server.headers.values())
+        for var in _REFERENCE.findall(text)
+    }
+    return [environ[name] for name in sorted(names) if environ.get(name)]

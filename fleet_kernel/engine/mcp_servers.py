@@ -113,9 +113,13 @@ class MCPServers:
 
     async def _serve(self, conn: _Connection) -> None:
         """Open the server's transport and session, list its tools, hold them open until told to stop."""
-        from mcp import ClientSession
-
         spec = conn.spec
+        try:
+            from mcp import ClientSession
+        except ImportError:
+            conn.error = ConfigError("the MCP SDK is not installed: pip install 'fleet-kernel[mcp]'")
+            conn.ready.set()
+            return
         try:
             async with _transport(spec) as streams, ClientSession(streams[0], streams[1]) as session:
                 await session.initialize()

@@ -92,7 +92,8 @@ def test_tools_are_listed_and_called_from_a_turn(stdio_settings: Settings, scrip
         assert _tool_calls(frames) == [("demo__add", True), ("demo__greet", True), ("search", True)]
         out = _outputs(frames)
         assert "sum 42" in out
-        assert "Hello, Ada! (from greeter-from-env)" in out  # env resolved from ${DEMO_SECRET}
+        assert "Hello, Ada! (from ***)" in out  # env resolved from ${DEMO_SECRET}, scrubbed from events
+        assert "greeter-from-env" not in str([f.envelope for f in frames])
         assert "['q3 report 1', 'q3 report 2']" in out
         prompt = str(scripted_lm.root_requests()[0]["messages"])
         assert "demo__add" in prompt and "Add two whole numbers." in prompt
