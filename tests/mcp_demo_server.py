@@ -41,6 +41,12 @@ def die() -> str:
 
 
 @server.tool()
+def pid() -> int:
+    """This server's process id."""
+    return os.getpid()
+
+
+@server.tool()
 def nap(seconds: float) -> str:
     """Sleep, then answer: a server that hangs."""
     time.sleep(seconds)

@@ -4,6 +4,8 @@ called from sandbox code in turns, each call a tool.started/tool.finished pair."
 
 from __future__ import annotations
 
+import os
+import re
 import socket
 import sys
 import threading
@@ -36,7 +38,7 @@ name = "demo"
 command = {str(sys.executable)!r}
 args = [{str(SERVER)!r}]
 env = {{ DEMO_GREETER = "${{DEMO_SECRET}}" }}
-tools = ["add", "greet", "die", "nap"]
+tools = ["add", "greet", "die", "nap", "pid"]
 timeout_s = 3
 {extra}
 """
@@ -70,12 +72,13 @@ def stdio_settings(fleet_env: dict[str, str], tmp_path: Path, monkeypatch: pytes
 def test_tools_are_listed_and_called_from_a_turn(stdio_settings: Settings, scripted_lm: ScriptedLM) -> None:
     scripted_lm.add("use the tools", [
         step("Call them.", "print('sum', demo__add(2, 40))\nprint(demo__greet(name='Ada'))\nprint(search('q3'))"),
+        step("Whose?", "print('server pid', demo__pid())"),
         step("Done.", "SUBMIT(answer='ok')"),
     ])  # fmt: skip
     with LiveServer(stdio_settings) as live, httpx.Client(base_url=live.url, timeout=60) as client:
         listed = client.get("/api/tools").json()
         by_name = {t["name"]: t for t in listed["tools"]}
-        assert set(by_name) == {"search", "demo__add", "demo__greet", "demo__die", "demo__nap"}  # not demo__hidden
+        assert set(by_name) == {"search", "demo__add", "demo__greet", "demo__die", "demo__nap", "demo__pid"}
         assert by_name["search"]["source"] == "fleet.toml"
         assert by_name["search"]["signature"].startswith("search(query: str, limit: int = 2)")
         assert by_name["demo__add"] == {
@@ -89,7 +92,12 @@ def test_tools_are_listed_and_called_from_a_turn(stdio_settings: Settings, scrip
         sid = client.post("/api/sessions", json={"title": "tools"}).json()["session_id"]
         frames = _turn(client, sid, "use the tools")
         assert frames[-1].event == "turn.completed", frames[-1].envelope["data"]
-        assert _tool_calls(frames) == [("demo__add", True), ("demo__greet", True), ("search", True)]
+        assert _tool_calls(frames) == [
+            ("demo__add", True),
+            ("demo__greet", True),
+            ("search", True),
+            ("demo__pid", True),
+        ]
         out = _outputs(frames)
         assert "sum 42" in out
         assert "Hello, Ada! (from ***)" in out  # env resolved from ${DEMO_SECRET}, scrubbed from events
@@ -98,6 +106,19 @@ def test_tools_are_listed_and_called_from_a_turn(stdio_settings: Settings, scrip
         prompt = str(scripted_lm.root_requests()[0]["messages"])
         assert "demo__add" in prompt and "Add two whole numbers." in prompt
         assert "demo__hidden" not in prompt
+    server_pid = int(re.search(r"server pid (\d+)", out).group(1))  # type: ignore[union-attr]
+    assert _gone(server_pid), "the MCP server outlived the Fleet server"
+
+
+def _gone(pid: int, within_s: float = 10) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def test_a_turn_names_its_tools_and_an_unknown_one_is_refused(
