@@ -245,3 +245,18 @@ tools = ["add"]
         started = [f.envelope for f in frames if f.event == "tool.started"]
         assert "tok-123" not in str([f.envelope for f in frames])
         assert started and started[0]["data"]["name"] == "remote__add"
+
+
+def test_the_api_refuses_to_start_with_a_bad_tool_path(fleet_env: dict[str, str], tmp_path: Path) -> None:
+    import asyncio
+
+    from fleet_api import create_app
+
+    app = create_app(_settings(fleet_env, tmp_path, '[[tools]]\npath = "no_such_module_here:search"\n'))
+
+    async def start_up() -> None:
+        async with app.router.lifespan_context(app):
+            pytest.fail("the app started")
+
+    with pytest.raises(ConfigError, match=r"tools\[0\]\.path: cannot import 'no_such_module_here:search'"):
+        asyncio.run(start_up())
