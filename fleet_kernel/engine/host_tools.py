@@ -25,6 +25,7 @@ from fleet_kernel.tool_config import ToolSource
 
 log = logging.getLogger(__name__)
 SEPARATOR = "__"
+MAX_DESCRIPTION_CHARS = 2_000  # of one tool in the prompt: a server's descriptions are not the operator's to trim
 JSON_TYPES = {
     "string": "str",
     "integer": "int",
@@ -164,7 +165,10 @@ def mcp_tool(servers: MCPServers, tool: MCPTool) -> HostTool:
         return servers.call(tool.server, tool.name, kwargs)
 
     args = {arg: schema for arg, schema in properties.items() if arg.isidentifier()}
-    return HostTool(name, f"{name}({shown})", tool.description, f"mcp:{tool.server}", args, call, signature)
+    description = tool.description.strip()
+    if len(description) > MAX_DESCRIPTION_CHARS:
+        description = description[:MAX_DESCRIPTION_CHARS] + " ..."
+    return HostTool(name, f"{name}({shown})", description, f"mcp:{tool.server}", args, call, signature)
 
 
 def _identifier(name: str) -> str:
