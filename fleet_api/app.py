@@ -80,7 +80,9 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = await Store.open(settings.database_url)
         try:
-            runner = await TurnRunner(store, settings).open()
+            runner = TurnRunner(store, settings)
+            await asyncio.to_thread(runner.host_tools.functions)  # a bad [[tools]] path stops start-up (ConfigError)
+            await runner.open()
             tail = StoreTail(store, runner.hub)
             app.state.fleet = FleetState(settings, store, runner, heartbeat_s, tail)
             loop = asyncio.get_running_loop()

@@ -111,6 +111,11 @@ class TurnCreate(_Request):
         },
     )
     limits: TurnLimitsRequest | None = None
+    tools: list[str] | None = Field(
+        None,
+        max_length=100,
+        description="the host tools sandbox code may call in this turn (GET /api/tools); default: all configured",
+    )
     supersedes_turn_id: str | None = Field(
         None,
         max_length=64,
@@ -288,6 +293,18 @@ class Skill(BaseModel):
     )
     resources: list[str] = Field(..., description="the card's other files, for read_skill_resource(name, path)")
     body: str
+
+
+class HostToolInfo(BaseModel):
+    name: str = Field(..., description="what sandbox code calls; MCP tools are <server>__<tool>")
+    signature: str
+    docstring: str
+    source: str = Field(..., description='"fleet.toml" ([[tools]]) or "mcp:<server>" ([[mcp.servers]])')
+
+
+class ToolList(BaseModel):
+    tools: list[HostToolInfo]
+    warnings: list[str] = Field(..., description="MCP servers that could not start, and why (their tools are missing)")
 
 
 class SkillList(BaseModel):

@@ -24,6 +24,7 @@ from pydantic_core import PydanticCustomError
 from fleet_kernel import ownership, sandbox_registry
 from fleet_kernel.errors import ConfigError, ValidationError
 from fleet_kernel.redact import Redactor, env_secrets
+from fleet_kernel.tool_config import MCP, ToolSource, referenced_secrets
 
 
 def _registered_sandbox(name: str) -> str:
@@ -217,6 +218,8 @@ class Policy(_Section):
     memory: Memory = Memory()
     kernel: Kernel = Kernel()
     skills: Skills = Skills()
+    tools: tuple[ToolSource, ...] = ()
+    mcp: MCP = MCP()
 
 
 # Environment variables (DESIGN.md Part 2) and the Settings attribute each one sets.
@@ -349,6 +352,7 @@ class Settings(BaseModel):
         """Every secret value in force, so outputs can be scrubbed of them."""
         keys = (self.lm_api_key, self.daytona_api_key, self.api_token, *self.provider_keys)
         values = dict.fromkeys(s.get_secret_value() for s in keys if s)  # FLEET_LM_API_KEY is both
+        values.update(dict.fromkeys(referenced_secrets(self.policy.mcp)))  # ${VAR}s of [[mcp.servers]]
         if self.lm_base_url and (password := urlsplit(self.lm_base_url).password):  # https://user:key@host
             values[password] = None
         return [v for v in values if len(v) >= 4]

@@ -19,7 +19,7 @@ case "${1:-}" in
 esac
 
 apt_packages=(bubblewrap libseccomp2 python3-venv)
-extras="daytona,pyodide,lab"
+extras="daytona,pyodide,lab,mcp"
 if [[ "${FLEET_SETUP_TEST:-0}" == 1 ]]; then
   apt_packages+=(postgresql chromium fonts-dejavu-core)
   extras="$extras,test"
@@ -33,7 +33,7 @@ if [[ $mode == check ]]; then
   check "fleet --help" "$VENV/bin/fleet" --help
   check "fleet serve --help" "$VENV/bin/fleet" serve --help
   check "fleet doctor --help" "$VENV/bin/fleet" doctor --help
-  check "the extras' packages ($extras)" "$PY" -c "import daytona, deno, jupyterlab, papermill, nbclient, nbconvert"
+  check "the extras' packages ($extras)" "$PY" -c "import daytona, deno, jupyterlab, papermill, nbclient, nbconvert, mcp"
   check "the fleet kernelspec" "$PY" -c "from jupyter_client.kernelspec import KernelSpecManager as M; M().get_kernel_spec('fleet')"
   check "jupyter console" "$VENV/bin/jupyter-console" --help
   if [[ "${FLEET_SETUP_TEST:-0}" == 1 ]]; then

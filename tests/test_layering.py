@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "fleet_kernel.cancel",
             "fleet_kernel.events",
             "fleet_kernel.config",
+            "fleet_kernel.tool_config",
             "fleet_kernel.workspace",
             "fleet_kernel.skills",
             "fleet_kernel.telemetry",

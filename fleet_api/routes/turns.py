@@ -119,6 +119,7 @@ async def start_turn(
         attachment_ids=body.attachment_ids,
         output_schema=body.output_schema,
         supersedes_turn_id=body.supersedes_turn_id,
+        tools=body.tools,
     )
     turn = handle.turn
     headers = {

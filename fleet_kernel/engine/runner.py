@@ -24,6 +24,7 @@ from fleet_kernel.config import Settings
 from fleet_kernel.engine import choices as turn_choices
 from fleet_kernel.engine.budget import BudgetExceeded
 from fleet_kernel.engine.choices import TurnChoices
+from fleet_kernel.engine.host_tools import HostTool, HostTools
 from fleet_kernel.engine.memory import Memories
 from fleet_kernel.engine.outcome import Outcome, stopped
 from fleet_kernel.engine.session_config import session_settings
@@ -75,6 +76,7 @@ class _Running:
     admission: sandbox_contract.Admission | None = None  # what the sandbox backend set aside for the turn
     collecting: bool = False  # the turn's own work is over: its artifacts are collected
     late: str | None = None  # why it was cancelled while collecting (the token is spent by then)
+    host_tools: list[HostTool] | None = None  # the [[tools]] and MCP tools it named; None: all configured
 
     @property
     def reason(self) -> str:
@@ -127,6 +129,7 @@ class TurnRunner:
         self._supervisor: asyncio.Task[None] | None = None
         self._running: dict[str, _Running] = {}
         self._started = asyncio.Lock()
+        self.host_tools = HostTools(settings)  # [[tools]] and [[mcp.servers]] of fleet.toml
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -155,6 +158,7 @@ class TurnRunner:
         if self._writer is not None:
             await self._writer.close()
             self._writer = None
+        await asyncio.to_thread(self.host_tools.close)  # the MCP servers this process started
 
     async def reap(self) -> list[EndedTurn]:
         """End the running turns whose owner is gone (see ``Store.reap_stale_turns``), each with its
@@ -209,6 +213,7 @@ class TurnRunner:
         skills: list[str] | tuple[str, ...] = (),
         attachment_ids: list[str] | tuple[str, ...] = (),
         output_schema: dict[str, Any] | None = None,
+        tools: list[str] | tuple[str, ...] | None = None,
     ) -> TurnHandle:
         """Claim and start a turn (or return the one that owns ``idempotency_key``).
 
@@ -220,13 +225,14 @@ class TurnRunner:
         (Jupyter's ``cellId``): the turn then supersedes that cell's latest turn in the history later
         turns see. ``supersedes_turn_id`` names the replaced turn directly (a turn of this session).
         ``inputs`` (``engine.inputs.NotebookValue``) are the turn's input variables, bound in the sandbox
-        under their names.
+        under their names. ``tools`` names the host tools (``[[tools]]``, MCP ``<server>__<tool>``) the
+        turn may call; None: all configured.
 
         Raises:
             ValidationError: empty or oversized task, the key belongs to another task, a limit is
                 unknown, invalid or above the policy, an unknown or extra skill, an attachment not of the
                 session, an output schema Fleet cannot use, a ``supersedes_turn_id`` that is not a turn of
-                the session, or a cell id over 200 characters.
+                the session, a cell id over 200 characters, or a tool that is not configured.
             NotFoundError: unknown session.
             ConflictError: a turn is already running in the session.
         """
@@ -244,6 +250,7 @@ class TurnRunner:
         selected = catalogue.select(skills)
         schema = turn_choices.check_output_schema(output_schema) if output_schema is not None else None
         attachments = await self._attachments(session_id, attachment_ids)
+        host_tools = await asyncio.to_thread(self.host_tools.select, tools) if tools is not None else None
         await self.open()
         assert self._writer is not None
         sandbox = await self.sandbox_name()
@@ -312,6 +319,7 @@ class TurnRunner:
             setup_error=setup_error,
             inputs=list(inputs or []),
             admission=admission,
+            host_tools=host_tools,
         )
         self._running[turn.turn_id] = running
         running.task = asyncio.get_running_loop().create_task(self._drive(running), name=f"fleet-{turn.turn_id}")
@@ -479,6 +487,9 @@ class TurnRunner:
         from fleet_kernel.engine.turn import TurnJob  # engine.turn imports dspy (~1.5 s), loaded off the event loop
 
         running.memories = Memories(self.store, running.settings, turn.session_id)
+        host_tools = running.host_tools
+        if host_tools is None and self.host_tools.configured:  # all of them: the MCP servers start now
+            host_tools = await asyncio.to_thread(self.host_tools.select, None)
         return TurnJob(
             settings=running.settings,
             emitter=running.emitter,
@@ -491,7 +502,7 @@ class TurnRunner:
             inputs=running.inputs,
             catalogue=running.catalogue,
             choices=running.choices,
-            tools=running.memories.tools(asyncio.get_running_loop()),
+            tools=[*running.memories.tools(asyncio.get_running_loop()), *(t.as_dspy() for t in host_tools or ())],
         )
 
     async def _execute(self, running: _Running, job: TurnJob) -> Outcome:

@@ -184,6 +184,8 @@ def as_tool(func: Callable[..., Any]) -> dspy.Tool:
     Each turn's host tools are new closures of the same code, and parsing (a pydantic ``TypeAdapter``
     per argument) costs ~0.4 ms a tool; a copy with the new function costs ~15 us.
     """
+    if isinstance(func, dspy.Tool):  # a host tool of fleet.toml, described already (engine.host_tools)
+        return func
     code = getattr(func, "__code__", None)
     spec = _TOOL_SPECS.get(code) if isinstance(code, CodeType) else None
     if spec is None:
