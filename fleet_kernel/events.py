@@ -186,7 +186,8 @@ def lm_not_sent(model: str | None) -> LMFinished:
 
 class ToolStarted(EventData):
     """A host tool called from sandbox code (`llm_query`, `llm_query_batched`, `load_skill`,
-    `read_skill_resource`, `remember`, `search_memories`, `forget`) starts."""
+    `read_skill_resource`, `remember`, `search_memories`, `forget`; in a `%%fleet` turn `notebook` and the
+    user's own functions) starts."""
 
     type: ClassVar[str] = "tool.started"
     call_id: str

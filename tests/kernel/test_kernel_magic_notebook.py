@@ -5,6 +5,7 @@ A real python3 ipykernel with ``%load_ext fleet_kernel`` over ZMQ, the scripted 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -125,3 +126,17 @@ def test_user_tools_run_in_the_notebook_and_errors_reach_the_model(py: PythonKer
     assert "No notebook functions" in py.ok("%fleet tools remove area").text()
     failed = py.run("%%fleet --tools nothing_here\nx")
     assert failed.reply["content"]["ename"] == "NameError"
+
+
+@pytest.mark.slow
+def test_interrupt_stops_a_user_tool_in_flight_and_the_turn(py: PythonKernel, scripted_lm) -> None:
+    py.ok("import time\ndef slow():\n    '''Takes a minute.'''\n    print('tool running', flush=True)\n    time.sleep(60)\n")
+    scripted_lm.add("slowly", [step("call", "slow()")])
+    msg_id = py.submit("%%fleet --tools slow\nslowly")
+    py.wait_for_output(msg_id, "tool running")
+    started = time.monotonic()
+    py.km.interrupt_kernel()
+    run = py.collect(msg_id, timeout=30)
+    assert run.reply["content"]["ename"] == "TurnCancelled", run.reply["content"]
+    assert time.monotonic() - started < 20
+    assert py.value("1 + 1") == "2"
