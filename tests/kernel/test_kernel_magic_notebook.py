@@ -130,7 +130,9 @@ def test_user_tools_run_in_the_notebook_and_errors_reach_the_model(py: PythonKer
 
 @pytest.mark.slow
 def test_interrupt_stops_a_user_tool_in_flight_and_the_turn(py: PythonKernel, scripted_lm) -> None:
-    py.ok("import time\ndef slow():\n    '''Takes a minute.'''\n    print('tool running', flush=True)\n    time.sleep(60)\n")
+    py.ok(
+        "import time\ndef slow():\n    '''Takes a minute.'''\n    print('tool running', flush=True)\n    time.sleep(60)\n"
+    )
     scripted_lm.add("slowly", [step("call", "slow()")])
     msg_id = py.submit("%%fleet --tools slow\nslowly")
     py.wait_for_output(msg_id, "tool running")
