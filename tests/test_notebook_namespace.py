@@ -52,6 +52,22 @@ def test_the_catalogue_is_bounded_however_big_the_namespace() -> None:
         assert "more names not listed" in text
         assert "wide: DataFrame 1x500" in text and "... 488 more" in text  # the newest first
     assert len(namespace.preview("x" * 100_000)) <= namespace.PREVIEW_CHARS
+    long_names = pd.DataFrame({"c" * 5000 + str(i): [i] for i in range(3)})
+    assert len(namespace.variables({"long_names": long_names})) <= namespace.MAX_LINE_CHARS
+
+
+class Awkward:
+    @property
+    def shape(self) -> tuple[int, ...]:
+        raise RuntimeError("no shape today")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr either")
+
+
+def test_objects_whose_attributes_raise_are_listed_by_type() -> None:
+    assert namespace.variables({"odd": Awkward()}) == "- odd: Awkward"
+    assert namespace.variables({"odd": Awkward()}, "previews").startswith("- odd: Awkward = <Awkward instance at")
 
 
 def test_recent_cells_show_sources_outputs_and_the_last_error_with_secrets_masked() -> None:

@@ -22,6 +22,7 @@ CELL_SOURCE_CHARS = 600
 CELL_OUTPUT_CHARS = 400
 TRACEBACK_CHARS = 1500
 PREVIEW_CHARS = 120
+MAX_LINE_CHARS = 400  # one variable's description
 MAX_COLUMNS = 12
 IPYTHON_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
 SECRET = re.compile(r"key|token|secret|passw|credential", re.IGNORECASE)
@@ -76,7 +77,12 @@ def variables(ns: dict[str, Any], mode: str = "names") -> str:
         return ""
     lines: list[str] = []
     for name in reversed(allowed_names(ns)):  # the newest first: they are what the user just made
-        line = f"- {name}: {describe(ns[name])}"
+        try:
+            line = f"- {name}: {describe(ns[name])}"
+        except Exception:  # noqa: BLE001 - an object of the user's whose attributes raise: its type will do
+            line = f"- {name}: {type(ns[name]).__name__}"
+        if len(line) > MAX_LINE_CHARS:  # columns with very long names
+            line = line[: MAX_LINE_CHARS - 4] + " ..."
         if mode == "previews":
             line += f" = {preview(ns[name])}"
         lines.append(line)
