@@ -5,12 +5,15 @@ A real python3 ipykernel with ``%load_ext fleet_kernel`` over ZMQ, the scripted 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import pytest
 from scripted_lm import step
 from test_kernel_magic import PythonKernel
+
+from fleet_kernel.store import Store
 
 
 @pytest.fixture
@@ -25,12 +28,20 @@ def _prompts(scripted_lm: Any) -> str:
     return "\n".join(_text(r) for r in scripted_lm.root_requests())
 
 
+async def _events(settings: Any, turn_id: str) -> list[Any]:
+    store = await Store.open(settings.database_url)
+    try:
+        return list(await store.events_after(turn_id))
+    finally:
+        await store.close()
+
+
 def _text(request: dict[str, Any]) -> str:
     return "\n".join(str(m.get("content", "")) for m in request["messages"])
 
 
 @pytest.mark.slow
-def test_the_catalogue_names_variables_but_never_their_values(py: PythonKernel, scripted_lm) -> None:
+def test_the_catalogue_names_variables_but_never_their_values(py: PythonKernel, scripted_lm, settings) -> None:
     py.ok(
         "import pandas as pd\n"
         "df = pd.DataFrame({'city': ['Zanzibar', 'Quito'], 'pop': [123457, 98765]})\n"
@@ -51,6 +62,10 @@ def test_the_catalogue_names_variables_but_never_their_values(py: PythonKernel, 
     text = run.text()
     assert "shape (2, 2) DataFrame 222222" in text
     assert "refused:" in text and "'api_key' is not a notebook variable you may fetch" in text
+    events = asyncio.run(_events(settings, run.result["metadata"]["fleet"]["turn_id"]))
+    fetches = [e.data["args_preview"] for e in events if e.type == "tool.started" and e.data["name"] == "notebook"]
+    assert fetches == ["df", "api_key"]
+    assert [e.data["ok"] for e in events if e.type == "tool.finished"] == [True, False]
     first = _text(scripted_lm.root_requests()[0])
     assert "- df: DataFrame 2x2 [city: " in first and "pop: int64]" in first and "notes: str len 17" in first
     assert "Zanzibar" not in first and "123457" not in first and "xyzzy" not in first  # names, never values
@@ -92,7 +107,7 @@ def test_the_last_error_is_in_the_prompt(py: PythonKernel, scripted_lm) -> None:
 
 
 @pytest.mark.slow
-def test_user_tools_run_in_the_notebook_and_errors_reach_the_model(py: PythonKernel, scripted_lm) -> None:
+def test_user_tools_run_in_the_notebook_and_errors_reach_the_model(py: PythonKernel, scripted_lm, settings) -> None:
     py.ok(
         "import threading\ncalls = []\n"
         "def area(width: int, height: int = 2) -> int:\n"
@@ -117,6 +132,11 @@ def test_user_tools_run_in_the_notebook_and_errors_reach_the_model(py: PythonKer
     text = run.text()
     assert "area 12" in text and "tool said: ValueError boom on 5" in text and "total 6" in text
     assert py.value("calls") == "['MainThread']"  # the user's code ran on the kernel's own thread
+    events = asyncio.run(_events(settings, run.result["metadata"]["fleet"]["turn_id"]))
+    calls = [(e.data["name"], e.type) for e in events if e.type.startswith("tool.") and "name" in e.data]
+    assert calls == [("area", "tool.started"), ("boom", "tool.started"), ("total", "tool.started")]
+    finished = [e.data for e in events if e.type == "tool.finished"]
+    assert [f["ok"] for f in finished] == [True, False, True] and all(f["duration_ms"] >= 0 for f in finished)
     first = _text(scripted_lm.root_requests()[0])
     assert "area" in first and "The area of a width x height rectangle." in first
     # session-wide tools, listed and removed
