@@ -142,6 +142,8 @@ class FleetMagics(Magics):
         finally:
             ctx.progress = None
         show_reply(pub, reply, text_mode=ctx.live_mode() == "text")
+        if words[:1] == ["help"]:
+            show_reply(pub, commands.Reply(f"In a Python notebook also: {NOTEBOOK_USAGE}"), text_mode=True)
 
     @cell_magic("fleet")  # type: ignore[arg-type]
     def fleet_cell(self, line: str, cell: str) -> None:
@@ -166,6 +168,9 @@ class FleetMagics(Magics):
         task = commands.substitute(ctx.params, cell).strip()  # {name} of %fleet set, as in the kernel
         cell_id = _cell_id()  # a cell run again supersedes its earlier turn, as in the kernel
         bridge = self._bridge(ns, opts.tools, cancel, count)
+        both = sorted(set(names) & set(bridge.functions))
+        if both:
+            raise _fail("UsageError", f"{', '.join(both)} cannot be both an --in value and a tool")
         job = _turn(ctx, pub, task, cancel, count, {n: ns[n] for n in names}, opts, schema, cell_id, bridge)
         try:
             view, error, result = self.engine.wait(self.engine.submit(job), cancel, bridge.calls)

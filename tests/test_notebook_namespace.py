@@ -134,3 +134,19 @@ def test_tool_names_are_checked() -> None:
     assert "not a function" in str(check_tool("x", 3))
     assert "cannot be a tool name" in str(check_tool("notebook", len))
     assert "cannot be a tool name" in str(check_tool("_private", len))
+
+
+def test_a_tool_whose_annotations_pydantic_cannot_describe_keeps_its_names_and_docstring() -> None:
+    import dspy
+
+    from fleet_kernel.kernel.notebook_bridge import NotebookBridge
+
+    def total(frame: pd.DataFrame, column: str = "n") -> int:
+        """The sum of one column of a frame."""
+        return int(frame[column].sum())
+
+    bridge = NotebookBridge({}, frozenset(), {"total": total}, MainThreadCalls(), CancelToken(), 5, 1e9, fetch=False)
+    (tool,) = bridge.host_tools()
+    spec = dspy.Tool(tool)
+    assert spec.name == "total" and spec.desc == "The sum of one column of a frame."
+    assert set(spec.args) == {"frame", "column"}

@@ -146,6 +146,9 @@ def test_user_tools_run_in_the_notebook_and_errors_reach_the_model(py: PythonKer
     assert "No notebook functions" in py.ok("%fleet tools remove area").text()
     failed = py.run("%%fleet --tools nothing_here\nx")
     assert failed.reply["content"]["ename"] == "NameError"
+    both = py.run("%%fleet --in area --tools area\nx")
+    assert both.reply["content"]["ename"] == "UsageError"
+    assert "%fleet context off|names|previews" in py.ok("%fleet help").text()
 
 
 @pytest.mark.slow
