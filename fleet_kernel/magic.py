@@ -210,10 +210,9 @@ class FleetMagics(Magics):
         if args and args[0] in ("add", "remove") and len(args) >= 2:
             names = [n.strip() for a in args[1:] for n in a.split(",") if n.strip()]
             if args[0] == "add":
+                ns = self.shell.user_ns
                 for name in names:
-                    why = check_tool(name, self.shell.user_ns.get(name)) if name in self.shell.user_ns else None
-                    if name not in self.shell.user_ns:
-                        why = f"{name} is not defined in the notebook"
+                    why = check_tool(name, ns[name]) if name in ns else f"{name} is not defined in the notebook"
                     if why:
                         raise _fail("UsageError", why)
                 self.tool_names += [n for n in names if n not in self.tool_names]
@@ -234,7 +233,8 @@ class FleetMagics(Magics):
         functions: dict[str, Any] = {}
         for name in [*self.tool_names, *names]:
             if name not in ns:
-                raise _fail("NameError", f"--tools names {name}, not defined in the notebook")
+                how = "--tools" if name in names else "%fleet tools add (%fleet tools remove drops it)"
+                raise _fail("NameError", f"{how} names {name}, not defined in the notebook")
             why = check_tool(name, ns[name])
             if why:
                 raise _fail("UsageError", why)
