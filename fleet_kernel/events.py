@@ -188,8 +188,8 @@ def lm_not_sent(model: str | None) -> LMFinished:
 
 class ToolStarted(EventData):
     """A host tool called from sandbox code (`llm_query`, `llm_query_batched`, `load_skill`,
-    `read_skill_resource`, `remember`, `search_memories`, `forget`, and the `[[tools]]` and MCP tools of
-    fleet.toml) starts."""
+    `read_skill_resource`, `remember`, `search_memories`, `forget`, the `[[tools]]` and MCP tools of
+    fleet.toml; in a `%%fleet` turn `notebook` and the user's own functions) starts."""
 
     type: ClassVar[str] = "tool.started"
     call_id: str

@@ -33,7 +33,11 @@ from fleet_kernel.kernel import commands
 from fleet_kernel.kernel.context import KernelContext
 
 SIGNAL_POLL_S = 0.1  # how soon an interrupt taken by another thread reaches the waiting main thread
-USAGE = "%%fleet [--in a,b] [--out NAME] [--schema NAME] [--skills a,b] [--model NAME] [--max-iters N] [--timeout S]"
+USAGE = (
+    "%%fleet [--in a,b] [--out NAME] [--schema NAME] [--skills a,b] [--tools f,g] [--model NAME] [--max-iters N] "
+    "[--timeout S]"
+)
+NOTEBOOK_USAGE = "%fleet context off|names|previews, %fleet tools [add f,g | remove f,g]"
 
 
 class FleetMagicError(Exception):
@@ -63,6 +67,7 @@ def _parser() -> _Parser:
     p.add_argument("--out", default=None)
     p.add_argument("--schema", default=None)
     p.add_argument("--skills", default="")
+    p.add_argument("--tools", default="")
     p.add_argument("--model", default=None)
     p.add_argument("--max-iters", type=int, default=None)
     p.add_argument("--timeout", type=float, default=None)
@@ -80,17 +85,24 @@ class Engine:
     def submit(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def wait(self, future: concurrent.futures.Future[Any], cancel: CancelToken | None = None) -> Any:
+    def wait(self, future: concurrent.futures.Future[Any], cancel: CancelToken | None = None, calls: Any = None) -> Any:
         """The coroutine's result; an interrupt (Ctrl-C, the kernel's) cancels the turn and waits for its end.
 
         The wait wakes every ``SIGNAL_POLL_S``: the kernel's SIGINT is sent to the process, the OS may hand
         it to any thread, and Python runs the handler only when the main thread next runs Python code. A
         wait that never woke would see that interrupt only once the turn had ended on its own.
+        ``calls`` (``MainThreadCalls``) are run here as they come: the turn's calls into the notebook.
         """
+        if calls is not None:
+            future.add_done_callback(lambda _: calls.wake())
         while True:
             try:
                 while not future.done():
-                    concurrent.futures.wait((future,), timeout=SIGNAL_POLL_S)
+                    if calls is None:
+                        concurrent.futures.wait((future,), timeout=SIGNAL_POLL_S)
+                    else:
+                        calls.wait(SIGNAL_POLL_S)
+                        calls.run_pending()
                 return future.result()
             except KeyboardInterrupt:
                 if cancel is None:
@@ -107,6 +119,8 @@ class FleetMagics(Magics):
         super().__init__(shell)
         self.engine = Engine()
         self.engine.ctx.warm_up(self.engine.loop)  # dspy loads in the background while Python cells run
+        self.context_mode = "names"  # %fleet context: what a turn is told of the notebook's variables
+        self.tool_names: list[str] = []  # %fleet tools add: the user's functions every turn may call
 
     @line_magic("fleet")  # type: ignore[arg-type]  # IPython types the decorator for its own classes
     def fleet_line(self, line: str) -> None:
@@ -116,6 +130,11 @@ class FleetMagics(Magics):
 
         ctx = self.engine.ctx
         pub = _publisher(ctx)
+        words = line.split()
+        if words and words[0] in ("context", "tools"):  # the notebook's own commands: this magic holds them
+            text = self._context(words[1:]) if words[0] == "context" else self._tools(words[1:])
+            show_reply(pub, commands.Reply(text), text_mode=ctx.live_mode() == "text")
+            return
         ctx.progress = ProgressLine(pub, text_mode=ctx.live_mode() == "text")
         try:
             reply = self.engine.wait(self.engine.submit(commands.run_line(ctx, f"{commands.PREFIX} {line}")))
@@ -124,6 +143,8 @@ class FleetMagics(Magics):
         finally:
             ctx.progress = None
         show_reply(pub, reply, text_mode=ctx.live_mode() == "text")
+        if words[:1] == ["help"]:
+            show_reply(pub, commands.Reply(f"In a Python notebook also: {NOTEBOOK_USAGE}"), text_mode=True)
 
     @cell_magic("fleet")  # type: ignore[arg-type]
     def fleet_cell(self, line: str, cell: str) -> None:
@@ -154,9 +175,13 @@ class FleetMagics(Magics):
             task += rich.ask()
             rich.note_before(_workspace(ctx))
         cell_id = _cell_id()  # a cell run again supersedes its earlier turn, as in the kernel
-        job = _turn(ctx, pub, task, cancel, count, {n: ns[n] for n in names}, opts, schema, cell_id)
+        bridge = self._bridge(ns, opts.tools, cancel, count)
+        both = sorted(set(names) & set(bridge.functions))
+        if both:
+            raise _fail("UsageError", f"{', '.join(both)} cannot be both an --in value and a tool")
+        job = _turn(ctx, pub, task, cancel, count, {n: ns[n] for n in names}, opts, schema, cell_id, bridge)
         try:
-            view, error, result = self.engine.wait(self.engine.submit(job), cancel)
+            view, error, result = self.engine.wait(self.engine.submit(job), cancel, bridge.calls)
         except FleetMagicError:
             raise
         except Exception as exc:
@@ -197,6 +222,84 @@ def _workspace(ctx: KernelContext) -> Any:
     """The host folder of the notebook's session (``/workspace``), or None before its first turn."""
     return ctx.settings.workspaces_dir / ctx.session_id if ctx.session_id else None
 
+    # ------------------------------------------------------------------ the notebook in a turn
+
+    def _context(self, args: list[str]) -> str:
+        from fleet_kernel.kernel.namespace import MODES
+
+        if not args:
+            return f"context {self.context_mode}: turns see {_CONTEXT_SAYS[self.context_mode]}"
+        if len(args) != 1 or args[0] not in MODES:
+            raise _fail("UsageError", f"%fleet context takes one of {', '.join(MODES)}\nusage: {NOTEBOOK_USAGE}")
+        self.context_mode = args[0]
+        return f"context {self.context_mode}: turns see {_CONTEXT_SAYS[self.context_mode]}"
+
+    def _tools(self, args: list[str]) -> str:
+        from fleet_kernel.kernel.notebook_bridge import check_tool
+
+        assert self.shell is not None
+        if args and args[0] in ("add", "remove") and len(args) >= 2:
+            names = [n.strip() for a in args[1:] for n in a.split(",") if n.strip()]
+            if args[0] == "add":
+                ns = self.shell.user_ns
+                for name in names:
+                    why = check_tool(name, ns[name]) if name in ns else f"{name} is not defined in the notebook"
+                    if why:
+                        raise _fail("UsageError", why)
+                self.tool_names += [n for n in names if n not in self.tool_names]
+            else:
+                self.tool_names = [n for n in self.tool_names if n not in names]
+        elif args:
+            raise _fail("UsageError", f"unknown %fleet tools {' '.join(args)}\nusage: {NOTEBOOK_USAGE}")
+        if not self.tool_names:
+            return "No notebook functions are tools: %fleet tools add f (or %%fleet --tools f for one turn)."
+        return "Notebook functions turns may call: " + ", ".join(self.tool_names)
+
+    def _bridge(self, ns: dict[str, Any], tools: str, cancel: CancelToken, count: int) -> Any:
+        """This turn's ``NotebookBridge``: the catalogue for the prompt, ``notebook()`` and the user's tools."""
+        from fleet_kernel.kernel import namespace
+        from fleet_kernel.kernel.notebook_bridge import MainThreadCalls, NotebookBridge, check_tool
+
+        names = [n.strip() for n in tools.split(",") if n.strip()]
+        functions: dict[str, Any] = {}
+        for name in [*self.tool_names, *names]:
+            if name not in ns:
+                how = "--tools" if name in names else "%fleet tools add (%fleet tools remove drops it)"
+                raise _fail("NameError", f"{how} names {name}, not defined in the notebook")
+            why = check_tool(name, ns[name])
+            if why:
+                raise _fail("UsageError", why)
+            functions[name] = ns[name]
+        mode = self.context_mode
+        variables = namespace.variables(ns, mode)
+        cells = ""
+        if mode != "off":
+            assert self.shell is not None
+            last = getattr(self.shell, "last_execution_result", None)
+            error = getattr(last, "error_in_exec", None) or getattr(last, "error_before_exec", None)
+            inputs, outputs = ns.get("In"), ns.get("Out")
+            if isinstance(inputs, list) and isinstance(outputs, dict):
+                cells = namespace.recent_cells(inputs, outputs, error, count)
+        settings = self.engine.ctx.settings
+        return NotebookBridge(
+            ns=ns,
+            names=frozenset(namespace.allowed_names(ns)) if mode != "off" else frozenset(),
+            functions=functions,
+            calls=MainThreadCalls(),
+            cancel=cancel,
+            timeout_s=settings.limits.exec_timeout_s,
+            cap_bytes=settings.policy.kernel.max_input_mb * 1024 * 1024,
+            prompt=settings.redactor.text(namespace.prompt(variables, cells, list(functions))),  # configured keys
+            fetch=mode != "off",
+        )
+
+
+_CONTEXT_SAYS = {
+    "off": "nothing of the notebook (notebook() fetches nothing; --in still binds values)",
+    "names": "the notebook's variables by name, type and size, and its recent cells",
+    "previews": "the notebook's variables by name, type, size and a short repr, and its recent cells",
+}
+
 
 async def _turn(
     ctx: KernelContext,
@@ -208,6 +311,7 @@ async def _turn(
     opts: argparse.Namespace,
     schema: dict[str, Any] | None,
     cell_id: str | None,
+    bridge: Any = None,
 ) -> tuple[Any, dict[str, Any] | None, Any]:
     """Encode the inputs, run the turn with the options, return ``(view, error, result)``."""
     from fleet_kernel.kernel.context import load_off_loop  # the renderers (~0.4 s) load with the first cell
@@ -215,6 +319,8 @@ async def _turn(
 
     await ctx.open()
     start: dict[str, Any] = {"cell_id": cell_id} if cell_id else {}
+    if bridge is not None and (bridge.prompt or bridge.fetch or bridge.functions):
+        start["notebook"] = bridge
     if values:
         await load_off_loop("fleet_kernel.engine.inputs")
         start["inputs"] = await asyncio.to_thread(_encode_all, values, ctx.settings.policy.kernel.max_input_mb)

@@ -72,6 +72,7 @@ class _Running:
     memories: Memories | None = None  # the session's memories, as the turn's host tools change them
     started: float = field(default_factory=time.monotonic)  # the deadline counts from here
     inputs: list[Any] = field(default_factory=list)  # engine.inputs.NotebookValue: the turn's input variables
+    notebook: Any = None  # kernel.notebook_bridge.NotebookBridge: a %%fleet turn's notebook (prompt, tools)
     setup_error: dict[str, str] | None = None  # the turn could not be set up (its files); it fails
     admission: sandbox_contract.Admission | None = None  # what the sandbox backend set aside for the turn
     collecting: bool = False  # the turn's own work is over: its artifacts are collected
@@ -214,6 +215,7 @@ class TurnRunner:
         attachment_ids: list[str] | tuple[str, ...] = (),
         output_schema: dict[str, Any] | None = None,
         tools: list[str] | tuple[str, ...] | None = None,
+        notebook: Any = None,
     ) -> TurnHandle:
         """Claim and start a turn (or return the one that owns ``idempotency_key``).
 
@@ -226,7 +228,9 @@ class TurnRunner:
         turns see. ``supersedes_turn_id`` names the replaced turn directly (a turn of this session).
         ``inputs`` (``engine.inputs.NotebookValue``) are the turn's input variables, bound in the sandbox
         under their names. ``tools`` names the host tools (``[[tools]]``, MCP ``<server>__<tool>``) the
-        turn may call; None: all configured.
+        turn may call; None: all configured. ``notebook`` (``kernel.notebook_bridge.NotebookBridge``, from
+        ``%%fleet``) adds the notebook's catalogue to the prompt and its host tools (``notebook()``, the
+        user's functions).
 
         Raises:
             ValidationError: empty or oversized task, the key belongs to another task, a limit is
@@ -318,6 +322,7 @@ class TurnRunner:
             choices,
             setup_error=setup_error,
             inputs=list(inputs or []),
+            notebook=notebook,
             admission=admission,
             host_tools=host_tools,
         )
@@ -502,7 +507,12 @@ class TurnRunner:
             inputs=running.inputs,
             catalogue=running.catalogue,
             choices=running.choices,
-            tools=[*running.memories.tools(asyncio.get_running_loop()), *(t.as_dspy() for t in host_tools or ())],
+            tools=[
+                *running.memories.tools(asyncio.get_running_loop()),
+                *(t.as_dspy() for t in host_tools or ()),
+                *(running.notebook.host_tools() if running.notebook else ()),
+            ],
+            notebook_prompt=running.notebook.prompt if running.notebook else "",
         )
 
     async def _execute(self, running: _Running, job: TurnJob) -> Outcome:

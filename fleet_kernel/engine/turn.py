@@ -84,6 +84,7 @@ class TurnJob:
     catalogue: Catalogue = field(default_factory=lambda: Catalogue({}))
     choices: TurnChoices = field(default_factory=TurnChoices)
     tools: list[Callable[..., Any]] = field(default_factory=list)  # more host tools for sandbox code (memory)
+    notebook_prompt: str = ""  # a %%fleet turn: the notebook's variables, recent cells and tools (kernel.namespace)
     budget: TurnBudget = field(init=False)
     extracting: threading.Event = field(default_factory=threading.Event)  # set: a stopped turn extracts its answer
 
@@ -187,6 +188,8 @@ def as_tool(func: Callable[..., Any]) -> dspy.Tool:
     if isinstance(func, dspy.Tool):  # a host tool of fleet.toml, described already (engine.host_tools)
         return func
     code = getattr(func, "__code__", None)
+    if hasattr(func, "__wrapped__"):  # a user's function behind one wrapper's code: parsed each time
+        return dspy.Tool(func)
     spec = _TOOL_SPECS.get(code) if isinstance(code, CodeType) else None
     if spec is None:
         spec = dspy.Tool(func)
@@ -223,6 +226,7 @@ def turn_signature(job: TurnJob) -> type[dspy.Signature]:
         WORKSPACE_PROMPT if job.workspace_manifest else "",
         job.catalogue.prompt(choices.skills) if job.catalogue.skills else "",
         files_prompt(choices.files),
+        job.notebook_prompt,
     ]
     if choices.output_schema is not None:
         parts.append(schema_prompt(choices.output_schema))

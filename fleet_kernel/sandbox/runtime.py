@@ -104,6 +104,41 @@ def jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=_json_default))
 
 
+VALUE_TAG = "__fleet_value__"  # a tool argument or result that is a value by type: {VALUE_TAG: type, "payload": text}
+
+
+def _tool_default(obj: Any) -> Any:
+    """A DataFrame or Series argument of a host tool travels as a table (pandas' split JSON), not its repr."""
+    if callable(getattr(obj, "to_json", None)) and hasattr(obj, "index"):
+        frame = obj.to_frame() if not hasattr(obj, "columns") else obj
+        return {VALUE_TAG: "DataFrame", "payload": frame.to_json(orient="split", date_format="iso")}
+    return _json_default(obj)
+
+
+def _tool_value(value: Any) -> Any:
+    """A host tool's result as the code should see it: a tagged value (a notebook's DataFrame or bytes,
+    encoded as ``--in`` values are) rebuilt, anything else as it came. Never unpickled."""
+    if not (
+        isinstance(value, dict) and isinstance(value.get(VALUE_TAG), str) and isinstance(value.get("payload"), str)
+    ):
+        return value
+    kind, payload = value[VALUE_TAG], value["payload"]
+    if kind == "str":
+        return payload
+    if kind == "bytes":
+        import base64
+
+        return base64.b64decode(payload)
+    if kind == "DataFrame":
+        try:
+            import pandas as pd  # type: ignore[import-untyped]
+
+            return pd.read_json(io.StringIO(payload), orient="split")
+        except ImportError:
+            return json.loads(payload)
+    return json.loads(payload)
+
+
 class Output:
     """Coalesces stdout/stderr text into ``out`` messages and keeps this execution's capped copy."""
 
@@ -439,8 +474,8 @@ class Runtime:
             "type": "tool_call",
             "id": call_id,
             "name": name,
-            "args": jsonable(list(args)),
-            "kwargs": jsonable(kwargs),
+            "args": json.loads(json.dumps(list(args), default=_tool_default)),
+            "kwargs": json.loads(json.dumps(kwargs, default=_tool_default)),
         }
         if self._receive is not None:
             reply: Message | None = self._wait_inline(request)
@@ -456,7 +491,7 @@ class Runtime:
             raise EOFError("the host went away during a tool call")
         if reply["type"] == "tool_error":
             raise _tool_exception(reply.get("error") or {})
-        return reply.get("value")
+        return _tool_value(reply.get("value"))
 
     def _wait_inline(self, request: Message) -> Message:
         assert self._receive is not None
