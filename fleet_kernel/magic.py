@@ -217,11 +217,6 @@ class FleetMagics(Magics):
             display(Image(data=value.info["png_bytes"], format="png"))
         return value
 
-
-def _workspace(ctx: KernelContext) -> Any:
-    """The host folder of the notebook's session (``/workspace``), or None before its first turn."""
-    return ctx.settings.workspaces_dir / ctx.session_id if ctx.session_id else None
-
     # ------------------------------------------------------------------ the notebook in a turn
 
     def _context(self, args: list[str]) -> str:
@@ -292,6 +287,11 @@ def _workspace(ctx: KernelContext) -> Any:
             prompt=settings.redactor.text(namespace.prompt(variables, cells, list(functions))),  # configured keys
             fetch=mode != "off",
         )
+
+
+def _workspace(ctx: KernelContext) -> Any:
+    """The host folder of the notebook's session (``/workspace``), or None before its first turn."""
+    return ctx.settings.workspaces_dir / ctx.session_id if ctx.session_id else None
 
 
 _CONTEXT_SAYS = {
