@@ -23,6 +23,7 @@ from fleet_kernel.cancel import CancelToken
 from fleet_kernel.config import Settings
 from fleet_kernel.engine.budget import TurnBudget
 from fleet_kernel.engine.choices import TurnChoices, files_prompt, result_type, schema_prompt
+from fleet_kernel.engine.compaction import HistoryPlan, first_text
 from fleet_kernel.engine.lm import build_lms, explain_lm_error, scrub
 from fleet_kernel.engine.observe import TurnObserver, WatchedPredict
 from fleet_kernel.engine.outcome import Outcome, stopped
@@ -85,6 +86,7 @@ class TurnJob:
     tools: list[Callable[..., Any]] = field(default_factory=list)  # more host tools for sandbox code (memory)
     budget: TurnBudget = field(init=False)
     extracting: threading.Event = field(default_factory=threading.Event)  # set: a stopped turn extracts its answer
+    history_plan: HistoryPlan | None = None  # its older turns to fold into the session's summary first (compaction)
 
     def __post_init__(self) -> None:
         self.budget = TurnBudget.for_limits(self.settings.limits, self.cancel)
@@ -273,6 +275,25 @@ def _extract_after_stop(job: TurnJob, cause: TurnCancelled, observer: TurnObserv
         return None
 
 
+def _folded_history(job: TurnJob, sub_lm: Any) -> str:
+    """The turn's history, its older turns first folded into the session's summary by one sub-LM call when
+    the window left some behind (``engine/compaction.py``); when that call fails, the history as it stands.
+
+    ``history`` (the text the signature was built for) is never empty when there is something to fold.
+    """
+    plan = job.history_plan
+    if plan is None or not plan.needs_folding:
+        return job.history
+    try:
+        plan.fold(lambda messages: first_text(sub_lm(messages=messages)), getattr(sub_lm, "model", None), job.settings)
+    except TurnCancelled:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the turn goes on without the new summary; the next one tries again
+        log.warning("summarising the session's older turns failed: %s", scrub(str(exc), job.settings)[:500])
+        return job.history
+    return plan.text()
+
+
 def run_turn(job: TurnJob) -> Outcome:
     """Run one dspy.RLM turn to its outcome. Never raises; ``end`` the job after it.
 
@@ -342,9 +363,10 @@ def _run(job: TurnJob) -> Outcome:
         # adapter: a reply that cannot be parsed is asked again once, with the error (engine/reask.py)
         with dspy.context(lm=root_lm, max_trace_size=0, adapter=ReaskingChatAdapter()):
             observer.enter_root()
+            history = _folded_history(job, sub_lm)
             prediction = rlm(
                 task=job.task,
-                **_present(history=job.history, workspace=job.workspace_manifest),
+                **_present(history=history, workspace=job.workspace_manifest),
                 **{value.name: value for value in job.inputs},
                 interpreter_factory=factory,
             )
