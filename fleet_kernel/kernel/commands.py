@@ -370,7 +370,7 @@ async def cmd_history(ctx: KernelContext, args: list[str]) -> Reply:
     if plan.stale is not None:
         head.append("(the stored summary covers a turn since re-run or forgotten: the next turn rebuilds it)")
     if plan.covered < older:
-        head.append(f"({span(plan.covered + 1, older)} are folded into the summary at the start of the next turn)")
+        head.append(f"(the next turn first adds {span(plan.covered + 1, older)} to the summary)")
     if turns and len(plan.text()) > plan.window.chars:
         head.append(f"(the oldest text is cut to the history's {plan.window.chars} characters, [history] max_chars)")
     lines, rows = list(head), []
