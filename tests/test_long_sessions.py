@@ -84,6 +84,7 @@ async def test_a_30_turn_session_keeps_its_early_facts(make_runner, store: Store
     assert root.index("--- summary of turns 1-26 ---") < root.index(FACT) < root.index("--- turn 27 ---")
     assert "--- turn 29 ---" in root and "step 29" in root and "What is the launch code?" in root
     assert "--- turn 26 ---" not in root and "step 2:" not in root  # older turns only in the summary
+    assert "a summary of the older ones, then the latest" in root  # the field says so
 
     finished = [e.data for e in last if e.type == "lm.finished"]
     assert [d["role"] for d in finished] == ["sub", "root"]  # the summary call is metered like any other
@@ -119,6 +120,9 @@ async def test_a_forgotten_or_rerun_turn_rebuilds_the_summary(
     assert "Summary so far" not in folds(scripted_lm)[-1]
     stored = await store.history_summary(session)
     assert stored is not None and stored.covers[0] == first[0].turn_id and FACT in stored.text
+
+    await store.delete_session(session)  # the summary goes with its session
+    assert await store.history_summary(session) is None
 
 
 async def test_a_failed_summary_call_leaves_the_turn_running(

@@ -51,6 +51,9 @@ class FleetTask(dspy.Signature):
 
 
 HISTORY_FIELD = dspy.InputField(desc="earlier turns of this session (task and answer), oldest first")
+HISTORY_SUMMARY_FIELD = dspy.InputField(
+    desc="earlier turns of this session, oldest first: a summary of the older ones, then the latest (task and answer)"
+)
 HISTORY_PROMPT = "Earlier turns of this session are in `history`; the user may refer to them."
 WORKSPACE_FIELD = dspy.InputField(desc="what /workspace holds right now")
 WORKSPACE_PROMPT = (
@@ -227,7 +230,8 @@ def turn_signature(job: TurnJob) -> type[dspy.Signature]:
         parts.append(schema_prompt(choices.output_schema))
     signature: type[Any] = FleetTask.with_instructions("\n\n".join(p for p in parts if p))
     if job.history:
-        signature = signature.append("history", HISTORY_FIELD, type_=str)
+        summarised = job.history_plan is not None and job.history_plan.older > 0
+        signature = signature.append("history", HISTORY_SUMMARY_FIELD if summarised else HISTORY_FIELD, type_=str)
     if job.workspace_manifest:
         signature = signature.append("workspace", WORKSPACE_FIELD, type_=str)
     if choices.output_schema is not None:
