@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import AsyncIterator, Callable
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -160,3 +162,45 @@ def test_the_window_is_sized_from_the_model_context(fleet_env: dict[str, str], t
     big = window("", FLEET_LM_MODEL="openai/gpt-4o-mini")  # LiteLLM's map: 128k
     assert big.context_tokens == 128_000 and big.chars == 16_000  # never above [history] max_chars
     assert window("[history]\nwindow_turns = 0\n").off
+
+
+@pytest.mark.parametrize(
+    ("props", "models", "expected"),
+    [
+        ({"default_generation_settings": {"n_ctx": 8192}}, None, 8192),  # llama.cpp: what it serves with
+        (None, {"data": [{"id": "local-model", "max_model_len": 32768}]}, 32768),  # vLLM
+        (None, {"data": [{"id": "other", "meta": {"n_ctx_train": 4096}}]}, 4096),  # llama.cpp, one model listed
+        (None, {"data": [{"id": "a"}, {"id": "b"}]}, None),  # says nothing of this model
+    ],
+    ids=["llama.cpp-props", "vllm", "llama.cpp-models", "unknown"],
+)
+def test_the_window_is_sized_from_what_the_server_reports(
+    fleet_env: dict[str, str], props: Any, models: Any, expected: int | None
+) -> None:
+    answers = {"/props": props, "/v1/models": models}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802
+            body = answers.get(self.path)
+            data = json.dumps(body).encode()
+            self.send_response(200 if body is not None else 404)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        settings = load_settings({**fleet_env, "FLEET_LM_BASE_URL": base, "FLEET_LM_MODEL": "openai/local-model"})
+        window = window_for(settings)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert window.context_tokens == expected
+    if expected is not None:
+        assert window.chars == min(16_000, expected * 4 // 8)

@@ -10,9 +10,9 @@ into one rolling summary, kept in the store (``history_summaries``) with the ids
   call is one of the turn's LM calls (``lm.finished`` with role ``sub``), in its usage and budget.
 - It stands only while the turns it covers are still the first turns the history sees, in order: when one of
   them is replaced (its cell re-run) or forgotten, it is dropped, and the next turn rebuilds it.
-- The budget is sized from the root model's context length where LiteLLM knows it (or ``[lm]
-  context_tokens``): the history gets an eighth of the context (~4 characters a token), never more than
-  ``[history] max_chars``, and the summary a quarter of that.
+- The budget is sized from the root model's context length where LiteLLM knows it or the model server
+  reports it (or ``[lm] context_tokens``): the history gets an eighth of the context (~4 characters a
+  token), never more than ``[history] max_chars``, and the summary a quarter of that.
 - When the summary call fails the turn goes on with what stands (the old summary, if any) and a note of the
   turns left out; the next turn tries again.
 
@@ -83,11 +83,57 @@ def known_context(model: str) -> int | None:
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
+SERVER_TIMEOUT_S = 2.0
+_served: dict[tuple[str, str], int | None] = {}
+
+
+def served_context(settings: Settings) -> int | None:
+    """The context length the OpenAI-compatible server at ``FLEET_LM_BASE_URL`` reports for the root model:
+    llama.cpp's ``/props`` (``n_ctx``, what it serves with) or ``/v1/models`` (vLLM's ``max_model_len``,
+    OpenRouter's ``context_length``, llama.cpp's ``meta.n_ctx_train``); None when it says nothing. Asked once
+    per process, with the LM key."""
+    base = (settings.lm_base_url or "").rstrip("/")
+    model = (settings.lm_model or "").split("/", 1)[-1]
+    if not base or not model or (settings.lm_model or "").startswith(REPLAY):
+        return None
+    if (base, model) not in _served:
+        _served[(base, model)] = _ask_server(base, model, settings)
+    return _served[(base, model)]
+
+
+def _ask_server(base: str, model: str, settings: Settings) -> int | None:
+    import httpx
+
+    key = settings.lm_api_key.get_secret_value() if settings.lm_api_key else None
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    root = base.removesuffix("/v1")
+    try:
+        with httpx.Client(timeout=SERVER_TIMEOUT_S, headers=headers) as client:
+            props = client.get(f"{root}/props")
+            if props.status_code == 200:
+                n_ctx = (props.json().get("default_generation_settings") or {}).get("n_ctx")
+                if isinstance(n_ctx, int) and n_ctx > 0:
+                    return n_ctx
+            listed = client.get(f"{base}/models")
+            if listed.status_code != 200:
+                return None
+            entries = [e for e in listed.json().get("data") or [] if isinstance(e, dict)]
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    chosen = [e for e in entries if e.get("id") == model] or (entries if len(entries) == 1 else [])
+    for entry in chosen:
+        meta = entry.get("meta") or {}
+        value = entry.get("max_model_len") or entry.get("context_length") or meta.get("n_ctx_train")
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 def window_for(settings: Settings) -> Window:
-    """The history budget of a turn under ``settings`` (its session's models). May import LiteLLM: call it
-    off the event loop."""
+    """The history budget of a turn under ``settings`` (its session's models). May import LiteLLM and ask
+    the model server (once a process): call it off the event loop."""
     policy = settings.policy
-    context = policy.lm.context_tokens or known_context(settings.lm_model or "")
+    context = policy.lm.context_tokens or known_context(settings.lm_model or "") or served_context(settings)
     chars = policy.history.max_chars
     if context is not None:
         chars = min(chars, context * CHARS_PER_TOKEN // HISTORY_SHARE)
