@@ -231,6 +231,40 @@ class TurnList(BaseModel):
     turns: list[Turn]
 
 
+class HistorySummary(BaseModel):
+    """The session's rolling summary of its turns past the history window, written by the sub-model."""
+
+    text: str
+    turn_ids: list[str] = Field(..., description="the turns it covers, oldest first")
+    model: str | None = Field(None, description="the sub-model that wrote it")
+    updated_at: str
+    stale: bool = Field(
+        False,
+        description="true when a turn it covers was since re-run or forgotten: the next turn rebuilds it and "
+        "does not use this text",
+    )
+
+
+class HistoryWindow(BaseModel):
+    turns: int = Field(..., description="[history] window_turns: at most this many latest turns are given whole")
+    chars: int = Field(..., description="the history's characters: [history] max_chars, less for a small context")
+    context_tokens: int | None = Field(None, description="the root model's context length, when known")
+
+
+class SessionHistory(BaseModel):
+    """What the session's next turn sees of its earlier turns."""
+
+    session_id: str
+    seen: int = Field(..., description="how many earlier turns the next turn sees, summarised or whole")
+    summarised: int = Field(..., description="how many of them, the oldest, are past the window")
+    pending: int = Field(
+        ..., description="how many of those the summary does not cover yet: the next turn folds them in first"
+    )
+    summary: HistorySummary | None = Field(None, description="null until a session outgrows its window")
+    turns: list[Turn] = Field(..., description="the latest turns, given whole, oldest first")
+    window: HistoryWindow
+
+
 class TurnAccepted(BaseModel):
     turn_id: str
     run_id: str

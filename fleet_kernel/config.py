@@ -113,6 +113,13 @@ class LMPolicy(_Section):
         description="a file whose text replaces the built-in task instructions of every turn's RLM (fleet optimize "
         "writes them); default: the built-in ones",
     )
+    context_tokens: int | None = Field(
+        None,
+        ge=512,
+        le=100_000_000,
+        description="the root model's context length in tokens, which sizes a turn's history; default: what "
+        "LiteLLM knows of the model, else [history] max_chars alone",
+    )
 
     @property
     def sub_cap(self) -> int:
@@ -170,8 +177,8 @@ class SandboxLimits(_Section):
 class History(_Section):
     """How much of a session's past turns feeds the next one."""
 
-    window_turns: int = Field(8, ge=0, le=200)
-    max_chars: int = Field(16_000, ge=0, le=1_000_000)
+    window_turns: int = Field(8, ge=0, le=200, description="the latest turns given whole; older ones are summarised")
+    max_chars: int = Field(16_000, ge=0, le=1_000_000, description="the history's characters, summary included")
 
 
 class Storage(_Section):

@@ -11,15 +11,21 @@ from fleet_api.routes._docs import errors
 from fleet_api.schemas import (
     SESSION_CREATE_EXAMPLES,
     SESSION_UPDATE_EXAMPLES,
+    HistorySummary,
+    HistoryWindow,
     Session,
     SessionConfig,
     SessionCreate,
+    SessionHistory,
     SessionList,
     SessionUpdate,
     TurnList,
 )
 from fleet_api.views import turn_view
+from fleet_kernel.engine.compaction import plan_history
+from fleet_kernel.engine.session_config import session_settings
 from fleet_kernel.engine.sessions import Sessions
+from fleet_kernel.store.models import iso
 from fleet_kernel.store.sessions import MAX_PAGE, Archived
 
 router = APIRouter(tags=["sessions"])
@@ -100,3 +106,32 @@ async def list_turns(session_id: str, state: State) -> TurnList:
     rows = await state.store.list_turns(check_id(session_id, "session"))
     lineage = await state.store.lineage(session_id)
     return TurnList(turns=[turn_view(r, lineage) for r in rows])
+
+
+@router.get("/sessions/{session_id}/history", response_model=SessionHistory, responses=errors(404))
+async def get_history(session_id: str, state: State) -> SessionHistory:
+    """What the next turn sees of earlier turns: the sub-model's summary of those past the window, and the
+    latest turns whole (docs/api.md, "Long sessions")."""
+    session = await state.store.get_session(check_id(session_id, "session"))
+    plan = await plan_history(state.store, session_id, session_settings(state.settings, session))
+    lineage = await state.store.lineage(session_id)
+    shown = plan.summary or plan.stale
+    summary = None
+    if shown is not None:
+        summary = HistorySummary(
+            text=shown.text,
+            turn_ids=list(shown.covers),
+            model=shown.model,
+            updated_at=iso(shown.updated_at) or "",
+            stale=plan.summary is None,
+        )
+    window = plan.window
+    return SessionHistory(
+        session_id=session_id,
+        seen=len(plan.seen),
+        summarised=plan.older,
+        pending=max(0, plan.older - plan.covered),
+        summary=summary,
+        turns=[turn_view(row, lineage) for row in plan.recent],
+        window=HistoryWindow(turns=window.turns, chars=window.chars, context_tokens=window.context_tokens),
+    )

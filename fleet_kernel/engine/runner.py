@@ -22,6 +22,7 @@ from fleet_kernel import safe_files
 from fleet_kernel.cancel import CancelToken
 from fleet_kernel.config import Settings
 from fleet_kernel.engine import choices as turn_choices
+from fleet_kernel.engine import compaction
 from fleet_kernel.engine.budget import BudgetExceeded
 from fleet_kernel.engine.choices import TurnChoices
 from fleet_kernel.engine.host_tools import HostTool, HostTools
@@ -426,6 +427,7 @@ class TurnRunner:
                 outcome = stopped(cause)
             else:
                 outcome = await self._execute(running, job)
+                await self._keep_summary(running, job)
                 running.collecting = True  # a cancel from here on stops the collection (see ``cancel``)
                 if running.memories is not None and running.memories.changed:
                     await running.memories.mirror()  # after the sandbox handed its copy of the workspace back
@@ -479,16 +481,17 @@ class TurnRunner:
 
     async def _prepare(self, running: _Running) -> TurnJob:
         turn = running.turn
-        window = self.settings.policy.history
+        window_turns = running.settings.policy.history.window_turns
 
-        def load() -> tuple[Workspace, str]:
+        def load() -> tuple[Workspace, str, compaction.Window]:
             # dspy loads (or finishes loading) here, off the loop: it keeps delivering the turn's first events
             import_module("fleet_kernel.engine.turn")
             workspace = Workspace.for_session(self.settings.workspaces_dir, turn.session_id)
-            return workspace, workspace.manifest()
+            return workspace, workspace.manifest(), compaction.window_for(running.settings)
 
-        history = self.store.history(turn.session_id, window=window.window_turns, before_position=turn.position)
-        (workspace, manifest), past = await asyncio.gather(asyncio.to_thread(load), history)
+        history = self.store.history_read(turn.session_id, window=window_turns, before_position=turn.position)
+        (workspace, manifest, window), past = await asyncio.gather(asyncio.to_thread(load), history)
+        plan = await compaction.plan(self.store, past, window)
         from fleet_kernel.engine.turn import TurnJob  # engine.turn imports dspy (~1.5 s), loaded off the event loop
 
         running.memories = Memories(self.store, running.settings, turn.session_id)
@@ -499,7 +502,8 @@ class TurnRunner:
             settings=running.settings,
             emitter=running.emitter,
             task=turn.task,
-            history=format_history(past, window.max_chars),
+            history=plan.text(),
+            history_plan=plan,
             workspace=workspace.root,
             workspace_manifest=manifest,
             cancel=running.cancel,
@@ -554,6 +558,16 @@ class TurnRunner:
         cause = running.cancel.error()
         assert cause is not None
         return stopped(cause)
+
+    async def _keep_summary(self, running: _Running, job: TurnJob) -> None:
+        """Store the session's new history summary, when the turn wrote one (``compaction``), whatever its outcome."""
+        folded = job.history_plan.folded if job.history_plan is not None else None
+        if folded is None:
+            return
+        try:
+            await self.store.put_history_summary(running.turn.session_id, folded.text, folded.covers, folded.model)
+        except Exception:  # noqa: BLE001 - the turn is not the worse for it: the next one folds again
+            log.exception("turn %s: its history summary could not be stored", running.turn.turn_id)
 
     async def _collect_artifacts(self, running: _Running, job: TurnJob, *, cancelled: bool) -> None:
         """Files new or changed under ``artifacts/`` become artifact records and events.
@@ -644,25 +658,6 @@ class TurnRunner:
         await committed.wait()
         self._running.pop(turn.turn_id, None)
         _release(running.admission)  # a sandbox still stopping frees its slot when it is gone
-
-
-def format_history(turns: list[TurnRow], max_chars: int) -> str:
-    """Earlier turns as the model sees them (``Store.history``), newest kept when over ``max_chars``.
-
-    Turns are numbered in the order given, the order of the notebook's cells, not the order they ran.
-    """
-    if not turns:
-        return ""  # the first turn: the model gets no history input at all
-    blocks = []
-    for number, turn in enumerate(turns, 1):
-        answer = (
-            turn.answer if turn.status == "completed" else f"({turn.status}: {(turn.error or {}).get('message', '')})"
-        )
-        blocks.append(f"--- turn {number} ---\nUser: {turn.task}\nAssistant: {answer}")
-    text = "\n\n".join(blocks)
-    if len(text) > max_chars:
-        text = "... (older turns omitted)\n" + text[-max_chars:]
-    return text
 
 
 def _unseen(task: asyncio.Future[Any]) -> None:

@@ -23,6 +23,7 @@ from fleet_kernel.cancel import CancelToken
 from fleet_kernel.config import Settings
 from fleet_kernel.engine.budget import TurnBudget
 from fleet_kernel.engine.choices import TurnChoices, files_prompt, result_type, schema_prompt
+from fleet_kernel.engine.compaction import HistoryPlan, first_text
 from fleet_kernel.engine.images import ImageChatAdapter, look_tool, turn_images, with_image_queries
 from fleet_kernel.engine.lm import build_lms, explain_lm_error, scrub
 from fleet_kernel.engine.observe import TurnObserver, WatchedPredict
@@ -51,6 +52,9 @@ class FleetTask(dspy.Signature):
 
 
 HISTORY_FIELD = dspy.InputField(desc="earlier turns of this session (task and answer), oldest first")
+HISTORY_SUMMARY_FIELD = dspy.InputField(
+    desc="earlier turns of this session, oldest first: a summary of the older ones, then the latest (task and answer)"
+)
 HISTORY_PROMPT = "Earlier turns of this session are in `history`; the user may refer to them."
 WORKSPACE_FIELD = dspy.InputField(desc="what /workspace holds right now")
 WORKSPACE_PROMPT = (
@@ -87,6 +91,7 @@ class TurnJob:
     notebook_prompt: str = ""  # a %%fleet turn: the notebook's variables, recent cells and tools (kernel.namespace)
     budget: TurnBudget = field(init=False)
     extracting: threading.Event = field(default_factory=threading.Event)  # set: a stopped turn extracts its answer
+    history_plan: HistoryPlan | None = None  # its older turns to fold into the session's summary first (compaction)
 
     def __post_init__(self) -> None:
         self.budget = TurnBudget.for_limits(self.settings.limits, self.cancel)
@@ -232,7 +237,8 @@ def turn_signature(job: TurnJob) -> type[dspy.Signature]:
         parts.append(schema_prompt(choices.output_schema))
     signature: type[Any] = FleetTask.with_instructions("\n\n".join(p for p in parts if p))
     if job.history:
-        signature = signature.append("history", HISTORY_FIELD, type_=str)
+        summarised = job.history_plan is not None and job.history_plan.older > 0
+        signature = signature.append("history", HISTORY_SUMMARY_FIELD if summarised else HISTORY_FIELD, type_=str)
     if job.workspace_manifest:
         signature = signature.append("workspace", WORKSPACE_FIELD, type_=str)
     if choices.output_schema is not None:
@@ -278,6 +284,25 @@ def _extract_after_stop(job: TurnJob, cause: TurnCancelled, observer: TurnObserv
     except BaseException:  # noqa: BLE001 - no answer to give: the turn fails with its stop's error, as before
         log.warning("turn stopped (%s): extracting an answer from its steps failed", reason, exc_info=True)
         return None
+
+
+def _folded_history(job: TurnJob, sub_lm: Any) -> str:
+    """The turn's history, its older turns first folded into the session's summary by one sub-LM call when
+    the window left some behind (``engine/compaction.py``); when that call fails, the history as it stands.
+
+    ``history`` (the text the signature was built for) is never empty when there is something to fold.
+    """
+    plan = job.history_plan
+    if plan is None or not plan.needs_folding:
+        return job.history
+    try:
+        plan.fold(lambda messages: first_text(sub_lm(messages=messages)), getattr(sub_lm, "model", None), job.settings)
+    except TurnCancelled:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the turn goes on without the new summary; the next one tries again
+        log.warning("summarising the session's older turns failed: %s", scrub(str(exc), job.settings)[:500])
+        return job.history
+    return plan.text()
 
 
 def run_turn(job: TurnJob) -> Outcome:
@@ -358,9 +383,10 @@ def _run(job: TurnJob) -> Outcome:
         # adapter: a reply that cannot be parsed is asked again once, with the error (engine/reask.py)
         with dspy.context(lm=root_lm, max_trace_size=0, adapter=ImageChatAdapter(images)):
             observer.enter_root()
+            history = _folded_history(job, sub_lm)
             prediction = rlm(
                 task=job.task,
-                **_present(history=job.history, workspace=job.workspace_manifest),
+                **_present(history=history, workspace=job.workspace_manifest),
                 **{value.name: value for value in job.inputs},
                 interpreter_factory=factory,
             )

@@ -335,9 +335,11 @@ async def cmd_set(ctx: KernelContext, args: list[str]) -> Reply:
 
 
 async def cmd_history(ctx: KernelContext, args: list[str]) -> Reply:
-    """The turns the next turn sees (``Store.history``, as the runner asks it), or forget/restore one."""
+    """What the next turn sees of earlier turns (``compaction.plan_history``, as the runner plans it): the
+    session's summary of the older ones and the latest whole; or forget/restore one turn."""
     # the engine (store, SQLAlchemy) loads after the kernel starts
-    from fleet_kernel.engine.runner import format_history
+    from fleet_kernel.engine.compaction import plan_history, span
+    from fleet_kernel.engine.session_config import session_settings
 
     if args and (args[0] not in HISTORY_ACTIONS or len(args) != 2):
         raise _usage_error("usage: %fleet history [forget|restore <turn_id>] (turn ids are listed by %fleet history)")
@@ -353,20 +355,31 @@ async def cmd_history(ctx: KernelContext, args: list[str]) -> Reply:
         return Reply(
             f"Turn {args[1]} is out of the history the next turns see (undo: %fleet history restore {args[1]})."
         )
-    window = ctx.settings.policy.history
-    turns = await ctx.store.history(ctx.session_id, window=window.window_turns)
+    settings = session_settings(ctx.settings, await ctx.store.get_session(ctx.session_id))
+    plan = await plan_history(ctx.store, ctx.session_id, settings)
+    turns, older = plan.recent, plan.older
     forgotten = [t for t in await ctx.store.list_turns(ctx.session_id) if t.forgotten_at is not None]
-    count = f"{len(turns) or 'no'} earlier turn{'s' * (len(turns) != 1)}"
-    head = [f"The next turn sees {count}" + (", in this order:" if turns else ".")]
-    if turns and len(format_history(turns, window.max_chars)) > window.max_chars:
-        head.append(f"(the oldest text is cut to [history] max_chars = {window.max_chars})")
+    count = f"{len(plan.seen) or 'no'} earlier turn{'s' * (len(plan.seen) != 1)}"
+    if older:
+        count += f": {span(1, older)} summarised by the sub-model, then the latest {len(turns)} whole"
+    head = [f"The next turn sees {count}" + (", in this order:" if plan.seen else ".")]
+    if plan.summary is not None:
+        written = f"{plan.summary.model or 'the sub-model'}, {plan.summary.updated_at:%Y-%m-%d %H:%M} UTC"
+        head.append(f"Summary of {span(1, plan.covered)} (written by {written}):")
+        head.extend(f"    {line.strip()}" for line in plan.summary.text.splitlines() if line.strip())
+    if plan.stale is not None:
+        head.append("(the stored summary covers a turn since re-run or forgotten: the next turn rebuilds it)")
+    if plan.covered < older:
+        head.append(f"(the next turn first adds {span(plan.covered + 1, older)} to the summary)")
+    if turns and len(plan.text()) > plan.window.chars:
+        head.append(f"(the oldest text is cut to the history's {plan.window.chars} characters, [history] max_chars)")
     lines, rows = list(head), []
-    for number, turn in enumerate(turns, 1):
+    for number, turn in enumerate(turns, older + 1):
         cell = f"cell {turn.cell_id[:8]}" if turn.cell_id else "no cell"
         task, answer = _line(turn.task), _line(turn.answer or "" if turn.status == "completed" else f"({turn.status})")
         lines.append(f"{number:>3}. {turn.turn_id}  {cell:<13}  {task} -> {answer}")
         rows.append(f"| {number} | `{turn.turn_id}` | {_md(cell)} | {_md(task)} | {_md(answer)} |")
-    markdown = "\n".join(_md(line) for line in head)
+    markdown = "\n".join(f"> {_md(line.strip())}" if line.startswith("    ") else _md(line) for line in head)
     if rows:
         markdown += "\n\n| # | turn | cell | task | answer |\n|---|---|---|---|---|\n" + "\n".join(rows)
     if forgotten:

@@ -2,8 +2,8 @@
 
 Split by concern: ``connection`` (engines, SQLite tuning, health), ``sessions``, ``turns`` (claims,
 leases, cancellation, ending abandoned turns), ``events`` (the log) and ``files`` (attachments,
-artifacts, blobs), ``memories`` and ``feedback``. Every process that runs or watches turns opens its own
-``Store`` on the same URL.
+artifacts, blobs), ``memories``, ``feedback`` and ``summaries`` (history summaries). Every process
+that runs or watches turns opens its own ``Store`` on the same URL.
 The store writes no event itself: the engine's one writer does (see ``turns``).
 """
 
@@ -20,12 +20,14 @@ from fleet_kernel.store.models import (
     ArtifactRow,
     AttachmentRow,
     FeedbackRow,
+    HistorySummaryRow,
     MemoryRow,
     SessionRow,
     TurnRow,
     new_id,
     utcnow,
 )
+from fleet_kernel.store.summaries import HistoryRead, SummaryStore
 from fleet_kernel.store.turns import HUNG_AFTER, LEASE, PROCESS_OWNER, Claim, EndedTurn, TurnStore
 
 __all__ = [
@@ -38,6 +40,8 @@ __all__ = [
     "Claim",
     "EndedTurn",
     "FeedbackRow",
+    "HistoryRead",
+    "HistorySummaryRow",
     "MemoryRow",
     "SessionRow",
     "Store",
@@ -50,8 +54,9 @@ __all__ = [
 ]  # fmt: skip
 
 
-class Store(TurnStore, EventStore, FileStore, MemoryStore, FeedbackStore):
-    """Sessions, turns, events, attachments, artifacts, blobs, memories and feedback over one async engine."""
+class Store(TurnStore, EventStore, FileStore, MemoryStore, FeedbackStore, SummaryStore):
+    """Sessions, turns, events, attachments, artifacts, blobs, memories, feedback and history summaries over
+    one async engine."""
 
 
 # Every public coroutine method of the store runs to completion once started (see ``uninterrupted``).

@@ -233,3 +233,17 @@ class FeedbackRow(Base):
             "created_at": iso(self.created_at),
             "updated_at": iso(self.updated_at),
         }
+
+
+class HistorySummaryRow(Base):
+    """A session's rolling summary of the turns past its history window (``engine/compaction.py``), with the
+    ids of the turns it covers, oldest first: it stands only while they are still the first turns its
+    history sees."""
+
+    __tablename__ = "history_summaries"
+
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.session_id", ondelete="CASCADE"), primary_key=True)
+    text: Mapped[str] = mapped_column(Text)
+    covers: Mapped[list[str]] = mapped_column(JSON)
+    model: Mapped[str | None] = mapped_column(String(200))  # the sub-model that wrote it
+    updated_at: Mapped[datetime]

@@ -242,7 +242,7 @@ class TurnStore(SessionStore):
 
     async def lineage(self, session_id: str, *, before_position: int | None = None) -> Lineage:
         """The cells of the session's turns (before ``before_position``, when given). Raises ``NotFoundError``."""
-        return await self._read(lambda s: _lineage(s, session_id, before_position))
+        return await self._read(lambda s: lineage_of(s, session_id, before_position))
 
     async def history(self, session_id: str, *, window: int, before_position: int | None = None) -> list[TurnRow]:
         """The last ``window`` turns a turn at ``before_position`` sees (default: the next turn), in the
@@ -251,15 +251,15 @@ class TurnStore(SessionStore):
             return []
 
         def read(s: Session) -> list[TurnRow]:
-            seen = _lineage(s, session_id, before_position).history()[-window:]
-            return _rows_in_order(s, [line.turn_id for line in seen])
+            seen = lineage_of(s, session_id, before_position).history()[-window:]
+            return rows_in_order(s, [line.turn_id for line in seen])
 
         return await self._read(read)
 
     async def standing_turns(self, session_id: str) -> list[TurnRow]:
         """One turn per cell, as the notebook stands (see ``Lineage.standing``)."""
         return await self._read(
-            lambda s: _rows_in_order(s, [line.turn_id for line in _lineage(s, session_id).standing()])
+            lambda s: rows_in_order(s, [line.turn_id for line in lineage_of(s, session_id).standing()])
         )
 
     async def set_in_history(self, session_id: str, turn_id: str, in_history: bool) -> TurnRow:
@@ -274,7 +274,7 @@ class TurnStore(SessionStore):
         def update(s: Session) -> TurnRow:
             row = _turn_of(s, turn_id, session_id)
             if in_history:
-                why = _lineage(s, session_id).why_not_seen(turn_id)
+                why = lineage_of(s, session_id).why_not_seen(turn_id)
                 if why is not None:
                     raise ConflictError(f"{why}; it cannot be put back into the history", code="not_restorable")
                 row.forgotten_at = None
@@ -384,7 +384,7 @@ def _turn_of(s: Session, turn_id: str, session_id: str | None) -> TurnRow:
     return row
 
 
-def _lineage(s: Session, session_id: str, before_position: int | None = None) -> Lineage:
+def lineage_of(s: Session, session_id: str, before_position: int | None = None) -> Lineage:
     session_of(s, session_id)
     query = select(
         TurnRow.turn_id, TurnRow.position, TurnRow.status, TurnRow.cell_id,
@@ -395,7 +395,7 @@ def _lineage(s: Session, session_id: str, before_position: int | None = None) ->
     return Lineage(TurnLine(*row) for row in s.execute(query))
 
 
-def _rows_in_order(s: Session, turn_ids: list[str]) -> list[TurnRow]:
+def rows_in_order(s: Session, turn_ids: list[str]) -> list[TurnRow]:
     if not turn_ids:
         return []
     rows = {row.turn_id: row for row in s.scalars(select(TurnRow).where(TurnRow.turn_id.in_(turn_ids)))}

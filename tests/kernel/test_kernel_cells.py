@@ -144,3 +144,20 @@ def test_turns_without_a_cell_id_keep_the_append_only_history(kernel: Kernel, sc
     history = last_history(scripted_lm)
     assert "apple-one" in history and "apple-two" in history
     assert json.dumps(scripted_lm.requests[-1]).count("alpha: name a fruit") == 2
+
+
+def test_history_shows_the_summary_of_turns_past_the_window(
+    start_kernel: Any, scripted_lm: ScriptedLM, tmp_path: Path
+) -> None:
+    config = tmp_path / "window.toml"
+    config.write_text("[history]\nwindow_turns = 1\n")
+    kernel = start_kernel(FLEET_CONFIG=str(config))
+    scripted_lm.sub = lambda prompt: "Notes: the budget is 300 EUR." if "Turns to add" in prompt else "sub"
+    for n, task in enumerate(["our budget is 300 EUR", "pick a hotel", "book it"], 1):
+        answer(scripted_lm, f"ok {n}")
+        run_cell(kernel, task, f"cell-{n}")
+    shown = kernel.run("%fleet history").text()
+    assert "The next turn sees 3 earlier turns: turns 1-2 summarised by the sub-model, then the latest 1 whole" in shown
+    assert "Summary of turn 1 (written by openai/scripted" in shown and "Notes: the budget is 300 EUR." in shown
+    assert "(the next turn first adds turn 2 to the summary)" in shown
+    assert "3. " in shown and "book it -> ok 3" in shown
