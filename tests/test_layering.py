@@ -40,6 +40,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "fleet_kernel.events",
             "fleet_kernel.config",
             "fleet_kernel.tool_config",
+            "fleet_kernel.rich_out",
             "fleet_kernel.workspace",
             "fleet_kernel.skills",
             "fleet_kernel.telemetry",
