@@ -100,7 +100,7 @@ def _otel_env(url: str, experiment_id: str) -> dict[str, str]:
 def _traces(client: Any, experiment_id: str, count: int, chats: int = 0) -> list[Any]:
     """The experiment's traces once ``count`` of them are whole: the root span, ``chats`` LM spans, and
     MLflow's token totals caught up with those spans (span batches can be ingested after the root's)."""
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 300
     while True:
         traces = client.search_traces(locations=[experiment_id])
         complete = [t for t in traces if any(s.parent_id is None for s in t.data.spans) and _ingested(t, chats)]
