@@ -73,14 +73,16 @@ def known_context(model: str) -> int | None:
     """The model's context length in tokens as LiteLLM's model map has it, or None (unknown, a replay)."""
     if not model or model.startswith(REPLAY):
         return None
-    try:
-        import litellm  # loaded with dspy already on a turn's path; slow to import cold
+    import litellm  # loaded with dspy already on a turn's path; slow to import cold
 
-        info: dict[str, Any] = dict(litellm.get_model_info(model))
-    except Exception:  # noqa: BLE001 - LiteLLM raises several kinds for a model it does not map
-        return None
-    value = info.get("max_input_tokens") or info.get("max_tokens")
-    return int(value) if isinstance(value, int) and value > 0 else None
+    # The static map only: ``litellm.get_model_info`` asks an ollama server itself (``/api/show``), which
+    # would contact an endpoint the operator never configured before the model's policy is checked.
+    for name in (model, model.split("/", 1)[-1]):
+        info: dict[str, Any] = litellm.model_cost.get(name) or {}
+        value = info.get("max_input_tokens") or info.get("max_tokens")
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 SERVER_TIMEOUT_S = 2.0
