@@ -191,10 +191,10 @@ def test_lab_shows_a_fleet_cell_of_a_python_notebook_live_then_its_transcript(
             # live: the widget card (no Stop button: the kernel's interrupt stops a turn here)
             expect(output.locator(".widget-html", has_text="Fleet")).to_be_visible(timeout=120_000)
             expect(output).to_contain_text("tick 1", timeout=120_000)
-            expect(page.locator(".widget-button")).to_have_count(0)
+            expect(output.locator(".widget-button", has_text="Stop")).to_have_count(0)
             page.screenshot(path=str(shots / "magic-live.png"))
             expect(page.locator(".fleet-transcript")).to_contain_text("counted to eight", timeout=120_000)
-            expect(cell[1].locator(".widget-button", has_text="bad")).to_be_visible()  # the feedback bar
+            expect(cell[1].locator(".widget-button", has_text="bad")).to_be_visible(timeout=60_000)  # feedback bar
             cell[2].locator(".cm-content").click()
             page.keyboard.press("Shift+Enter")
             expect(cell[2].locator(".jp-OutputArea-output")).to_contain_text("COUNTED TO **EIGHT**", timeout=120_000)
