@@ -105,7 +105,11 @@ class TurnCreate(_Request):
     )
     output_schema: dict[str, Any] | None = Field(
         None,
-        description="a JSON Schema object of plain types; the model must submit a `result` that satisfies it",
+        description=(
+            "a JSON Schema object of plain types; the model must submit a `result` that satisfies it. A "
+            'property {"type": "string", "format": "artifact"} takes the path of a file the turn saved under '
+            "artifacts/; the result carries a reference to that artifact in its place"
+        ),
         json_schema_extra={
             "example": {"type": "object", "properties": {"total": {"type": "number"}}, "required": ["total"]}
         },
@@ -203,7 +207,11 @@ class Turn(BaseModel):
     answer: str | None
     error: dict[str, Any] | None
     usage: dict[str, Any] | None
-    result: Any = Field(None, description="the validated value for the turn's output_schema; null without one")
+    result: Any = Field(
+        None,
+        description="the validated value for the turn's output_schema (artifact paths replaced by artifact "
+        "references); null without one",
+    )
     started_at: str
     finished_at: str | None
     extracted: bool = Field(

@@ -133,6 +133,12 @@ class FleetMagics(Magics):
         words = line.split()
         if words and words[0] in ("context", "tools"):  # the notebook's own commands: this magic holds them
             text = self._context(words[1:]) if words[0] == "context" else self._tools(words[1:])
+            if words == ["tools"]:  # then the host tools of fleet.toml, as the fleet kernel lists them
+                try:
+                    host = self.engine.wait(self.engine.submit(commands.run_line(ctx, f"{commands.PREFIX} tools")))
+                except Exception as exc:
+                    raise _as_error(exc) from None
+                text += "\n" + host.text
             show_reply(pub, commands.Reply(text), text_mode=ctx.live_mode() == "text")
             return
         ctx.progress = ProgressLine(pub, text_mode=ctx.live_mode() == "text")

@@ -290,7 +290,7 @@ def result_type(schema: dict[str, Any], *, should_stop: StopCheck | None = None)
     validator = _validator(schema, should_stop)
 
     def check(value: dict[str, Any]) -> dict[str, Any]:
-        problem = describe_errors(validator, value, should_stop)
+        problem = describe_errors(validator, value, should_stop) or artifact_path_errors(schema, value)
         if problem:
             raise ValueError(problem)
         return value
@@ -305,6 +305,111 @@ def result_type(schema: dict[str, Any], *, should_stop: StopCheck | None = None)
             return dict(schema)
 
     return TurnResult
+
+
+ARTIFACT_FORMAT = "artifact"
+"""``{"type": "string", "format": "artifact"}`` in an output schema: the model submits the workspace path of a
+file it saved under ``artifacts/``, and the turn's ``result`` carries a reference to that artifact instead."""
+
+
+def has_artifacts(schema: dict[str, Any]) -> bool:
+    """Whether any property of ``schema`` is declared an artifact."""
+    if schema.get("format") == ARTIFACT_FORMAT:
+        return True
+    subs = [*(schema.get("properties") or {}).values(), schema.get("items"), schema.get("additionalProperties")]
+    return any(isinstance(sub, dict) and has_artifacts(sub) for sub in subs)
+
+
+def map_artifacts(schema: dict[str, Any], value: Any, fn: Callable[[str, str], Any], where: str = "result") -> Any:
+    """``value`` with each string the schema declares an artifact replaced by ``fn(where, string)``."""
+    if schema.get("format") == ARTIFACT_FORMAT and isinstance(value, str):
+        return fn(where, value)
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        out = {}
+        for key, item in value.items():
+            sub = props.get(key, extra if isinstance(extra, dict) else None)
+            out[key] = map_artifacts(sub, item, fn, f"{where}[{key!r}]") if isinstance(sub, dict) else item
+        return out
+    items = schema.get("items")
+    if isinstance(value, list) and isinstance(items, dict):
+        return [map_artifacts(items, item, fn, f"{where}[{i}]") for i, item in enumerate(value)]
+    return value
+
+
+def artifact_path(text: str) -> str | None:
+    """A submitted artifact path as the workspace names it (``artifacts/...``), or None when it is not one.
+    ``/workspace/artifacts/x`` and ``artifacts/x`` are the same file; ``..`` is refused."""
+    path = PurePosixPath(text.strip())
+    if path.is_absolute():
+        if path.parts[:2] != ("/", "workspace"):
+            return None
+        path = PurePosixPath(*path.parts[2:]) if len(path.parts) > 2 else PurePosixPath(".")
+    parts = path.parts
+    if len(parts) < 2 or parts[0] != "artifacts" or ".." in parts:
+        return None
+    return path.as_posix()
+
+
+def artifact_path_errors(schema: dict[str, Any], value: Any) -> str | None:
+    """Why an artifact value of ``value`` is not a path under ``artifacts/`` (the model can fix it), or None."""
+    problems: list[str] = []
+
+    def check(where: str, text: str) -> str:
+        if artifact_path(text) is None:
+            problems.append(
+                f"{where}: {_short(text)} is not a file under artifacts/: save the file under "
+                "/workspace/artifacts/ and submit its path, such as 'artifacts/table.parquet'"
+            )
+        return text
+
+    map_artifacts(schema, value, check)
+    return "; ".join(problems[:MAX_ERRORS_SHOWN]) or None
+
+
+class MissingArtifact(Exception):
+    """A result names an artifact path this turn did not save."""
+
+
+def resolve_artifacts(schema: dict[str, Any], result: Any, saved: dict[str, dict[str, Any]]) -> Any:
+    """``result`` with each artifact path replaced by its artifact reference (``saved``: this turn's
+    artifacts by workspace path, as ``artifact_ref`` makes them).
+
+    Raises:
+        MissingArtifact: a path that names no artifact of this turn, saying what must be saved where.
+    """
+    missing: list[str] = []
+
+    def resolve(where: str, text: str) -> Any:
+        path = artifact_path(text)
+        ref = saved.get(path) if path is not None else None
+        if ref is None:
+            missing.append(f"{where}: {_short(text)}")
+            return text
+        return ref
+
+    resolved = map_artifacts(schema, result, resolve)
+    if missing:
+        raise MissingArtifact(
+            "the result names files that are not artifacts of this turn: "
+            + "; ".join(missing[:MAX_ERRORS_SHOWN])
+            + ". A value of format 'artifact' must be the path of a file the turn saved (new or changed) under "
+            f"/workspace/artifacts/; this turn saved {', '.join(sorted(saved)) or 'none'}"
+        )
+    return resolved
+
+
+def artifact_ref(artifact_id: str, path: str, mime: str, size: int, sha256: str) -> dict[str, Any]:
+    """What a result carries for an artifact: its record and where its bytes are served."""
+    return {
+        "artifact_id": artifact_id,
+        "path": path,
+        "mime": mime,
+        "size": size,
+        "sha256": sha256,
+        "url": f"/api/artifacts/{artifact_id}/content",
+    }
 
 
 def files_prompt(files: list[TurnFile]) -> str:
@@ -326,8 +431,15 @@ def files_prompt(files: list[TurnFile]) -> str:
 
 
 def schema_prompt(schema: dict[str, Any]) -> str:
-    return (
+    text = (
         "This turn must also return a structured `result`: SUBMIT(answer=..., result=...) where `result` is a "
         "dict that satisfies this JSON Schema (a value that does not is returned to you as an error to fix):\n"
         + json.dumps(schema, ensure_ascii=False)
     )
+    if has_artifacts(schema):
+        text += (
+            '\nA value with "format": "artifact" is a file: save it under /workspace/artifacts/ in this turn '
+            "(a table as Parquet or CSV, an image as PNG, ...) and give its path there, such as "
+            "'artifacts/table.parquet'; the user receives the file."
+        )
+    return text

@@ -219,6 +219,17 @@ class HostTools:
                 failed[server] = str(exc)
         return tools, failed
 
+    def describe(self) -> list[str]:
+        """``listing`` as lines for a person (``%fleet tools``): signature, source, the docstring's first
+        line; then a line for each MCP server left out. Empty when nothing is configured."""
+        tools, failed = self.listing()
+        lines = []
+        for tool in tools:
+            doc = tool.docstring.strip().splitlines()[0] if tool.docstring.strip() else ""
+            lines.append(f"{tool.signature}  [{tool.source}]" + (f"  {doc}" if doc else ""))
+        lines.extend(f"MCP server {name!r} left out: {why}" for name, why in failed.items())
+        return lines
+
     def select(self, names: list[str] | tuple[str, ...] | None) -> list[HostTool]:
         """The tools a turn uses: all (``names`` None), else those named, in order.
 

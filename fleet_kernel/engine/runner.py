@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Coroutine, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from fleet_kernel import safe_files
@@ -431,7 +431,8 @@ class TurnRunner:
                 running.collecting = True  # a cancel from here on stops the collection (see ``cancel``)
                 if running.memories is not None and running.memories.changed:
                     await running.memories.mirror()  # after the sandbox handed its copy of the workspace back
-                await self._collect_artifacts(running, job, cancelled=outcome.status == "cancelled")
+                saved = await self._collect_artifacts(running, job, cancelled=outcome.status == "cancelled")
+                outcome = _with_artifact_refs(outcome, job, saved)
                 if running.late is not None and outcome.status == "completed":
                     outcome = Outcome("cancelled", reason=running.late, usage=outcome.usage)
         except Exception as exc:  # noqa: BLE001 - report any engine failure as turn.failed
@@ -569,8 +570,11 @@ class TurnRunner:
         except Exception:  # noqa: BLE001 - the turn is not the worse for it: the next one folds again
             log.exception("turn %s: its history summary could not be stored", running.turn.turn_id)
 
-    async def _collect_artifacts(self, running: _Running, job: TurnJob, *, cancelled: bool) -> None:
-        """Files new or changed under ``artifacts/`` become artifact records and events.
+    async def _collect_artifacts(
+        self, running: _Running, job: TurnJob, *, cancelled: bool
+    ) -> dict[str, dict[str, Any]]:
+        """Files new or changed under ``artifacts/`` become artifact records and events; returns the
+        references (``choices.artifact_ref``) of those collected, by workspace path.
 
         Sizes are checked before anything is read, each file is read and hashed through one descriptor
         opened without following links, and collection stops at the turn's deadline, or a grace period
@@ -586,9 +590,10 @@ class TurnRunner:
             return time.monotonic() > deadline or running.late is not None
 
         workspace = Workspace(job.workspace)
+        saved: dict[str, dict[str, Any]] = {}
         found = await asyncio.to_thread(workspace.files, "artifacts")
         if not found:  # most turns: no store read at all
-            return
+            return saved
         known = await self.store.latest_artifact_digests(turn.session_id)
         added = 0
         for path, st in found:
@@ -622,6 +627,8 @@ class TurnRunner:
             running.emitter.emit(
                 Artifact(artifact_id=row.artifact_id, path=row.path, mime=row.mime, size=row.size, sha256=row.sha256)
             )
+            saved[row.path] = turn_choices.artifact_ref(row.artifact_id, row.path, row.mime, row.size, row.sha256)
+        return saved
 
     async def _finish(self, running: _Running, outcome: Outcome, duration_ms: float) -> None:
         turn = running.turn
@@ -658,6 +665,22 @@ class TurnRunner:
         await committed.wait()
         self._running.pop(turn.turn_id, None)
         _release(running.admission)  # a sandbox still stopping frees its slot when it is gone
+
+
+def _with_artifact_refs(outcome: Outcome, job: TurnJob, saved: dict[str, dict[str, Any]]) -> Outcome:
+    """A completed turn's result with its artifact paths (``"format": "artifact"`` in the output schema)
+    replaced by references to the artifacts this turn saved there; failed when one names no such artifact."""
+    schema = job.choices.output_schema
+    if outcome.status != "completed" or schema is None or outcome.result is None:
+        return outcome
+    if not turn_choices.has_artifacts(schema):
+        return outcome
+    try:
+        result = turn_choices.resolve_artifacts(schema, outcome.result, saved)
+    except turn_choices.MissingArtifact as exc:
+        error = {"type": "result_artifact_missing", "message": str(exc)}
+        return Outcome("failed", error=error, usage=outcome.usage)
+    return replace(outcome, result=result)
 
 
 def _unseen(task: asyncio.Future[Any]) -> None:

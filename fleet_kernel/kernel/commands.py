@@ -13,6 +13,7 @@
     %fleet set [name [value]]                        show or set a parameter: {name} in later cells is its value
     %fleet skill [list | show N | use N... | clear]  list skill cards, read one, put up to 4 in the next turns' prompt
     %fleet skill trust [off]                         use (or stop using) the cards of ./.fleet/skills of this folder
+    %fleet tools                                     the host tools of fleet.toml ([[tools]], MCP) turns may call
     %fleet history [forget|restore <turn_id>]        what the next turn sees of earlier turns; take one out or back
     %fleet eval DATA [--model M].. [--repeat N]      score a data set on models (--concurrency K --judge M --out D)
     %fleet feedback [good|bad [note] | add F.jsonl]  show or mark the last turn's answer (--turn ID); add to a data set
@@ -417,6 +418,17 @@ def _eval_options(args: list[str]) -> dict[str, Any]:
     return options
 
 
+async def cmd_tools(ctx: KernelContext, args: list[str]) -> Reply:
+    """The host tools turns may call, as ``GET /api/tools`` lists them (listing starts the MCP servers)."""
+    if args:
+        raise _usage_error("usage: %fleet tools")
+    runner = await ctx.open()
+    lines = await asyncio.to_thread(runner.host_tools.describe)
+    if not lines:
+        return Reply("No host tools: add [[tools]] or [[mcp.servers]] to fleet.toml (docs/configuration.md).")
+    return Reply("Host tools (fleet.toml):\n" + "\n".join(f"  {line}" for line in lines))
+
+
 async def cmd_eval(ctx: KernelContext, args: list[str]) -> Reply:
     """Run a data set on each model, each run in a fresh session of this store (the kernel's session is kept)."""
     if not args or args[0].startswith("--"):
@@ -569,6 +581,7 @@ COMMANDS: dict[str, Handler] = {
     "set": cmd_set,
     "skill": cmd_skill,
     "history": cmd_history,
+    "tools": cmd_tools,
     "eval": cmd_eval,
     "feedback": cmd_feedback,
 }

@@ -250,3 +250,49 @@ def test_bad_choices_are_422(client: httpx.Client, session_id: str, project_skil
     post(limits={"timeout_s": 0})
     assert client.get(f"/api/sessions/{session_id}/turns").json()["turns"] == []  # nothing was started
     assert_error(client.post("/api/sessions/ses_missing/turns", json={"task": "t", "attachment_ids": ["a"]}), 404)
+
+
+TABLE_SCHEMA = {
+    "type": "object",
+    "properties": {"table": {"type": "string", "format": "artifact"}, "rows": {"type": "integer"}},
+    "required": ["table", "rows"],
+}
+SAVE_TABLE = "open('/workspace/artifacts/table.csv', 'w').write('port,ships\\nBergen,3\\nLisbon,5\\nOslo,1\\n')"
+
+
+def test_a_typed_result_references_an_artifact(client: httpx.Client, session_id: str, scripted_lm: ScriptedLM) -> None:
+    scripted_lm.add("tabulate the ports", [
+        step("Submit a path outside artifacts/.", "SUBMIT(answer='Saved.', result={'table': 'table.csv', 'rows': 3})"),
+        step("Save the table.", SAVE_TABLE),
+        step("Submit its path.", "SUBMIT(answer='Saved.', result={'table': 'artifacts/table.csv', 'rows': 3})"),
+    ])  # fmt: skip
+    frames = start(client, session_id, "tabulate the ports", output_schema=TABLE_SCHEMA)
+    assert frames[-1].event == "turn.completed", frames[-1].data
+    result = frames[-1].envelope["data"]["result"]
+    (saved,) = data(frames, "artifact")
+    assert result["rows"] == 3
+    assert result["table"] == {**{k: saved[k] for k in ("artifact_id", "path", "mime", "size", "sha256")},
+                               "url": f"/api/artifacts/{saved['artifact_id']}/content"}  # fmt: skip
+    assert result["table"]["path"] == "artifacts/table.csv"
+    assert client.get(result["table"]["url"]).text == "port,ships\nBergen,3\nLisbon,5\nOslo,1\n"
+    turn = client.get(f"/api/sessions/{session_id}/turns/{frames[0].envelope['turn_id']}").json()
+    assert turn["result"] == result
+    first, second, *_ = prompts(scripted_lm, "tabulate the ports")
+    assert '"format": "artifact"' in first and "save it under /workspace/artifacts/" in first  # told the convention
+    assert "result['table']: 'table.csv' is not a file under artifacts/" in second  # and what to fix
+
+
+def test_a_result_naming_no_artifact_fails_readably(
+    client: httpx.Client, session_id: str, scripted_lm: ScriptedLM
+) -> None:
+    scripted_lm.add("tabulate nothing", [
+        step("Submit a file never saved.", "SUBMIT(answer='Saved.', result={'table': 'artifacts/none.csv', 'rows': 0})"),
+    ])  # fmt: skip
+    frames = start(client, session_id, "tabulate nothing", output_schema=TABLE_SCHEMA)
+    assert frames[-1].event == "turn.failed", frames[-1].data
+    error = frames[-1].envelope["data"]["error"]
+    assert error["type"] == "result_artifact_missing"
+    assert "result['table']: 'artifacts/none.csv'" in error["message"]
+    assert "saved (new or changed) under /workspace/artifacts/" in error["message"]
+    turn = client.get(f"/api/sessions/{session_id}/turns/{frames[0].envelope['turn_id']}").json()
+    assert turn["status"] == "failed" and turn["result"] is None
