@@ -166,6 +166,7 @@ class Pool:
     def _start(self, limits: SandboxLimits, count: int) -> None:
         """Start ``count`` workers together (they boot in parallel, on every core), then keep the ready ones."""
         booting: list[ProcessSession] = []
+        filtered = _filtered()  # what these workers start under: kept only while the pool still asks for it
         for _ in range(count):
             if _slots.someone_waits():  # a free slot is for the sandbox waiting for it
                 self._full_at = time.monotonic()
@@ -189,7 +190,12 @@ class Pool:
                 self._failed(exc)
                 continue
             with self._wake:
-                keep = not self._closed and limits == self._limits and len(self._ready) < self.size
+                keep = (
+                    not self._closed
+                    and limits == self._limits
+                    and filtered == self._filtered
+                    and len(self._ready) < self.size
+                )
                 if keep:
                     self._ready.append(worker)
                     self.started += 1

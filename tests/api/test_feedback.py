@@ -83,7 +83,8 @@ def test_a_turn_marked_good_joins_a_data_set(
     served = client.get("/api/feedback/dataset", params={"session_id": session_id})
     assert served.status_code == 200, served.text
     assert served.json()["tasks"] == [json.loads(dataset.read_text())]
-    assert client.get("/api/feedback/dataset").json() == served.json()  # every session's: the same here
+    everything = client.get("/api/feedback/dataset").json()["tasks"]  # every session's (a shared store has more)
+    assert all(task in everything for task in served.json()["tasks"])
     scripted_lm.add("capital of Peru", [step("Lima.", "SUBMIT(answer='Lima')")])
     report = client.post("/api/evals", json=served.json(), timeout=120)
     assert report.status_code == 200, report.text
@@ -92,6 +93,6 @@ def test_a_turn_marked_good_joins_a_data_set(
     client.post(f"/api/sessions/{session_id}/turns/{bad}/feedback", json={"rating": "good"})
     (latest,) = client.get("/api/feedback/dataset", params={"limit": 1}).json()["tasks"]
     assert (latest["id"], latest["expected"]) == (bad, "Paris")
-    assert len(client.get("/api/feedback/dataset").json()["tasks"]) == 2
+    assert len(client.get("/api/feedback/dataset", params={"session_id": session_id}).json()["tasks"]) == 2
     assert_error(client.get("/api/feedback/dataset", params={"limit": 0}), 422)
     assert_error(client.get("/api/feedback/dataset", params={"session_id": "sess_nope"}), 404)
