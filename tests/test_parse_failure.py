@@ -4,26 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from one_turn import one_turn as _turn
 from scripted_lm import ScriptedLM
 
-from fleet_kernel.config import load_settings
-from fleet_kernel.engine import TurnRunner
-from fleet_kernel.events import Event
 from fleet_kernel.store import Store
 
 CUT_REPLY = "[[ ## reasoning ## ]]\nFirst I will read data/sales.csv and sum the units by region, then"
-
-
-async def _turn(store: Store, fleet_env: dict[str, str], tmp_path: Path, task: str, toml: str = "") -> list[Event]:
-    config = tmp_path / "fleet.toml"
-    config.write_text(toml, encoding="utf-8")
-    runner = await TurnRunner(store, load_settings({**fleet_env, "FLEET_CONFIG": str(config)})).open()
-    try:
-        session = await store.create_session()
-        handle = await runner.start(session.session_id, task)
-        return [event async for event in handle.events()]
-    finally:
-        await runner.close()
 
 
 async def test_a_reply_cut_at_max_tokens_shows_what_the_model_said_and_the_key(

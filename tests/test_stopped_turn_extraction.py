@@ -9,28 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from one_turn import one_turn as _turn
 from scripted_lm import ScriptedLM, step
 
-from fleet_kernel.config import load_settings
-from fleet_kernel.engine import TurnRunner
-from fleet_kernel.events import Event
 from fleet_kernel.store import Store
 from fleet_kernel.transcript import render_text
 from fleet_kernel.view import TurnView
 
 EXTRACT_KEY = "extract the final outputs now"  # in dspy.RLM's extract prompt only
-
-
-async def _turn(store: Store, fleet_env: dict[str, str], tmp_path: Path, task: str, toml: str) -> list[Event]:
-    config = tmp_path / "fleet.toml"
-    config.write_text(toml, encoding="utf-8")
-    runner = await TurnRunner(store, load_settings({**fleet_env, "FLEET_CONFIG": str(config)})).open()
-    try:
-        session = await store.create_session()
-        handle = await runner.start(session.session_id, task)
-        return [event async for event in handle.events()]
-    finally:
-        await runner.close()
 
 
 async def test_a_turn_at_its_deadline_ends_with_the_answer_extracted_from_its_steps(
