@@ -3,6 +3,7 @@
 # once on SQLite, then the store and API suites again on PostgreSQL.
 #   scripts/test.sh [PYTEST ARGS...]   e.g. tests/test_store.py, or -k history (then no PostgreSQL pass)
 #   scripts/test.sh --check            run nothing: check the set-up and the tools the run uses
+#   FLEET_TEST_WORKERS (cores + 1)      parallel pytest workers (pytest-xdist); -n 0 in the args runs serially
 # Needs root (or sudo): it installs system packages (scripts/setup.sh with FLEET_SETUP_TEST=1) and, on
 # Debian's PostgreSQL cluster, creates the role and database fleet_test (a new password each run; the
 # postgres user is left as it is). Each set-up step prints how long it took; skipped tests say why.
@@ -11,10 +12,12 @@ cd "$(dirname "$0")/.."
 source scripts/common.sh
 
 PG_ROLE=fleet_test
-PYTEST=("$PY" -m pytest -q -rs -p no:cacheprovider)
+# Tests mostly wait (kernels starting, servers, sandboxes), so one more worker than cores keeps them busy.
+WORKERS=${FLEET_TEST_WORKERS:-$(($(nproc) + 1))}
+PYTEST=("$PY" -m pytest -q -rs -p no:cacheprovider -n "$WORKERS" --dist worksteal)
 
 if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then
-  sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
   exit 0
 fi
 if [[ "${1:-}" == --check ]]; then
@@ -30,6 +33,7 @@ as_postgres() {
 }
 
 # The first cluster of Debian's PostgreSQL, started, with this suite's own role and a fresh database.
+# Each pytest worker gets a database of its own, named after it (fleet_test_gw0, ...; tests/conftest.py).
 # Prints the database URL, or nothing when there is no cluster to use.
 start_postgres() {
   command -v pg_lsclusters >/dev/null 2>&1 || return 0
@@ -44,8 +48,11 @@ start_postgres() {
 SELECT 'CREATE ROLE $PG_ROLE' WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_ROLE')\gexec
 ALTER ROLE $PG_ROLE WITH LOGIN PASSWORD '$password';
 SQL
-  as_postgres dropdb -p "$port" --if-exists "$PG_ROLE" 2>/dev/null
-  as_postgres createdb -p "$port" -O "$PG_ROLE" "$PG_ROLE"
+  local db
+  for db in "$PG_ROLE" $(seq -f "${PG_ROLE}_gw%g" 0 $((WORKERS - 1))); do
+    as_postgres dropdb -p "$port" --if-exists "$db" 2>/dev/null
+    as_postgres createdb -p "$port" -O "$PG_ROLE" "$db"
+  done
   echo "postgresql+asyncpg://$PG_ROLE:$password@127.0.0.1:$port/$PG_ROLE"
 }
 

@@ -24,6 +24,14 @@ TEST_SETTINGS = ("FLEET_TEST_DATABASE_URL", "FLEET_RLM_CLIENT_DIR")
 for _var in [v for v in os.environ if v.startswith(("FLEET_", "OPENAI_", "ANTHROPIC_", "DAYTONA_"))]:
     if _var not in TEST_SETTINGS:
         os.environ.pop(_var)
+# Under pytest-xdist each worker has a PostgreSQL database of its own (scripts/test.sh makes fleet_test_gw0, ...),
+# so one worker's migrations and sessions never meet another's.
+if os.environ.get("FLEET_TEST_DATABASE_URL") and os.environ.get("PYTEST_XDIST_WORKER"):
+    from sqlalchemy.engine import make_url
+
+    _url = make_url(os.environ["FLEET_TEST_DATABASE_URL"])
+    _url = _url.set(database=f"{_url.database}_{os.environ['PYTEST_XDIST_WORKER']}")
+    os.environ["FLEET_TEST_DATABASE_URL"] = _url.render_as_string(hide_password=False)
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 

@@ -27,7 +27,7 @@ async def test_a_turn_at_its_deadline_ends_with_the_answer_extracted_from_its_st
         step("Count.", "print('count is 42')"),
         step("Check again slowly.", "import time\ntime.sleep(60)"),
     ])  # fmt: skip
-    events = await _turn(store, fleet_env, tmp_path, "count it", "[limits]\nturn_timeout_s = 4\n")
+    events = await _turn(store, fleet_env, tmp_path, "count it", "[limits]\nturn_timeout_s = 12\n")
     end = events[-1]
     assert end.type == "turn.completed", end.data
     assert end.data["answer"] == "42, from the first count"

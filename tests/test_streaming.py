@@ -135,8 +135,8 @@ async def test_deltas_come_first_and_add_up_to_the_step(make_runner, store: Stor
     assert first_delta < types.index("lm.finished") < reasoning
     assert deltas(events, "reasoning") == events[reasoning].data["text"] == LONG_REASONING.strip()
     assert deltas(events, "code") == events[types.index("code")].data["code"] == "print('hello')"
-    # coalesced: ~400 chunks of reasoning became a few dozen rows, not one per token
-    assert 2 <= sum(e.type == "lm.delta" and e.data["iteration"] == 1 for e in events) < 100
+    # coalesced: ~400 chunks of reasoning became fewer rows (a few dozen on a quiet machine), not one per token
+    assert 2 <= sum(e.type == "lm.delta" and e.data["iteration"] == 1 for e in events) < len(LONG_REASONING) // 4 // 2
     assert all(body.get("stream") is True for body in scripted_lm.requests)
     assert all(body["stream_options"] == {"include_usage": True} for body in scripted_lm.requests)
 

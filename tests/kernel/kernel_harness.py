@@ -87,8 +87,9 @@ class Kernel:
     def run(self, code: str, timeout: float = 60, **kwargs: Any) -> Run:
         return self.collect(self.submit(code, **kwargs), timeout)
 
-    def wait_for_output(self, msg_id: str, needle: str, timeout: float = 30) -> list[dict[str, Any]]:
-        """IOPub messages of ``msg_id`` up to the first stream containing ``needle``."""
+    def wait_for_output(self, msg_id: str, needle: str, timeout: float = 120) -> list[dict[str, Any]]:
+        """IOPub messages of ``msg_id`` up to the first stream containing ``needle`` (``timeout``: a liveness
+        bound for a loaded machine, not a speed check)."""
         seen = []
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
