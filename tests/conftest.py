@@ -50,6 +50,20 @@ def migrated_store_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def migrated_test_database() -> None:
+    """The PostgreSQL pass: this worker's database is at head before any test, whichever runs first (a test that
+    starts a server on a fresh database would otherwise race it through the migration)."""
+    url = os.environ.get("FLEET_TEST_DATABASE_URL")
+    if url:
+        from fleet_kernel.store import Store
+
+        async def migrate() -> None:
+            await (await Store.open(url)).close()
+
+        asyncio.run(migrate())
+
+
 @pytest.fixture
 def fleet_home(tmp_path: Path, migrated_store_file: Path) -> Path:
     """A private FLEET_HOME whose ``fleet.db`` is a fresh copy of the migrated template (on SQLite runs):
