@@ -14,7 +14,7 @@ import pytest
 
 from fleet_kernel.errors import ConflictError, NotFoundError, StoreUnavailableError, ValidationError
 from fleet_kernel.events import make_event
-from fleet_kernel.store import EndedTurn, Store, TurnEnding
+from fleet_kernel.store import EndedTurn, Store, TurnEnding, migrate
 
 
 def _events(session_id: str, turn_id: str, seqs: range) -> list:
@@ -170,6 +170,22 @@ async def test_unmigrated_non_sqlite_store_says_run_upgrade() -> None:
 async def test_unreachable_store_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(StoreUnavailableError, match="cannot"):
         await Store.open("postgresql+asyncpg://nobody:x@127.0.0.1:1/none")
+
+
+@pytest.mark.parametrize("open_store", ["Store.open", "fleet db upgrade"])
+async def test_a_postgresql_store_without_its_driver_names_the_extra(
+    open_store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """asyncpg is the `postgres` extra, not a dependency: without it the store says what to install."""
+    monkeypatch.setitem(sys.modules, "asyncpg", None)  # `import asyncpg` now fails, as where it is not installed
+    url = "postgresql+asyncpg://fleet:secret@127.0.0.1:1/fleet"
+    with pytest.raises(StoreUnavailableError) as caught:
+        if open_store == "Store.open":
+            await Store.open(url)
+        else:
+            migrate.upgrade(url)
+    assert "pip install 'fleet-kernel[postgres]'" in str(caught.value)
+    assert "secret" not in str(caught.value)
 
 
 @pytest.mark.slow

@@ -162,6 +162,7 @@ class Database:
 
     def __init__(self, database_url: str) -> None:
         self.url = database_url
+        migrate.require_driver(database_url)
         self.sqlite = is_sqlite(database_url)
         kwargs: dict[str, Any] = {}
         if self.sqlite:
