@@ -50,7 +50,7 @@ class LocalBackend:
     def __init__(self, *, isolated: bool) -> None:
         self.isolated = isolated
 
-    def status(self, settings: Settings) -> str | None:
+    def status(self, settings: Settings) -> str | None:  # noqa: ARG002 - the backend contract's signature
         return local.probe_bwrap() if self.isolated else None
 
     def absent(self, settings: Settings) -> str | None:
