@@ -439,7 +439,7 @@ class PrintPublisher:
     def stream(self, name: str, text: str) -> None:
         self.send("stream", {"name": name, "text": text})
 
-    def display(self, data: dict[str, Any], metadata: dict[str, Any] | None = None, **_: Any) -> None:
+    def display(self, data: dict[str, Any], metadata: dict[str, Any] | None = None, **_: Any) -> None:  # noqa: ARG002 - IPython's display signature
         self.send("display_data", {"data": data})
 
     def clear(self) -> None:

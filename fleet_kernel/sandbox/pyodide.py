@@ -55,7 +55,7 @@ MAX_DENIED_LINKS = 5000  # symbolic links in one workspace, each denied on Deno'
 def find_deno() -> str | None:
     """The Deno binary: the ``deno`` wheel's, else one on PATH."""
     try:
-        from deno import find_deno_bin  # the optional pyodide extra
+        from deno import find_deno_bin  # noqa: PLC0415 - the optional pyodide extra
 
         return str(find_deno_bin())
     except (ImportError, FileNotFoundError):
@@ -254,9 +254,9 @@ class PyodideSession(PipeSession):
         if not sys.platform.startswith("linux"):
             return [], [], None
         # Linux only (setrlimit, seccomp): elsewhere Deno runs with its own permissions alone
-        import resource
+        import resource  # noqa: PLC0415 - Linux only, as below
 
-        from fleet_kernel.sandbox import _confine  # pyseccomp and cgroups only on Linux, when a worker starts
+        from fleet_kernel.sandbox import _confine  # noqa: PLC0415 - pyseccomp and cgroups only on Linux, when a worker starts
 
         limits = self._limits
         self._cgroup = _confine.Cgroup.create(limits.memory_mb + DENO_BASELINE_MB, 256)
