@@ -180,10 +180,7 @@ async def test_a_postgresql_store_without_its_driver_names_the_extra(
     monkeypatch.setitem(sys.modules, "asyncpg", None)  # `import asyncpg` now fails, as where it is not installed
     url = "postgresql+asyncpg://fleet:secret@127.0.0.1:1/fleet"
     with pytest.raises(StoreUnavailableError) as caught:
-        if open_store == "Store.open":
-            await Store.open(url)
-        else:
-            migrate.upgrade(url)
+        await (Store.open(url) if open_store == "Store.open" else asyncio.to_thread(migrate.upgrade, url))
     assert "pip install 'fleet-kernel[postgres]'" in str(caught.value)
     assert "secret" not in str(caught.value)
 
@@ -229,7 +226,8 @@ async def test_three_processes_write_at_once_without_locks_or_loss(store: Store,
     script.write_text(WRITER)
     count = 300
     procs = [
-        subprocess.Popen(
+        await asyncio.to_thread(
+            subprocess.Popen,
             [sys.executable, str(script), store.url, t.session_id, t.turn_id, str(count)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
