@@ -53,7 +53,8 @@ class FleetMagicError(Exception):
 
 def _fail(ename: str, evalue: str) -> FleetMagicError:
     """A ``FleetMagicError`` whose class is named ``ename``: a frontend shows that name (``TurnCancelled``)."""
-    return type(ename, (FleetMagicError,), {"__module__": __name__})(ename, evalue)
+    error: FleetMagicError = type(ename, (FleetMagicError,), {"__module__": __name__})(ename, evalue)
+    return error
 
 
 class _Parser(argparse.ArgumentParser):

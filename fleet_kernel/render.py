@@ -41,7 +41,8 @@ def highlight_python(code: str) -> str:
     from pygments.lexers import PythonLexer  # noqa: PLC0415 - pygments
 
     formatter = HtmlFormatter(noclasses=True, nobackground=True, prestyles=f"{WRAP};{MONO}")
-    return highlight(code, PythonLexer(), formatter)
+    highlighted: str = highlight(code, PythonLexer(), formatter)
+    return highlighted
 
 
 def iteration_note(it: IterationView) -> str:

@@ -155,7 +155,8 @@ def markdown_html(text: str) -> str:
         from markdown_it import MarkdownIt  # noqa: PLC0415 - ~0.1 s, and optional: only turns with a transcript need it
     except ImportError:
         return f'<div style="white-space:pre-wrap">{html.escape(text)}</div>'
-    return MarkdownIt("commonmark", {"html": False}).enable("table").render(text)
+    rendered: str = MarkdownIt("commonmark", {"html": False}).enable("table").render(text)
+    return rendered
 
 
 def _artifact_lines(view: TurnView, prefix: str) -> list[str]:
@@ -248,7 +249,7 @@ async def session_notebook(store: Store, session_id: str) -> nbformat.NotebookNo
         cell.outputs = await turn_outputs(store, view, turn.position)
         cell.metadata["fleet"] = {"turn_id": turn.turn_id, "status": turn.status}
         cells.append(cell)
-    nb = v4.new_notebook(cells=cells)
+    nb: nbformat.NotebookNode = v4.new_notebook(cells=cells)
     nb.metadata["kernelspec"] = dict(identity.KERNELSPEC)
     nb.metadata["language_info"] = dict(identity.LANGUAGE_INFO)
     nb.metadata["fleet"] = {"session_id": session.session_id, "title": session.title}

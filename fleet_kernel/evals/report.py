@@ -50,7 +50,8 @@ def render_table(report: EvalReport, *, width: int = 120) -> str:
         table.add_row(*row, end_section=n == len(report.task_ids) - 1)
     console = Console(file=io.StringIO(), width=width, color_system=None, legacy_windows=False)
     console.print(table)
-    return console.file.getvalue()  # type: ignore[attr-defined]
+    text: str = console.file.getvalue()  # type: ignore[attr-defined]
+    return text
 
 
 def markdown_table(report: EvalReport) -> str:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from daytona import DaytonaConnectionError, DaytonaError, DaytonaTimeoutError
 
 from fleet_kernel.sandbox import _daytona_guest as guest
-from fleet_kernel.sandbox.interpreter import ProtocolError, SessionClosed
+from fleet_kernel.sandbox._protocol import ProtocolError, SessionClosed
 from fleet_kernel.sandbox.runtime import MessageType
 
 if TYPE_CHECKING:

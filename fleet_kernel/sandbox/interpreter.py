@@ -22,10 +22,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, cast
 
 from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreterError, FinalOutput
-from dspy.utils.callback import BaseCallback, with_callbacks
+from dspy.utils.callback import BaseCallback
+from dspy.utils.callback import with_callbacks as _with_callbacks
 from pydantic_core import to_jsonable_python
 
 from fleet_kernel.cancel import CancelToken
@@ -51,6 +52,14 @@ class Stop(enum.Enum):
     CANCEL = "cancel"  # the turn's cancel token was cancelled
     FATAL = "fatal"  # a host tool was stopped by a BaseException (a cancellation) that must reach the caller
     TIMEOUT = "timeout"  # the code ran past the execution timeout
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def with_callbacks(method: F) -> F:
+    """dspy's ``with_callbacks`` (untyped), keeping the method's signature for the type checker."""
+    return cast(F, _with_callbacks(method))
 
 
 class SandboxSession(Protocol):
@@ -419,15 +428,18 @@ class SandboxInterpreter:
             return fatal or self._cancelled()
         limit = f"{self._exec_timeout_s:g} s"
         if error is None:
-            return CodeExecutionError(
+            message = (
                 f"{output}\nExecution timed out after {limit} and did not stop when "
                 f"interrupted, so the sandbox was restarted: {_STATE_LOST}.".lstrip()
             )
-        return CodeExecutionError(
-            f"{output}\n{error.get('traceback', '')}Execution timed out after {limit} and "
-            "was interrupted; the REPL state is kept. Do less per step, or work in "
-            "smaller pieces.".lstrip()
-        )
+        else:
+            message = (
+                f"{output}\n{error.get('traceback', '')}Execution timed out after {limit} and "
+                "was interrupted; the REPL state is kept. Do less per step, or work in "
+                "smaller pieces.".lstrip()
+            )
+        timed_out: BaseException = CodeExecutionError(message)
+        return timed_out
 
     def _cancelled(self) -> TurnCancelled:
         return self._cancel.error() or TurnCancelled()
