@@ -43,7 +43,7 @@ FLUSH_GAP_S = 0.005  # explicit flushes closer than this are coalesced (logging 
 CATCH_UP_GAP_S = 50e-6  # prints check the fd pipes at most this often (a child process takes longer to start)
 
 
-class MessageType(str, enum.Enum):  # noqa: UP042 (not StrEnum: a Daytona image's Python may predate 3.11)
+class MessageType(str, enum.Enum):  # noqa: UP042 - not StrEnum: a Daytona image's Python may predate 3.11
     """The ``type`` of every message between the host and the runtime, defined once for both sides.
 
     ``serve`` says what each carries. A member is its string: it compares equal to it and is written
@@ -69,7 +69,7 @@ class MessageType(str, enum.Enum):  # noqa: UP042 (not StrEnum: a Daytona image'
         return self.value
 
 
-class DoneKind(str, enum.Enum):  # noqa: UP042 (as MessageType)
+class DoneKind(str, enum.Enum):  # noqa: UP042 - as MessageType
     """How an execution ended: the ``kind`` of its ``done`` message."""
 
     RESULT = "result"  # ran to the end; ``value`` is the repr of a trailing expression, if any
