@@ -24,7 +24,7 @@ from daytona import DaytonaConnectionError, DaytonaError, DaytonaTimeoutError
 
 from fleet_kernel.sandbox import _daytona_guest as guest
 from fleet_kernel.sandbox._protocol import ProtocolError, SessionClosed
-from fleet_kernel.sandbox.runtime import MessageType
+from fleet_kernel.sandbox.runtime import HostMessage, Interrupt, MessageType
 
 if TYPE_CHECKING:
     from fleet_kernel.sandbox._daytona_box import DaytonaBox
@@ -131,7 +131,7 @@ class DaytonaSession:
         if ready.get("type") != MessageType.READY:
             raise SessionClosed(f"unexpected first message from the Daytona sandbox: {ready!r:.200}")
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: HostMessage) -> None:
         if self._closed:
             raise SessionClosed("was shut down")
         if message.get("type") == MessageType.EXECUTE:
@@ -153,7 +153,7 @@ class DaytonaSession:
         return item
 
     def interrupt(self) -> None:
-        message = {"type": MessageType.INTERRUPT, "id": self._current}
+        message: Interrupt = {"type": MessageType.INTERRUPT, "id": self._current}
         threading.Thread(target=self._post_quietly, args=(message,), daemon=True, name="fleet-daytona-int").start()
 
     def kill(self) -> None:
@@ -198,7 +198,7 @@ class DaytonaSession:
         if problem is not None and not (expect_done and parser.seen_done) and not self._closed:
             self._messages.put(problem)
 
-    def _post(self, message: dict[str, Any]) -> None:
+    def _post(self, message: HostMessage) -> None:
         """Upload one host-to-sandbox message into the guest's inbox (idempotent, so retried)."""
         data = (json.dumps(message) + guest.REPLY_END).encode()
         path = f"{self._inbox}/{next(self._seq):012d}.msg"
@@ -207,7 +207,7 @@ class DaytonaSession:
         except DaytonaError as exc:
             raise SessionClosed(f"could not reach the Daytona sandbox ({self._box.explain(exc)})") from exc
 
-    def _post_quietly(self, message: dict[str, Any]) -> None:
+    def _post_quietly(self, message: HostMessage) -> None:
         try:
             self._post(message)
         except SessionClosed as exc:

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import IO, Any
 
-from fleet_kernel.sandbox.runtime import MessageType
+from fleet_kernel.sandbox.runtime import HostMessage, MessageType
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # longest protocol line a host reader holds in memory
 READ_CHUNK_BYTES = 1 << 20  # read from the pipe at once (its size): big messages in few reads
@@ -82,7 +82,7 @@ class PipeSession:
             for chunk in iter(lambda: stream.read1(65536), b""):  # type: ignore[attr-defined]
                 self._stderr_tail = (self._stderr_tail + chunk)[-16384:]
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: HostMessage) -> None:
         data = json.dumps(message).encode() + b"\n"
         with self._send_lock:
             process = self._process
@@ -147,7 +147,7 @@ class PipeSession:
 
     def interrupt(self) -> None:
         with contextlib.suppress(SessionClosed):
-            self.send({"type": MessageType.INTERRUPT})
+            self.send({"type": MessageType.INTERRUPT, "id": None})
 
     def kill(self) -> None:
         process, self._process = self._process, None

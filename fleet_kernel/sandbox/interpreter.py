@@ -33,7 +33,7 @@ from fleet_kernel.cancel import CancelToken
 from fleet_kernel.errors import TurnCancelled
 from fleet_kernel.sandbox._protocol import ProtocolError, SessionClosed
 from fleet_kernel.sandbox.base import SandboxCrashed, current_observer, run_with_context
-from fleet_kernel.sandbox.runtime import DoneKind, MessageType
+from fleet_kernel.sandbox.runtime import DoneKind, Execute, HostMessage, MessageType, ToolError, ToolResult
 from fleet_kernel.telemetry import metrics
 
 logger = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ class SandboxSession(Protocol):
     def start(self) -> None:
         """Start the sandbox and wait for its ``ready`` message; raise ``SessionClosed`` if it cannot start."""
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: HostMessage) -> None:
         """Send one message (thread-safe); raise ``SessionClosed`` when the sandbox is gone."""
 
     def receive(self, timeout: float) -> dict[str, Any] | None:
@@ -259,7 +259,7 @@ class SandboxInterpreter:
             session = self._session
             assert session is not None
             exec_id = next(self._ids)
-            request = {
+            request: Execute = {
                 "type": MessageType.EXECUTE,
                 "id": exec_id,
                 "code": code,
@@ -485,6 +485,7 @@ class SandboxInterpreter:
             observer = None
         call_id = observer.on_tool_start(name, tuple(args), kwargs) if observer is not None else ""
         ok, outcome = True, None
+        reply: ToolResult | ToolError
         try:
             with tool_scope() if tool_scope is not None else contextlib.nullcontext():
                 outcome = self.invoke_tool(name, args, kwargs)

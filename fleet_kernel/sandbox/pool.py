@@ -34,7 +34,7 @@ from fleet_kernel.config import SandboxLimits
 from fleet_kernel.sandbox import _confine, _slots
 from fleet_kernel.sandbox._protocol import SessionClosed
 from fleet_kernel.sandbox.local import STOP_TIMEOUT_S, ProcessSession, SlotsFull, _support_dir
-from fleet_kernel.sandbox.runtime import MessageType
+from fleet_kernel.sandbox.runtime import HostMessage, MessageType
 
 logger = logging.getLogger(__name__)
 
@@ -289,7 +289,7 @@ class PooledSession:
         if self._killed:  # the caller kills the worker it finds on this session
             raise SessionClosed("was stopped while it started")
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: HostMessage) -> None:
         with self._lock:
             if self._idle_stopped:
                 raise SessionClosed(f"was stopped after {self._pool.idle_stop_s:g} s without running code")

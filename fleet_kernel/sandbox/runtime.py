@@ -33,7 +33,7 @@ import time
 import traceback
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 Message = dict[str, Any]
 FLUSH_INTERVAL_S = 0.05  # at most ~20 out messages per second while output trickles
@@ -83,6 +83,51 @@ class DoneKind(str, enum.Enum):  # noqa: UP042 - as MessageType
 
 
 TOOL_REPLIES = (MessageType.TOOL_RESULT, MessageType.TOOL_ERROR)
+
+
+class ErrorInfo(TypedDict):
+    """An exception as the protocol carries it: its class name and message."""
+
+    type: str
+    message: str
+
+
+class Execute(TypedDict):
+    """Host to sandbox: bind ``variables`` (the changed ones), then run ``code`` with ``tools`` as host tools."""
+
+    type: Literal[MessageType.EXECUTE]
+    id: int
+    code: str
+    tools: list[str]
+    output_fields: list[dict[str, Any]] | None
+    variables: dict[str, Any]
+
+
+class ToolResult(TypedDict):
+    """Host to sandbox: the value of the tool call ``id``."""
+
+    type: Literal[MessageType.TOOL_RESULT]
+    id: Any
+    value: Any
+
+
+class ToolError(TypedDict):
+    """Host to sandbox: the tool call ``id`` raised ``error`` (raised again in the sandbox as that type)."""
+
+    type: Literal[MessageType.TOOL_ERROR]
+    id: Any
+    error: ErrorInfo
+
+
+class Interrupt(TypedDict):
+    """Host to sandbox: stop the execution ``id`` (``None``: whatever runs) with a ``KeyboardInterrupt``."""
+
+    type: Literal[MessageType.INTERRUPT]
+    id: Any
+
+
+HostMessage = Execute | ToolResult | ToolError | Interrupt
+"""What the host sends; the sandbox answers with ``ready``, ``out``, ``tool_call`` and ``done`` (see ``serve``)."""
 
 
 def _spawn(target: Callable[[], None], name: str) -> None:
