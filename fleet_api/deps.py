@@ -90,7 +90,8 @@ class FleetState:
 
 
 def get_state(request: Request) -> FleetState:
-    return request.app.state.fleet
+    state: FleetState = request.app.state.fleet
+    return state
 
 
 State = Annotated[FleetState, Depends(get_state)]

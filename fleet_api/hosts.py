@@ -24,7 +24,7 @@ from fleet_api.errors import error_response
 from fleet_kernel.config import canonical_host
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
-WILDCARDS = frozenset({"0.0.0.0", "::"})
+WILDCARDS = frozenset({"0.0.0.0", "::"})  # noqa: S104 - names the wildcards, binds nothing
 
 
 def split_authority(authority: str) -> tuple[str | None, int | None]:

@@ -8,7 +8,7 @@ import os as _os
 _os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
-def load_ipython_extension(ipython):
+def load_ipython_extension(ipython: object) -> None:
     """``%load_ext fleet_kernel``: the ``%%fleet`` and ``%fleet`` magics.
 
     Imported only now, so importing this package stays light.

@@ -53,7 +53,8 @@ class FleetMagicError(Exception):
 
 def _fail(ename: str, evalue: str) -> FleetMagicError:
     """A ``FleetMagicError`` whose class is named ``ename``: a frontend shows that name (``TurnCancelled``)."""
-    return type(ename, (FleetMagicError,), {"__module__": __name__})(ename, evalue)
+    error: FleetMagicError = type(ename, (FleetMagicError,), {"__module__": __name__})(ename, evalue)
+    return error
 
 
 class _Parser(argparse.ArgumentParser):
@@ -439,7 +440,7 @@ class PrintPublisher:
     def stream(self, name: str, text: str) -> None:
         self.send("stream", {"name": name, "text": text})
 
-    def display(self, data: dict[str, Any], metadata: dict[str, Any] | None = None, **_: Any) -> None:
+    def display(self, data: dict[str, Any], metadata: dict[str, Any] | None = None, **_: Any) -> None:  # noqa: ARG002 - IPython's display signature
         self.send("display_data", {"data": data})
 
     def clear(self) -> None:

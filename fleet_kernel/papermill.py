@@ -48,7 +48,7 @@ class FleetTranslator(Translator):
         return shlex.quote(val)
 
     @classmethod
-    def translate_none(cls, val: None) -> str:
+    def translate_none(cls, val: None) -> str:  # noqa: ARG003 - papermill's Translator signature
         return "''"
 
     @classmethod
@@ -77,7 +77,7 @@ class FleetTranslator(Translator):
         return found
 
     @classmethod
-    def codify(cls, parameters: dict[str, Any], comment: str = "Parameters") -> str:
+    def codify(cls, parameters: dict[str, Any], comment: str = "Parameters") -> str:  # noqa: ARG003 - papermill's Translator signature
         """Only ``%fleet set`` lines: a Fleet cell holds commands or a task, so there is no comment line."""
         return "".join(f"{cls.assign(name, cls.translate(value))}\n" for name, value in parameters.items())
 

@@ -36,12 +36,13 @@ def fence(text: str, lang: str = "") -> str:
 
 def highlight_python(code: str) -> str:
     # pygments: ~0.1 s, only when code is shown as HTML
-    from pygments import highlight
-    from pygments.formatters import HtmlFormatter  # pygments (~0.2 s) only when HTML is rendered
-    from pygments.lexers import PythonLexer
+    from pygments import highlight  # noqa: PLC0415 - pygments
+    from pygments.formatters import HtmlFormatter  # noqa: PLC0415 - pygments (~0.2 s) only when HTML is rendered
+    from pygments.lexers import PythonLexer  # noqa: PLC0415 - pygments
 
     formatter = HtmlFormatter(noclasses=True, nobackground=True, prestyles=f"{WRAP};{MONO}")
-    return highlight(code, PythonLexer(), formatter)
+    highlighted: str = highlight(code, PythonLexer(), formatter)
+    return highlighted
 
 
 def iteration_note(it: IterationView) -> str:

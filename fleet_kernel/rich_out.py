@@ -115,19 +115,19 @@ def parse(spec: str | None) -> tuple[str | None, RichOut | None]:
 
 
 def _table(data: bytes) -> Any:
-    import pyarrow.parquet as pq  # Parquet holds columns of data; no pickled objects (pyarrow >= 14)
+    import pyarrow.parquet as pq  # noqa: PLC0415 - pyarrow only for a table. Parquet holds columns of data; no pickled objects (pyarrow >= 14)
 
     return pq.read_table(io.BytesIO(data)).to_pandas()
 
 
 def _array(data: bytes) -> Any:
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 - numpy only for an array
 
     return np.load(io.BytesIO(data), allow_pickle=False)  # an object array (a pickle) is refused here
 
 
 def _image(data: bytes) -> Any:
-    from PIL import Image
+    from PIL import Image  # noqa: PLC0415 - Pillow only for an image
 
     if not data.startswith(b"\x89PNG\r\n\x1a\n"):
         raise ValueError("not a PNG file")

@@ -152,10 +152,11 @@ def markdown_html(text: str) -> str:
     Without markdown-it-py the text is shown as it is, escaped (``text/markdown`` still renders it).
     """
     try:
-        from markdown_it import MarkdownIt  # ~0.1 s, and optional: only turns with a transcript need it
+        from markdown_it import MarkdownIt  # noqa: PLC0415 - ~0.1 s, and optional: only turns with a transcript need it
     except ImportError:
         return f'<div style="white-space:pre-wrap">{html.escape(text)}</div>'
-    return MarkdownIt("commonmark", {"html": False}).enable("table").render(text)
+    rendered: str = MarkdownIt("commonmark", {"html": False}).enable("table").render(text)
+    return rendered
 
 
 def _artifact_lines(view: TurnView, prefix: str) -> list[str]:
@@ -214,7 +215,7 @@ async def _all_events(store: Store, turn_id: str) -> list[Event]:
 
 async def turn_outputs(store: Store, view: TurnView, execution_count: int) -> list[nbformat.NotebookNode]:
     """A turn's notebook outputs: artifact images, the transcript, and an error for a failed turn."""
-    from nbformat import v4  # slow to import (~2 s); only turns shown in a notebook need it
+    from nbformat import v4  # noqa: PLC0415 - slow to import (~2 s); only turns shown in a notebook need it
 
     outputs = []
     for art in inline_images(view):
@@ -236,8 +237,8 @@ async def session_notebook(store: Store, session_id: str) -> nbformat.NotebookNo
         NotFoundError: unknown session.
     """
     # slow to import (~2 s); only exports need it
-    import nbformat
-    from nbformat import v4  # nbformat (~2 s with jsonschema) only for an export
+    import nbformat  # noqa: PLC0415 - nbformat only for an export
+    from nbformat import v4  # noqa: PLC0415 - nbformat (~2 s with jsonschema) only for an export
 
     session = await store.get_session(session_id)
     turns = await store.standing_turns(session_id)
@@ -248,7 +249,7 @@ async def session_notebook(store: Store, session_id: str) -> nbformat.NotebookNo
         cell.outputs = await turn_outputs(store, view, turn.position)
         cell.metadata["fleet"] = {"turn_id": turn.turn_id, "status": turn.status}
         cells.append(cell)
-    nb = v4.new_notebook(cells=cells)
+    nb: nbformat.NotebookNode = v4.new_notebook(cells=cells)
     nb.metadata["kernelspec"] = dict(identity.KERNELSPEC)
     nb.metadata["language_info"] = dict(identity.LANGUAGE_INFO)
     nb.metadata["fleet"] = {"session_id": session.session_id, "title": session.title}

@@ -3,7 +3,7 @@
 # with its extras, the offline Pyodide cache, and the kernelspec. Safe to run again.
 #   scripts/setup.sh [--check]
 #     --check  install nothing: check that everything set-up installs is there and that its commands run
-#   FLEET_SETUP_TEST=1  also install what the test suite needs (PostgreSQL, Chromium, test extras)
+#   FLEET_SETUP_TEST=1  also install what the static gate and the test suite need (PostgreSQL, Chromium, the dev extra)
 #   FLEET_VENV (.venv)  the virtual environment to create and install into
 # Installing system packages needs root (or sudo). Each step prints how long it took.
 set -euo pipefail
@@ -22,7 +22,7 @@ apt_packages=(bubblewrap libseccomp2 python3-venv)
 extras="daytona,pyodide,lab,mcp"
 if [[ "${FLEET_SETUP_TEST:-0}" == 1 ]]; then
   apt_packages+=(postgresql chromium fonts-dejavu-core)
-  extras="$extras,test"
+  extras="$extras,dev"  # dev: the postgres and telemetry extras, pytest and its plugins, ruff, mypy
 fi
 
 if [[ $mode == check ]]; then
@@ -37,7 +37,7 @@ if [[ $mode == check ]]; then
   check "the fleet kernelspec" "$PY" -c "from jupyter_client.kernelspec import KernelSpecManager as M; M().get_kernel_spec('fleet')"
   check "jupyter console" "$VENV/bin/jupyter-console" --help
   if [[ "${FLEET_SETUP_TEST:-0}" == 1 ]]; then
-    check "the test extras" "$PY" -c "import pytest, pexpect, playwright, asyncpg"
+    check "the dev extra" "$PY" -c "import pytest, pexpect, playwright, asyncpg, ruff, mypy"
   fi
   check_done setup.sh
 fi

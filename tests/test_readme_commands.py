@@ -1,7 +1,7 @@
 """Every command README.md tells a user to run is installed by ``./scripts/setup.sh``.
 
 The README's ``bash`` blocks are read line by line; each program must be a script of the repository or a
-console script of a distribution that setup.sh's extras bring in (the test extra left out, as a user's
+console script of a distribution that setup.sh's extras bring in (the dev extra left out, as a user's
 setup leaves it out). The set of distributions is the dependency closure from pyproject.toml through the
 installed packages' own metadata, so a command that only a test dependency provides fails here.
 """

@@ -296,7 +296,9 @@ async def _read_all(events: AsyncIterator[Event]) -> list[Event]:
 async def _abandon(store: Store, session_id: str, seqs: int) -> str:
     """A running turn with ``seqs`` stored events whose owner is a real Fleet process that has exited."""
     code = "from fleet_kernel.store import PROCESS_OWNER; print(PROCESS_OWNER)"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    done = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
     turn, _ = await store.claim_turn(session_id, "left running by a killed process")
     events = [make_event("output", {"iteration": 1, "stream": "stdout", "text": "x"}, seq=i, session_id=session_id,
                          turn_id=turn.turn_id) for i in range(1, seqs + 1)]  # fmt: skip

@@ -14,7 +14,7 @@ import pytest
 
 from fleet_kernel.errors import ConflictError, NotFoundError, StoreUnavailableError, ValidationError
 from fleet_kernel.events import make_event
-from fleet_kernel.store import EndedTurn, Store, TurnEnding
+from fleet_kernel.store import EndedTurn, Store, TurnEnding, migrate
 
 
 def _events(session_id: str, turn_id: str, seqs: range) -> list:
@@ -172,6 +172,19 @@ async def test_unreachable_store_is_a_clear_error(tmp_path: Path) -> None:
         await Store.open("postgresql+asyncpg://nobody:x@127.0.0.1:1/none")
 
 
+@pytest.mark.parametrize("open_store", ["Store.open", "fleet db upgrade"])
+async def test_a_postgresql_store_without_its_driver_names_the_extra(
+    open_store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """asyncpg is the `postgres` extra, not a dependency: without it the store says what to install."""
+    monkeypatch.setitem(sys.modules, "asyncpg", None)  # `import asyncpg` now fails, as where it is not installed
+    url = "postgresql+asyncpg://fleet:secret@127.0.0.1:1/fleet"
+    with pytest.raises(StoreUnavailableError) as caught:
+        await (Store.open(url) if open_store == "Store.open" else asyncio.to_thread(migrate.upgrade, url))
+    assert "pip install 'fleet-kernel[postgres]'" in str(caught.value)
+    assert "secret" not in str(caught.value)
+
+
 @pytest.mark.slow
 def test_processes_opening_a_new_sqlite_store_at_once_all_get_it(tmp_path: Path) -> None:
     """A kernel and its sidecar open a fresh store together: each must find it created, none may fail."""
@@ -213,7 +226,8 @@ async def test_three_processes_write_at_once_without_locks_or_loss(store: Store,
     script.write_text(WRITER)
     count = 300
     procs = [
-        subprocess.Popen(
+        await asyncio.to_thread(
+            subprocess.Popen,
             [sys.executable, str(script), store.url, t.session_id, t.turn_id, str(count)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -136,8 +136,8 @@ def check_output_schema(schema: Any) -> dict[str, Any]:
     if schema.get("type") != "object":
         raise ValidationError('output_schema must describe an object: give it "type": "object" and "properties"')
     _check_node(schema, "output_schema", 0)
-    from jsonschema import Draft202012Validator  # seconds to import: only for turns that have a schema
-    from jsonschema.exceptions import SchemaError  # jsonschema (~2 s) only for a turn with a schema
+    from jsonschema import Draft202012Validator  # noqa: PLC0415 - seconds to import: only for turns that have a schema
+    from jsonschema.exceptions import SchemaError  # noqa: PLC0415 - jsonschema (~2 s) only for a turn with a schema
 
     try:
         Draft202012Validator.check_schema(schema)
@@ -207,8 +207,8 @@ StopCheck = Callable[[], bool]
 def _validator(schema: dict[str, Any], should_stop: StopCheck | None) -> Draft202012Validator:
     """Draft 2020-12 with ``uniqueItems`` and ``enum`` in linear time (jsonschema compares every pair,
     which kept a core busy for minutes on a large result), stopping when ``should_stop`` says so."""
-    from jsonschema import Draft202012Validator, FormatChecker, validators  # seconds to import: only with a schema
-    from jsonschema.exceptions import ValidationError as SchemaViolation
+    from jsonschema import Draft202012Validator, FormatChecker, validators  # noqa: PLC0415 - seconds to import: only with a schema
+    from jsonschema.exceptions import ValidationError as SchemaViolation  # noqa: PLC0415 - with the line above
 
     enum_keys: dict[int, tuple[Any, frozenset[Hashable]]] = {}  # id of an enum list -> (the list, its keys)
 

@@ -73,7 +73,7 @@ def known_context(model: str) -> int | None:
     """The model's context length in tokens as LiteLLM's model map has it, or None (unknown, a replay)."""
     if not model or model.startswith(REPLAY):
         return None
-    import litellm  # loaded with dspy already on a turn's path; slow to import cold
+    import litellm  # noqa: PLC0415 - loaded with dspy already on a turn's path; slow to import cold
 
     # The static map only: ``litellm.get_model_info`` asks an ollama server itself (``/api/show``), which
     # would contact an endpoint the operator never configured before the model's policy is checked.
@@ -104,7 +104,7 @@ def served_context(settings: Settings) -> int | None:
 
 
 def _ask_server(base: str, model: str, settings: Settings) -> int | None:
-    import httpx
+    import httpx  # noqa: PLC0415 - only when a model server is asked
 
     key = settings.lm_api_key.get_secret_value() if settings.lm_api_key else None
     headers = {"Authorization": f"Bearer {key}"} if key else {}

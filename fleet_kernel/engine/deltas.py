@@ -175,7 +175,7 @@ class DeltaCoalescer:
         self,
         flush: Callable[[str, str], None],
         *,
-        hold: Callable[[str], int] = lambda text: 0,
+        hold: Callable[[str], int] = lambda _text: 0,
         interval_s: float = FLUSH_S,
         max_chars: int = FLUSH_CHARS,
     ) -> None:

@@ -70,7 +70,7 @@ class HostTool:
 
     def as_dspy(self) -> Any:
         """A ``dspy.Tool`` for the turn's RLM (called on the turn's side, where dspy is loaded)."""
-        import dspy
+        import dspy  # noqa: PLC0415 - dspy only on the turn's side
 
         if self.target is not None:
             spec = dspy.Tool(self.target, name=self.name)

@@ -79,7 +79,7 @@ def from_value(value: Any, where: str) -> Picture | None:
         return from_bytes(_png(value), where)
     np = sys.modules.get("numpy")
     if np is not None and isinstance(value, np.ndarray) and _image_shaped(value):
-        from PIL import Image  # a dependency of Fleet's; loaded only for an array that is an image
+        from PIL import Image  # noqa: PLC0415 - a dependency of Fleet's; loaded only for an array that is an image
 
         return from_bytes(_png(Image.fromarray(value)), where)
     return None

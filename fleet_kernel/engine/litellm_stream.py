@@ -121,7 +121,7 @@ def streamed_completion(
     else:
         rebuilt = litellm.stream_chunk_builder(chunks, messages=messages)
     if rebuilt is None:
-        from dspy.lm15 import ProviderError
+        from dspy.lm15 import ProviderError  # noqa: PLC0415 - dspy's module, only on this error path
 
         raise ProviderError("the provider's stream ended without a reply")
     return rebuilt

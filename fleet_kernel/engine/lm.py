@@ -21,7 +21,7 @@ def _make_lm(model: str, settings: Settings, max_tokens: int) -> dspy.LM:
     except ValidationError as exc:
         raise LMError(exc.message, code=exc.code) from None
     if model.startswith(REPLAY):
-        from fleet_kernel.engine.replay import replay_lm  # loaded only for a replayed model
+        from fleet_kernel.engine.replay import replay_lm  # noqa: PLC0415 - loaded only for a replayed model
 
         trusted = model in settings.configured_models  # the operator's own file: its errors may show it
         paced = settings.policy.lm.replay_pace == "recorded"
@@ -46,7 +46,7 @@ def _make_lm(model: str, settings: Settings, max_tokens: int) -> dspy.LM:
             code="lm_configuration",
         ) from exc
     if settings.lm_record:
-        from fleet_kernel.engine.replay import recording  # loaded only while recording
+        from fleet_kernel.engine.replay import recording  # noqa: PLC0415 - loaded only while recording
 
         return with_max_tokens(recording(lm, settings.lm_record), max_tokens)
     return lm

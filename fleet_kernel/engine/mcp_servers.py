@@ -115,7 +115,7 @@ class MCPServers:
         """Open the server's transport and session, list its tools, hold them open until told to stop."""
         spec = conn.spec
         try:
-            from mcp import ClientSession
+            from mcp import ClientSession  # noqa: PLC0415 - the optional mcp extra
         except ImportError:
             conn.error = ConfigError("the MCP SDK is not installed: pip install 'fleet-kernel[mcp]'")
             conn.ready.set()
@@ -146,7 +146,7 @@ class MCPServers:
             conn.session = None
             conn.ready.set()
 
-    async def _call(self, server: str, tool: str, arguments: dict[str, Any], timeout: float) -> Any:
+    async def _call(self, server: str, tool: str, arguments: dict[str, Any], timeout: float) -> Any:  # noqa: ASYNC109 - bounds a wait on two tasks (the call, its server)
         conn = await self._connected(server)
         task = asyncio.ensure_future(conn.session.call_tool(tool, arguments))
         assert conn.task is not None
@@ -238,12 +238,12 @@ class _suppress:
 def _transport(spec: MCPServer) -> Any:
     """The SDK's client transport for ``spec``: a subprocess over stdio, or streamable HTTP."""
     if spec.command is not None:
-        from mcp import StdioServerParameters, stdio_client
+        from mcp import StdioServerParameters, stdio_client  # noqa: PLC0415 - the optional mcp extra
 
         env = spec.resolved(spec.env, "env") or None
         return stdio_client(StdioServerParameters(command=spec.command, args=list(spec.args), env=env))
-    from mcp.client.streamable_http import streamable_http_client
-    from mcp.shared._httpx_utils import create_mcp_http_client
+    from mcp.client.streamable_http import streamable_http_client  # noqa: PLC0415 - the optional mcp extra
+    from mcp.shared._httpx_utils import create_mcp_http_client  # noqa: PLC0415 - the optional mcp extra
 
     assert spec.url is not None
     headers = spec.resolved(spec.headers, "headers")

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import dspy
+from dspy.clients.legacy_outputs import value  # reads objects and dicts alike
 from dspy.utils.callback import BaseCallback
 
 from fleet_kernel.engine import litellm_stream
@@ -79,8 +80,6 @@ def take_last_call() -> LastCall:
 
 def finish_reason(response: Any) -> str | None:
     """Why a reply ended: dspy's native ``Response`` (or a tuple of them) or a chat completion's first choice."""
-    from dspy.clients.legacy_outputs import value  # reads objects and dicts alike
-
     if isinstance(response, list | tuple):
         response = response[0] if response else None
     reason = value(response, "finish_reason", None)
@@ -93,8 +92,6 @@ def finish_reason(response: Any) -> str | None:
 
 def thinking_text(response: Any) -> str | None:
     """The provider's reasoning text (lm15 ``ThinkingPart``s; LiteLLM's ``reasoning_content``), or None."""
-    from dspy.clients.legacy_outputs import value
-
     if isinstance(response, list | tuple):
         response = response[0] if response else None
     message = value(response, "message", None)
@@ -166,7 +163,7 @@ class MeteredLM(dspy.LM):
         if open_sink is not None and self.stream_replies:
             stream = CallStream(
                 open=functools.partial(open_sink, call_id),
-                check=self.budget.check_call if self.budget is not None else lambda tokens: None,
+                check=self.budget.check_call if self.budget is not None else lambda _tokens: None,
                 stopped=self._stopped,
                 live=self._live_streams,
             )

@@ -406,7 +406,7 @@ class TurnRunner:
 
     async def sandbox_name(self) -> str:
         """The backend turns use now; on a thread, as the first call asks bubblewrap (a probe process)."""
-        from fleet_kernel.sandbox import choose  # the sandbox package loads backends on first use
+        from fleet_kernel.sandbox import choose  # noqa: PLC0415 - the sandbox package loads backends on first use
 
         return await asyncio.to_thread(choose, self.settings)
 
@@ -493,7 +493,7 @@ class TurnRunner:
         history = self.store.history_read(turn.session_id, window=window_turns, before_position=turn.position)
         (workspace, manifest, window), past = await asyncio.gather(asyncio.to_thread(load), history)
         plan = await compaction.plan(self.store, past, window)
-        from fleet_kernel.engine.turn import TurnJob  # engine.turn imports dspy (~1.5 s), loaded off the event loop
+        from fleet_kernel.engine.turn import TurnJob  # noqa: PLC0415 - engine.turn imports dspy (~1.5 s), loaded off the event loop
 
         running.memories = Memories(self.store, running.settings, turn.session_id)
         host_tools = running.host_tools
@@ -522,7 +522,7 @@ class TurnRunner:
 
     async def _execute(self, running: _Running, job: TurnJob) -> Outcome:
         # engine.turn imports dspy (~1.5 s), loaded off the event loop
-        from fleet_kernel.engine.turn import run_turn
+        from fleet_kernel.engine.turn import run_turn  # noqa: PLC0415 - engine.turn imports dspy, loaded off the event loop
 
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Outcome] = loop.create_future()

@@ -55,14 +55,14 @@ class Export:
         return sum(cell.cell_type == "code" for cell in self.notebook.cells)
 
     def text(self) -> str:
-        import nbformat  # slow to import; only exports need it
+        import nbformat  # noqa: PLC0415 - slow to import; only exports need it
 
         text: str = nbformat.writes(self.notebook)
         return text
 
     def write(self, target: Path) -> Path:
         """Write to ``target``: a ``.ipynb`` file, or a folder that gets ``filename``. Returns the file."""
-        import nbformat  # slow to import (~2 s); only exports need it
+        import nbformat  # noqa: PLC0415 - slow to import (~2 s); only exports need it
 
         if not target.name.endswith(".ipynb"):
             target = target / self.filename
@@ -182,11 +182,15 @@ class Sessions:
             NotFoundError: no such file.
             PayloadTooLargeError: the file is larger than ``storage.max_upload_mb`` (it is not read).
         """
-        if not source.is_file():
-            raise NotFoundError(f"no file {source} (paths are relative to {Path.cwd()})")
-        if source.stat().st_size > self.max_upload_bytes:
-            raise PayloadTooLargeError(f"{source.name} is larger than {self._limit_text()}")
-        return await asyncio.to_thread(source.read_bytes)
+
+        def read() -> bytes:  # on a thread: a slow disk or a network mount never stalls the event loop
+            if not source.is_file():
+                raise NotFoundError(f"no file {source} (paths are relative to {Path.cwd()})")
+            if source.stat().st_size > self.max_upload_bytes:
+                raise PayloadTooLargeError(f"{source.name} is larger than {self._limit_text()}")
+            return source.read_bytes()
+
+        return await asyncio.to_thread(read)
 
     def _limit_text(self) -> str:
         return f"storage.max_upload_mb ({self.settings.policy.storage.max_upload_mb:g} MB)"

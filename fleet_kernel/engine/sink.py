@@ -345,7 +345,7 @@ async def follow(
                 yield event
 
 
-async def follow_batches(
+async def follow_batches(  # noqa: C901 - one loop over replay, the hub and gaps; its invariants read together
     store: Store,
     hub: EventHub | None,
     turn_id: str,

@@ -197,7 +197,7 @@ class StreamingEngines(dict[Any, Any]):
     """
 
     def __setitem__(self, key: Any, engine: Any) -> None:
-        from dspy.clients.engines import lm15_engine  # dspy's native engine (untyped: imported here)
+        from dspy.clients.engines import lm15_engine  # noqa: PLC0415 - dspy's native engine (untyped: imported here)
 
         if isinstance(engine, lm15_engine.LM15Engine):
             engine.complete = lambda request, _engine=engine: streamed_complete(_engine, request)

@@ -84,7 +84,7 @@ async def run_tasks(
     progress: Progress | None = None,
 ) -> EvalOutcome:
     """``run_dataset`` for tasks already loaded; ``name`` names the runs' sessions and the output folder."""
-    from fleet_kernel.evals.report import write_report, write_results
+    from fleet_kernel.evals.report import write_report, write_results  # noqa: PLC0415 - nbconvert and rich load only when a report is written
 
     judge = None
     if any(t.scorer == "judge" for t in tasks):

@@ -117,7 +117,7 @@ def _csv_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def _notebook_rows(path: Path) -> list[dict[str, Any]]:
-    import nbformat  # slow to import; only notebook data sets need it
+    import nbformat  # noqa: PLC0415 - slow to import; only notebook data sets need it
 
     try:
         nb = nbformat.read(str(path), as_version=4)

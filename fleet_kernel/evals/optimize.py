@@ -52,7 +52,7 @@ def split(tasks: Sequence[EvalTask], holdout: float, seed: int) -> tuple[list[Ev
     if not 0 < holdout < 1:
         raise ValidationError("--holdout is a fraction between 0 and 1, such as 0.3")
     order = list(tasks)
-    random.Random(seed).shuffle(order)
+    random.Random(seed).shuffle(order)  # noqa: S311 - a seeded, reproducible split, not a secret
     held = min(len(order) - 1, max(1, round(len(order) * holdout)))
     return order[held:], order[:held]
 
@@ -97,7 +97,7 @@ class _FleetAdapter:
         self._run = run
 
     def evaluate(self, batch: list[EvalTask], candidate: dict[str, str], capture_traces: bool = False) -> Any:
-        from gepa import EvaluationBatch
+        from gepa import EvaluationBatch  # noqa: PLC0415 - gepa only while optimizing
 
         results = self._run(candidate[COMPONENT], batch)
         traces = [{"task": t, "result": r} for t, r in zip(batch, results, strict=True)] if capture_traces else None
@@ -106,7 +106,10 @@ class _FleetAdapter:
         )
 
     def make_reflective_dataset(
-        self, candidate: dict[str, str], eval_batch: Any, components_to_update: list[str]
+        self,
+        candidate: dict[str, str],  # noqa: ARG002 - gepa's adapter signature
+        eval_batch: Any,
+        components_to_update: list[str],
     ) -> dict[str, list[dict[str, Any]]]:
         rows = []
         for trace in eval_batch.trajectories or []:
@@ -126,7 +129,7 @@ class _FleetAdapter:
 
 def _reflection(settings: Settings, model: str | None) -> Callable[[str], str]:
     """The model GEPA asks for new instructions: ``model``, else the configured root model."""
-    from fleet_kernel.engine.lm import build_lms
+    from fleet_kernel.engine.lm import build_lms  # noqa: PLC0415 - dspy only while optimizing
 
     lm, _ = build_lms(settings.model_copy(update={"lm_model": model or settings.lm_model, "sub_lm_model": None}))
 
@@ -223,9 +226,9 @@ async def _search(
     progress: Progress | None,
 ) -> OptimizeOutcome:
     """GEPA's search on ``train``, both texts scored on ``held``, and the candidate written when it is better."""
-    import gepa
+    import gepa  # noqa: PLC0415 - gepa only while optimizing
 
-    from fleet_kernel.engine.turn import base_instructions
+    from fleet_kernel.engine.turn import base_instructions  # noqa: PLC0415 - engine.turn imports dspy
 
     candidates = _Candidates(runner, folder, judge, f"optimize {name}", concurrency)
     loop = asyncio.get_running_loop()

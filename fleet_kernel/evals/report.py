@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import json
 from dataclasses import asdict, fields
 from pathlib import Path
 
+from fleet_kernel import identity
 from fleet_kernel.evals.run import EvalReport, RunResult
 from fleet_kernel.markdown import md_escape
 from fleet_kernel.store import Store
@@ -37,8 +39,8 @@ def summary_rows(report: EvalReport) -> tuple[list[str], list[list[str]]]:
 
 def render_table(report: EvalReport, *, width: int = 120) -> str:
     """The table for a terminal, drawn by rich."""
-    from rich.console import Console
-    from rich.table import Table
+    from rich.console import Console  # noqa: PLC0415 - rich only for a terminal table
+    from rich.table import Table  # noqa: PLC0415 - rich only for a terminal table
 
     header, rows = summary_rows(report)
     table = Table(title=f"fleet eval {report.name}", title_justify="left")
@@ -48,7 +50,8 @@ def render_table(report: EvalReport, *, width: int = 120) -> str:
         table.add_row(*row, end_section=n == len(report.task_ids) - 1)
     console = Console(file=io.StringIO(), width=width, color_system=None, legacy_windows=False)
     console.print(table)
-    return console.file.getvalue()  # type: ignore[attr-defined]
+    text: str = console.file.getvalue()  # type: ignore[attr-defined]
+    return text
 
 
 def markdown_table(report: EvalReport) -> str:
@@ -78,11 +81,9 @@ def write_results(report: EvalReport, folder: Path) -> list[Path]:
 
 async def write_report(report: EvalReport, store: Store, folder: Path) -> list[Path]:
     """``report.ipynb`` and ``report.html``: the table, then each failing run's transcript."""
-    import nbformat
-    from nbconvert import HTMLExporter
-    from nbformat import v4
-
-    from fleet_kernel import identity
+    import nbformat  # noqa: PLC0415 - nbformat and nbconvert (~2 s) only for a report
+    from nbconvert import HTMLExporter  # noqa: PLC0415 - nbformat and nbconvert (~2 s) only for a report
+    from nbformat import v4  # noqa: PLC0415 - nbformat and nbconvert (~2 s) only for a report
 
     cells = [v4.new_markdown_cell(f"# fleet eval {report.name}\n\n{markdown_table(report)}")]
     failures = report.failures()
@@ -106,9 +107,13 @@ async def write_report(report: EvalReport, store: Store, folder: Path) -> list[P
     nb = v4.new_notebook(cells=cells)
     nb.metadata["kernelspec"] = dict(identity.KERNELSPEC)
     nb.metadata["language_info"] = dict(identity.LANGUAGE_INFO)
-    folder.mkdir(parents=True, exist_ok=True)
     notebook, page = folder / "report.ipynb", folder / "report.html"
-    nbformat.write(nb, str(notebook))
-    html, _ = HTMLExporter().from_notebook_node(nb)
-    page.write_text(html, encoding="utf-8")
-    return [notebook, page]
+
+    def write() -> list[Path]:  # on a thread: the HTML export takes a while, the loop keeps serving
+        folder.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, str(notebook))
+        html, _ = HTMLExporter().from_notebook_node(nb)
+        page.write_text(html, encoding="utf-8")
+        return [notebook, page]
+
+    return await asyncio.to_thread(write)

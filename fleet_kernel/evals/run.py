@@ -214,7 +214,7 @@ def _score(task: EvalTask, answer: str | None, value: Any, judge: Judge | None) 
 def _inputs(task: EvalTask) -> list[Any]:
     if not task.inputs:
         return []
-    from fleet_kernel.engine.inputs import check_name, encode
+    from fleet_kernel.engine.inputs import check_name, encode  # noqa: PLC0415 - the engine's encoder (dspy) only for tasks with inputs
 
     for key in task.inputs:
         check_name(key)

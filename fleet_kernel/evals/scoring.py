@@ -70,7 +70,7 @@ def _numeric(task: EvalTask, text: str) -> Score:
 
 
 def _schema(task: EvalTask, text: str, result: Any) -> Score:
-    import jsonschema  # only schema-scored tasks need it
+    import jsonschema  # noqa: PLC0415 - only schema-scored tasks need it
 
     value = result
     if value is None:
@@ -88,9 +88,9 @@ def _schema(task: EvalTask, text: str, result: Any) -> Score:
 
 def model_judge(settings: Settings, model: str | None = None) -> Judge:
     """A judge that asks ``model`` (else the configured root model) to grade answers on their rubric."""
-    import dspy
+    import dspy  # noqa: PLC0415 - dspy only for a judge
 
-    from fleet_kernel.engine.lm import build_lms
+    from fleet_kernel.engine.lm import build_lms  # noqa: PLC0415 - dspy only for a judge
 
     class Grade(dspy.Signature):
         """Grade the answer to the task against the rubric. The score is 1 when the answer fully meets

@@ -69,7 +69,7 @@ def _usage_error(message: str) -> Exception:
 # ---------------------------------------------------------------------------------------------- commands
 
 
-async def cmd_help(ctx: KernelContext, args: list[str]) -> Reply:
+async def cmd_help(ctx: KernelContext, args: list[str]) -> Reply:  # noqa: ARG001 - every command takes (ctx, args)
     doc = (__doc__ or "").split("\n\n")[1]
     text = "Fleet: each cell is a turn of the session; lines starting with %fleet are commands.\n\n" + doc
     lines = [line.strip() for line in doc.splitlines() if line.strip()]
@@ -200,7 +200,7 @@ async def cmd_output(ctx: KernelContext, args: list[str]) -> Reply:
     return Reply(f"Output: {mode}. Here, turns are shown as {what} ({live}), then as their transcript.")
 
 
-async def cmd_status(ctx: KernelContext, args: list[str]) -> Reply:
+async def cmd_status(ctx: KernelContext, args: list[str]) -> Reply:  # noqa: ARG001 - every command takes (ctx, args)
     await ctx.open()
     assert ctx.store is not None
     settings = ctx.settings
@@ -252,7 +252,7 @@ def _last_turn_usage(usage: dict[str, Any]) -> str:
 async def cmd_attach(ctx: KernelContext, args: list[str]) -> Reply:
     if len(args) != 1:
         raise _usage_error("usage: %fleet attach <local file>")
-    source = Path(args[0]).expanduser()
+    source = Path(args[0]).expanduser()  # noqa: ASYNC240 - expanduser reads $HOME, no I/O
     sessions = await ctx.sessions()
     try:
         data = await sessions.read_file(source)
@@ -276,12 +276,13 @@ def _cwd_hint(source: Path) -> str:
 
 
 async def cmd_export(ctx: KernelContext, args: list[str]) -> Reply:
-    if len(args) > 1 or (args and not args[0].endswith((".ipynb", "/")) and not Path(args[0]).is_dir()):
+    folder = bool(args) and await asyncio.to_thread(Path(args[0]).is_dir)
+    if len(args) > 1 or (args and not args[0].endswith((".ipynb", "/")) and not folder):
         raise _usage_error("usage: %fleet export [file.ipynb | folder] (default: a file named after the session)")
     if ctx.session_id is None:
         raise _usage_error("nothing to export yet: run a turn first, or %fleet session use <id>")
     export = await (await ctx.sessions()).export(ctx.session_id)
-    target = await asyncio.to_thread(export.write, Path(args[0] if args else ".").expanduser())
+    target = await asyncio.to_thread(export.write, Path(args[0] if args else ".").expanduser())  # noqa: ASYNC240 - expanduser reads $HOME, no I/O
     return Reply(f"Wrote {export.turns} turns of session {ctx.session_id} to {target.resolve()}")
 
 
@@ -446,7 +447,7 @@ async def cmd_eval(ctx: KernelContext, args: list[str]) -> Reply:
         show(f"eval: {done}/{total} runs done · last {result.task_id} on {result.model} #{result.repeat}: {mark}")
 
     show("eval: starting the runs…")
-    outcome = await run_dataset(runner, Path(args[0]).expanduser(), progress=progress, **options)
+    outcome = await run_dataset(runner, Path(args[0]).expanduser(), progress=progress, **options)  # noqa: ASYNC240 - expanduser reads $HOME, no I/O
     files = [str(p.resolve()) for p in outcome.files]
     text = render_table(outcome.report, width=100) + "\n" + "\n".join(f"wrote {f}" for f in files)
     markdown = markdown_table(outcome.report) + "\n\n" + "\n".join(f"- wrote {md_code(f)}" for f in files)
@@ -478,7 +479,7 @@ async def cmd_feedback(ctx: KernelContext, args: list[str]) -> Reply:
         row = await ctx.store.get_feedback(ctx.session_id, turn_id)
         return Reply(f"Turn {turn_id} is marked {row.rating}" + (f": {row.note}" if row.note else "."))
     if args[0] == "add":
-        target = Path(args[1]).expanduser()
+        target = Path(args[1]).expanduser()  # noqa: ASYNC240 - expanduser reads $HOME, no I/O
         await feedback.add_to_dataset(ctx.store, ctx.session_id, turn_id, target)
         return Reply(f"Added turn {turn_id} to {target.resolve()}, its answer as the expected one.")
     row = await feedback.mark(ctx.store, ctx.session_id, turn_id, args[0], " ".join(args[1:]))

@@ -66,4 +66,5 @@ async def history(
 
 def _task(entry: HistoryEntry) -> str:
     value = entry[2]
-    return value[0] if isinstance(value, tuple) else value
+    task: str = value[0] if isinstance(value, tuple) else value
+    return task

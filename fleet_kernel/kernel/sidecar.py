@@ -36,7 +36,7 @@ def spawn_sidecar(
     with safe_files.private_dirs(settings.home, [settings.logs_dir.name]) as logs:
         log_fd = safe_files.open_append(logs, f"api-{port}.log")
     with open(log_fd, "ab") as log:
-        process = subprocess.Popen(
+        process = subprocess.Popen(  # noqa: S603 - fleet serve's fixed argv
             serve_command(host, port),
             env={**os.environ, **(env or {})},
             stdin=subprocess.DEVNULL,
@@ -44,7 +44,7 @@ def spawn_sidecar(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    probe = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    probe = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # noqa: S104 - maps a wildcard to the loopback address to probe
     url = f"http://{'[' + probe + ']' if ':' in probe else probe}:{port}/api/health"
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:

@@ -92,7 +92,7 @@ _CLONE_NEW_FLAGS = (
 def seccomp_program() -> bytes | None:
     """The BPF program for ``bwrap --seccomp``, or None when libseccomp is unavailable (logged)."""
     try:
-        import pyseccomp as sc  # needs libseccomp.so, which may be missing: a logged fallback, not an import error
+        import pyseccomp as sc  # noqa: PLC0415 - needs libseccomp.so, which may be missing: a logged fallback, not an import error
     except Exception as exc:  # ImportError, or RuntimeError when libseccomp.so is missing
         logger.warning("seccomp filter disabled (%s); install libseccomp2 and pyseccomp", exc)
         return None

@@ -80,7 +80,7 @@ def _delay(exc: BaseException, attempt: int) -> float:
             return min(float(after), MAX_BACKOFF_S)
         except ValueError:
             pass
-    return min(BACKOFF_S * 2.0**attempt, MAX_BACKOFF_S) * random.uniform(0.5, 1.5)
+    return min(BACKOFF_S * 2.0**attempt, MAX_BACKOFF_S) * random.uniform(0.5, 1.5)  # noqa: S311 - retry jitter, not a secret
 
 
 def retry(what: str, call: Callable[[], T], *, attempts: int = ATTEMPTS) -> T:

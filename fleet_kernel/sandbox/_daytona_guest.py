@@ -42,6 +42,7 @@ class Guest:
         self._awaiting = 0  # tool calls sent and not answered yet
         self._wake = threading.Event()  # cuts the poller's sleep short when a tool call goes out
         self._main = threading.main_thread().ident or 0
+        self.types = runtime_module.MessageType  # the protocol's message types, defined by the runtime
         saved = sys.stdout, sys.stderr
         self.runtime = runtime_module.Runtime(
             self._send, None, max_output_bytes=max_output_bytes, threaded=True, capture_fds=False, reap=False
@@ -53,17 +54,17 @@ class Guest:
 
     # -- sandbox to host ---------------------------------------------------------------------------
 
-    def _on_sigint(self, signum: int, frame: Any) -> None:
+    def _on_sigint(self, _signum: int, _frame: Any) -> None:
         if self.runtime.interruptible:  # only inside model code, never while we write a message
             raise KeyboardInterrupt
 
     def _send(self, message: dict[str, Any]) -> None:
         """The runtime's send, called on its one sender thread."""
-        if message.get("type") == "tool_call":
+        if message.get("type") == self.types.TOOL_CALL:
             with self._lock:
                 self._awaiting += 1
         self.write(message)
-        if message.get("type") == "tool_call":
+        if message.get("type") == self.types.TOOL_CALL:
             self._wake.set()
 
     def write(self, message: dict[str, Any]) -> None:
@@ -76,7 +77,7 @@ class Guest:
                 kind = "M" if start + PIECE >= len(text) else "P"
                 stream.write(f"{MARK}{kind}{text[start : start + PIECE]}\n")
             stream.flush()
-            if message.get("type") == "done":
+            if message.get("type") == self.types.DONE:
                 self._done.set()
 
     # -- one execution per run_code ------------------------------------------------------------------
@@ -137,11 +138,11 @@ class Guest:
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         kind = message.get("type")
-        if kind in ("tool_result", "tool_error"):
+        if kind in (self.types.TOOL_RESULT, self.types.TOOL_ERROR):
             with self._lock:
                 self._awaiting = max(0, self._awaiting - 1)
             self.runtime.deliver(message)
-        elif kind == "interrupt":
+        elif kind == self.types.INTERRUPT:
             running = self.runtime.running
             if running is not None and message.get("id") in (None, running):
                 signal.pthread_kill(self._main, signal.SIGINT)
@@ -152,7 +153,7 @@ def boot(inbox: str, max_output_bytes: int) -> Guest:
     guest = Guest(sys.modules["fleet_sandbox_runtime"], inbox, max_output_bytes)
     guest.attach()
     try:
-        guest.write({"type": "ready", "pid": os.getpid(), "python": sys.version.split()[0]})
+        guest.write({"type": guest.types.READY, "pid": os.getpid(), "python": sys.version.split()[0]})
     finally:
         guest.detach()
     return guest

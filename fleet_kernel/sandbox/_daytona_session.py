@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 from daytona import DaytonaConnectionError, DaytonaError, DaytonaTimeoutError
 
 from fleet_kernel.sandbox import _daytona_guest as guest
-from fleet_kernel.sandbox.interpreter import ProtocolError, SessionClosed
+from fleet_kernel.sandbox._protocol import ProtocolError, SessionClosed
+from fleet_kernel.sandbox.runtime import HostMessage, Interrupt, MessageType
 
 if TYPE_CHECKING:
     from fleet_kernel.sandbox._daytona_box import DaytonaBox
@@ -68,18 +69,18 @@ class MarkerParser:
             self._line(line)
 
     def feed_stderr(self, text: str) -> None:
-        self._emit({"type": "out", "stream": "stderr", "text": text})
+        self._emit({"type": MessageType.OUT, "stream": "stderr", "text": text})
 
     def flush(self) -> None:
         if self._partial:
-            self._emit({"type": "out", "stream": "stdout", "text": self._partial})
+            self._emit({"type": MessageType.OUT, "stream": "stdout", "text": self._partial})
             self._partial = ""
 
     def _line(self, line: str) -> None:
         if self.error is not None:
             return
         if not line.startswith(guest.MARK) or len(line) < 2:
-            self._emit({"type": "out", "stream": "stdout", "text": line + "\n"})
+            self._emit({"type": MessageType.OUT, "stream": "stdout", "text": line + "\n"})
             return
         kind, payload = line[1], line[2:]
         if kind == "P":
@@ -91,7 +92,7 @@ class MarkerParser:
         except ValueError:
             self.error = ProtocolError(f"unreadable message from the Daytona sandbox: {text[:200]!r}")
             return
-        if message.get("type") == "done":
+        if message.get("type") == MessageType.DONE:
             self.seen_done = True
         self._emit(message)
 
@@ -103,7 +104,7 @@ class DaytonaSession:
         self._box = box
         self._max_output_bytes = max_output_bytes
         self._run_timeout_s = run_timeout_s  # Daytona's own deadline per run_code: a backstop only
-        self._inbox = f"/tmp/fleet-{secrets.token_hex(8)}"
+        self._inbox = f"/tmp/fleet-{secrets.token_hex(8)}"  # noqa: S108 - inside the Daytona sandbox, with a random name
         self._messages: queue.SimpleQueue[dict[str, Any] | Exception] = queue.SimpleQueue()
         self._seq = itertools.count(1)
         self._context: Any = None
@@ -127,13 +128,13 @@ class DaytonaSession:
             ready = SessionClosed("the Daytona interpreter context did not start Fleet's runtime")
         if isinstance(ready, Exception):
             raise SessionClosed(str(ready)) from ready
-        if ready.get("type") != "ready":
+        if ready.get("type") != MessageType.READY:
             raise SessionClosed(f"unexpected first message from the Daytona sandbox: {ready!r:.200}")
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: HostMessage) -> None:
         if self._closed:
             raise SessionClosed("was shut down")
-        if message.get("type") == "execute":
+        if message.get("type") == MessageType.EXECUTE:
             self._current = message.get("id")
             code = f"__fleet_guest.run({json.dumps(message)!r})"
             threading.Thread(
@@ -152,7 +153,7 @@ class DaytonaSession:
         return item
 
     def interrupt(self) -> None:
-        message = {"type": "interrupt", "id": self._current}
+        message: Interrupt = {"type": MessageType.INTERRUPT, "id": self._current}
         threading.Thread(target=self._post_quietly, args=(message,), daemon=True, name="fleet-daytona-int").start()
 
     def kill(self) -> None:
@@ -197,7 +198,7 @@ class DaytonaSession:
         if problem is not None and not (expect_done and parser.seen_done) and not self._closed:
             self._messages.put(problem)
 
-    def _post(self, message: dict[str, Any]) -> None:
+    def _post(self, message: HostMessage) -> None:
         """Upload one host-to-sandbox message into the guest's inbox (idempotent, so retried)."""
         data = (json.dumps(message) + guest.REPLY_END).encode()
         path = f"{self._inbox}/{next(self._seq):012d}.msg"
@@ -206,7 +207,7 @@ class DaytonaSession:
         except DaytonaError as exc:
             raise SessionClosed(f"could not reach the Daytona sandbox ({self._box.explain(exc)})") from exc
 
-    def _post_quietly(self, message: dict[str, Any]) -> None:
+    def _post_quietly(self, message: HostMessage) -> None:
         try:
             self._post(message)
         except SessionClosed as exc:

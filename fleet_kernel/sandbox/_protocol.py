@@ -15,6 +15,8 @@ import threading
 import time
 from typing import IO, Any
 
+from fleet_kernel.sandbox.runtime import HostMessage, MessageType
+
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # longest protocol line a host reader holds in memory
 READ_CHUNK_BYTES = 1 << 20  # read from the pipe at once (its size): big messages in few reads
 WAIT_SLICE_S = 0.1  # a wait for the pipe is cut into slices, so ``kill`` never waits long for the reader
@@ -71,7 +73,7 @@ class PipeSession:
         except (SessionClosed, ProtocolError) as exc:
             self.kill()
             raise SessionClosed(f"exited during start-up: {exc}") from exc
-        if ready is None or ready.get("type") != "ready":
+        if ready is None or ready.get("type") != MessageType.READY:
             self.kill()
             raise SessionClosed(f"did not become ready within {self.start_timeout_s:g} s (got {ready!r})")
 
@@ -80,7 +82,7 @@ class PipeSession:
             for chunk in iter(lambda: stream.read1(65536), b""):  # type: ignore[attr-defined]
                 self._stderr_tail = (self._stderr_tail + chunk)[-16384:]
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: HostMessage) -> None:
         data = json.dumps(message).encode() + b"\n"
         with self._send_lock:
             process = self._process
@@ -145,7 +147,7 @@ class PipeSession:
 
     def interrupt(self) -> None:
         with contextlib.suppress(SessionClosed):
-            self.send({"type": "interrupt"})
+            self.send({"type": MessageType.INTERRUPT, "id": None})
 
     def kill(self) -> None:
         process, self._process = self._process, None

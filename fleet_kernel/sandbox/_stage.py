@@ -280,7 +280,13 @@ def copy_out(stage: str, host: str, snapshot: Snapshot) -> list[Failure]:
                 _copy_file(source, target, _file_mode(st), None)
             except OSError as exc:
                 failed(relative, exc)
-    for relative in sorted(set(snapshot) - seen, reverse=True):
+    _delete_removed(stage, host, set(snapshot) - seen)
+    return failures
+
+
+def _delete_removed(stage: str, host: str, removed: set[str]) -> None:
+    """Delete from the host the copied-in files the sandbox deleted, and the folders it left empty."""
+    for relative in sorted(removed, reverse=True):
         target = os.path.join(host, relative)
         if os.path.islink(target) or os.path.isfile(target):
             os.unlink(target)
@@ -291,7 +297,6 @@ def copy_out(stage: str, host: str, snapshot: Snapshot) -> list[Failure]:
             except OSError:
                 break
             parent = os.path.dirname(parent)
-    return failures
 
 
 def _drop_to(uid: int) -> None:
@@ -369,7 +374,7 @@ def main(argv: list[str]) -> int:
         os.close(fd)
     code = 128 + signal.SIGTERM
     if not stopping:
-        process = subprocess.Popen(
+        process = subprocess.Popen(  # noqa: S603 - the bubblewrap argv the host built
             command,
             pass_fds=opts.keep_fd,
             close_fds=True,
@@ -421,7 +426,7 @@ def _adopted(
         if sandbox_uid is not None:
             _drop_to(sandbox_uid)
 
-    process = subprocess.Popen(command, pass_fds=opts.keep_fd, close_fds=True, preexec_fn=enter)
+    process = subprocess.Popen(command, pass_fds=opts.keep_fd, close_fds=True, preexec_fn=enter)  # noqa: S603 - the bubblewrap argv the host built
     child.append(process)
     for fd in opts.join_fd:
         os.close(fd)

@@ -134,7 +134,7 @@ def _volume_mount(client: Any, store: str, session_id: str) -> Any:
     return sdk.VolumeMount(volume_id=volume.id, mount_path="/workspace", subpath=f"sessions/{session_id}")
 
 
-def _create(client: Any, settings: Settings, store: str, session_id: str) -> Any:
+def _create(client: Any, store: str, session_id: str) -> Any:
     volumes = []
     if USE_VOLUME:
         try:
@@ -195,7 +195,7 @@ def acquire(settings: Settings, workspace: Path) -> DaytonaBox:
             except sdk.DaytonaError as exc:
                 logger.warning("Daytona: cleaning up stale sandboxes failed: %s", exc)
         if box is None:
-            box = DaytonaBox(client, _create(client, settings, store, session_id), session_id=session_id, api_url=url)
+            box = DaytonaBox(client, _create(client, store, session_id), session_id=session_id, api_url=url)
         _daytona_sync.ensure_remote_dirs(box)
     except sdk.DaytonaError as exc:
         raise unavailable(exc, url) from exc
@@ -303,7 +303,7 @@ class DaytonaBackend:
             return exc.message
         return None
 
-    def instructions(self, settings: Settings, workspace: Path) -> str:
+    def instructions(self, settings: Settings, workspace: Path) -> str:  # noqa: ARG002 - the backend contract's signature
         return _instructions(settings)
 
     def open(self, settings: Settings, workspace: Path, *, cancel: CancelToken | None = None) -> SandboxFactory:
@@ -352,8 +352,8 @@ def _check(settings: Settings, echo: Callable[[str], None]) -> bool:
             lambda: sandbox.code_interpreter.run_code("import sys; print(sys.version.split()[0])", timeout=60),
             lambda r: f"Python {r.stdout.strip()}",
         )
-        step("write a file", lambda: sandbox.fs.upload_file(b"fleet doctor\n", "/tmp/fleet-doctor.txt"))
-        data = step("read it back", lambda: sandbox.fs.download_file("/tmp/fleet-doctor.txt"))
+        step("write a file", lambda: sandbox.fs.upload_file(b"fleet doctor\n", "/tmp/fleet-doctor.txt"))  # noqa: S108 - inside the Daytona sandbox
+        data = step("read it back", lambda: sandbox.fs.download_file("/tmp/fleet-doctor.txt"))  # noqa: S108 - inside the Daytona sandbox
         if data != b"fleet doctor\n":
             echo(f"[FAIL] daytona: the file read back differs: {data[:80]!r}")
             return False

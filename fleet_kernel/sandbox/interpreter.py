@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import hashlib
 import inspect
 import itertools
@@ -21,16 +22,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, cast
 
 from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreterError, FinalOutput
-from dspy.utils.callback import BaseCallback, with_callbacks
+from dspy.utils.callback import BaseCallback
+from dspy.utils.callback import with_callbacks as _with_callbacks
 from pydantic_core import to_jsonable_python
 
 from fleet_kernel.cancel import CancelToken
 from fleet_kernel.errors import TurnCancelled
 from fleet_kernel.sandbox._protocol import ProtocolError, SessionClosed
 from fleet_kernel.sandbox.base import SandboxCrashed, current_observer, run_with_context
+from fleet_kernel.sandbox.runtime import DoneKind, Execute, HostMessage, MessageType, ToolError, ToolResult
 from fleet_kernel.telemetry import metrics
 
 logger = logging.getLogger(__name__)
@@ -43,13 +46,29 @@ MAX_TOOL_CALLS = 64  # host tool calls of one execution running at once (one thr
 _STATE_LOST = "variables, imports and functions from earlier steps are gone (files in /workspace are kept)"
 
 
+class Stop(enum.Enum):
+    """Why the host asked running code to stop (at most one reason per execution, the first found)."""
+
+    CANCEL = "cancel"  # the turn's cancel token was cancelled
+    FATAL = "fatal"  # a host tool was stopped by a BaseException (a cancellation) that must reach the caller
+    TIMEOUT = "timeout"  # the code ran past the execution timeout
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def with_callbacks(method: F) -> F:
+    """dspy's ``with_callbacks`` (untyped), keeping the method's signature for the type checker."""
+    return cast(F, _with_callbacks(method))
+
+
 class SandboxSession(Protocol):
     """One running sandbox speaking the ``runtime.py`` protocol; backends implement this."""
 
     def start(self) -> None:
         """Start the sandbox and wait for its ``ready`` message; raise ``SessionClosed`` if it cannot start."""
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: HostMessage) -> None:
         """Send one message (thread-safe); raise ``SessionClosed`` when the sandbox is gone."""
 
     def receive(self, timeout: float) -> dict[str, Any] | None:
@@ -240,8 +259,8 @@ class SandboxInterpreter:
             session = self._session
             assert session is not None
             exec_id = next(self._ids)
-            request = {
-                "type": "execute",
+            request: Execute = {
+                "type": MessageType.EXECUTE,
                 "id": exec_id,
                 "code": code,
                 "tools": sorted(self._tools),
@@ -299,7 +318,7 @@ class SandboxInterpreter:
         in_flight = _InFlight()
         chunks: list[str] = []
         shown = 0  # characters of output passed on; the runtime caps them, code writing to the channel may not
-        stop: str | None = None  # "cancel" | "timeout" | "fatal" once we asked the code to stop
+        stop: Stop | None = None  # set once we asked the code to stop
         stopped_at = last_interrupt = 0.0
         used, last = 0.0, time.monotonic()
         while True:
@@ -308,15 +327,7 @@ class SandboxInterpreter:
                 used += now - last
             last = now
             if stop is None:
-                stop = (
-                    "cancel"
-                    if self._cancel.cancelled
-                    else "fatal"
-                    if self._fatal
-                    else "timeout"
-                    if used >= self._exec_timeout_s
-                    else None
-                )
+                stop = self._stop_reason() or (Stop.TIMEOUT if used >= self._exec_timeout_s else None)
                 if stop:
                     session.interrupt()
                     stopped_at = last_interrupt = now
@@ -332,7 +343,7 @@ class SandboxInterpreter:
                 self._drop_session()
                 if self._closed:
                     raise CodeInterpreterError("The sandbox was shut down while code was running.") from exc
-                if stop in ("cancel", "fatal"):
+                if stop in (Stop.CANCEL, Stop.FATAL):
                     raise self._stop_error(stop, "", None) from exc
                 output = "".join(chunks)
                 raise CodeExecutionError(
@@ -345,38 +356,47 @@ class SandboxInterpreter:
             if message is None:
                 continue
             kind = message.get("type")
-            if kind == "out":
+            if kind == MessageType.OUT:
                 shown = self._show(observer, chunks, shown, message.get("stream"), message.get("text"))
-            elif kind == "tool_call":
-                if in_flight.count >= MAX_TOOL_CALLS:
-                    with contextlib.suppress(SessionClosed):
-                        session.send(
-                            {
-                                "type": "tool_error",
-                                "id": message.get("id"),
-                                "error": {
-                                    "type": "RuntimeError",
-                                    "message": f"more than {MAX_TOOL_CALLS} tool calls at once; wait for some",
-                                },
-                            }
-                        )
-                    continue
-                in_flight.add(1)
-                threading.Thread(
-                    target=run_with_context(self._run_tool, session, message, in_flight),
-                    daemon=True,
-                    name=f"fleet-tool-{message.get('name')}",
-                ).start()
-            elif kind == "done" and message.get("id") == exec_id:
-                tail = message.get("tail")
-                for chunk in tail if isinstance(tail, list) else ():  # written by the sandbox: checked
-                    if isinstance(chunk, list) and len(chunk) == 2:
-                        shown = self._show(observer, chunks, shown, *chunk)
-                if stop is None:  # factory.interrupt() or a cancelled tool got there before this loop looked
-                    stop = "cancel" if self._cancel.cancelled else "fatal" if self._fatal else None
-                if stop and not (stop == "timeout" and message.get("kind") != "interrupted"):
-                    raise self._stop_error(stop, message.get("output") or "", message.get("error"))
-                return self._result(message)
+            elif kind == MessageType.TOOL_CALL:
+                self._start_tool(session, message, in_flight)
+            elif kind == MessageType.DONE and message.get("id") == exec_id:
+                return self._finish(message, stop, observer, chunks, shown)
+
+    def _finish(self, done: dict[str, Any], stop: Stop | None, observer: Any, chunks: list[str], shown: int) -> Any:
+        """The execution's outcome from its ``done``: the output it still carries is shown first; when the code
+        was asked to stop, the stop's error."""
+        tail = done.get("tail")
+        for chunk in tail if isinstance(tail, list) else ():  # written by the sandbox: checked
+            if isinstance(chunk, list) and len(chunk) == 2:
+                shown = self._show(observer, chunks, shown, *chunk)
+        if stop is None:  # factory.interrupt() or a cancelled tool got there before the loop looked
+            stop = self._stop_reason()
+        if stop and not (stop is Stop.TIMEOUT and done.get("kind") != DoneKind.INTERRUPTED):
+            raise self._stop_error(stop, done.get("output") or "", done.get("error"))
+        return self._result(done)
+
+    def _start_tool(self, session: SandboxSession, call: dict[str, Any], in_flight: _InFlight) -> None:
+        """Run a host tool the code called on a thread of its own; past ``MAX_TOOL_CALLS`` at once, refuse it."""
+        if in_flight.count >= MAX_TOOL_CALLS:
+            with contextlib.suppress(SessionClosed):
+                session.send(
+                    {
+                        "type": MessageType.TOOL_ERROR,
+                        "id": call.get("id"),
+                        "error": {
+                            "type": "RuntimeError",
+                            "message": f"more than {MAX_TOOL_CALLS} tool calls at once; wait for some",
+                        },
+                    }
+                )
+            return
+        in_flight.add(1)
+        threading.Thread(
+            target=run_with_context(self._run_tool, session, call, in_flight),
+            daemon=True,
+            name=f"fleet-tool-{call.get('name')}",
+        ).start()
 
     def _show(self, observer: Any, chunks: list[str], shown: int, stream: Any, text: Any) -> int:
         """Pass one chunk of output on (capped: code writing to the channel may send more); returns
@@ -396,23 +416,30 @@ class SandboxInterpreter:
                 logger.exception("sandbox observer failed in on_output")
         return shown
 
-    def _stop_error(self, stop: str, output: str, error: dict[str, Any] | None) -> BaseException:
-        if stop == "cancel":
+    def _stop_reason(self) -> Stop | None:
+        """Why the code must stop now, short of the timeout: a cancelled turn, or a host tool's fatal error."""
+        return Stop.CANCEL if self._cancel.cancelled else Stop.FATAL if self._fatal else None
+
+    def _stop_error(self, stop: Stop, output: str, error: dict[str, Any] | None) -> BaseException:
+        if stop is Stop.CANCEL:
             return self._cancelled()
-        if stop == "fatal":
+        if stop is Stop.FATAL:
             fatal, self._fatal = self._fatal, None
             return fatal or self._cancelled()
         limit = f"{self._exec_timeout_s:g} s"
         if error is None:
-            return CodeExecutionError(
+            message = (
                 f"{output}\nExecution timed out after {limit} and did not stop when "
                 f"interrupted, so the sandbox was restarted: {_STATE_LOST}.".lstrip()
             )
-        return CodeExecutionError(
-            f"{output}\n{error.get('traceback', '')}Execution timed out after {limit} and "
-            "was interrupted; the REPL state is kept. Do less per step, or work in "
-            "smaller pieces.".lstrip()
-        )
+        else:
+            message = (
+                f"{output}\n{error.get('traceback', '')}Execution timed out after {limit} and "
+                "was interrupted; the REPL state is kept. Do less per step, or work in "
+                "smaller pieces.".lstrip()
+            )
+        timed_out: BaseException = CodeExecutionError(message)
+        return timed_out
 
     def _cancelled(self) -> TurnCancelled:
         return self._cancel.error() or TurnCancelled()
@@ -421,11 +448,11 @@ class SandboxInterpreter:
     def _result(done: dict[str, Any]) -> Any:
         kind, output, value = done.get("kind"), done.get("output") or "", done.get("value")
         error = done.get("error") or {}
-        if kind == "final":
+        if kind == DoneKind.FINAL:
             return FinalOutput(value)
-        if kind == "syntax":
+        if kind == DoneKind.SYNTAX:
             raise SyntaxError(error.get("traceback") or error.get("message") or "invalid syntax")
-        if kind in ("error", "interrupted"):
+        if kind in (DoneKind.ERROR, DoneKind.INTERRUPTED):
             raise CodeExecutionError(f"{output}{error.get('traceback') or error.get('message', '')}".rstrip("\n"))
         if value is not None:
             output = f"{output}{'' if not output or output.endswith(chr(10)) else chr(10)}{value}"
@@ -458,16 +485,25 @@ class SandboxInterpreter:
             observer = None
         call_id = observer.on_tool_start(name, tuple(args), kwargs) if observer is not None else ""
         ok, outcome = True, None
+        reply: ToolResult | ToolError
         try:
             with tool_scope() if tool_scope is not None else contextlib.nullcontext():
                 outcome = self.invoke_tool(name, args, kwargs)
-            reply = {"type": "tool_result", "id": call["id"], "value": _to_json(outcome)}
+            reply = {"type": MessageType.TOOL_RESULT, "id": call["id"], "value": _to_json(outcome)}
         except Exception as exc:
             ok, outcome = False, exc
-            reply = {"type": "tool_error", "id": call["id"], "error": {"type": type(exc).__name__, "message": str(exc)}}
+            reply = {
+                "type": MessageType.TOOL_ERROR,
+                "id": call["id"],
+                "error": {"type": type(exc).__name__, "message": str(exc)},
+            }
         except BaseException as exc:  # cancellation: unblock the code, then stop it and re-raise on the caller
             ok, outcome, self._fatal = False, exc, exc
-            reply = {"type": "tool_error", "id": call["id"], "error": {"type": "RuntimeError", "message": "cancelled"}}
+            reply = {
+                "type": MessageType.TOOL_ERROR,
+                "id": call["id"],
+                "error": {"type": "RuntimeError", "message": "cancelled"},
+            }
         finally:
             in_flight.add(-1)
         if observer is not None:

@@ -61,7 +61,7 @@ def _supports_disable_userns() -> bool:
     bwrap = _bwrap_path()
     if bwrap is None:
         return False
-    help_text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, check=False).stdout
+    help_text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, check=False).stdout  # noqa: S603 - bwrap --help
     return "--disable-userns" in help_text
 
 
@@ -77,7 +77,7 @@ def _tuning_env() -> dict[str, str]:
 
 
 def _env_args() -> list[str]:
-    env = {**_tuning_env(), "XDG_CACHE_HOME": "/tmp/.cache", "MPLCONFIGDIR": "/tmp/.matplotlib"}  # not /workspace
+    env = {**_tuning_env(), "XDG_CACHE_HOME": "/tmp/.cache", "MPLCONFIGDIR": "/tmp/.matplotlib"}  # not /workspace  # noqa: S108 - the sandbox's own private /tmp
     return [arg for name, value in env.items() for arg in ("--setenv", name, value)]
 
 
@@ -255,11 +255,11 @@ def bwrap_argv(
         "--size",
         str(64 * mib),
         "--tmpfs",
-        "/dev/shm",
+        "/dev/shm",  # noqa: S108 - a private tmpfs in the sandbox
         "--size",
         str(max(64, limits.memory_mb // 4) * mib),
         "--tmpfs",
-        "/tmp",
+        "/tmp",  # noqa: S108 - a private tmpfs in the sandbox
         "--bind",
         str(support / "workspace"),
         "/workspace",
@@ -398,7 +398,7 @@ def _probe_bwrap_once() -> str | None:
         command = [sys.executable, "-I", "-S", "-c", "pass"]
         argv = sandbox_argv(Path(workspace), SandboxLimits(), command, seccomp_fd=seccomp, join_fds=[])
         try:
-            done = subprocess.run(
+            done = subprocess.run(  # noqa: S603 - the sandbox argv built here
                 argv,
                 capture_output=True,
                 text=True,
@@ -582,7 +582,7 @@ class ProcessSession(PipeSession):
             cwd = str(self._workspace)
         passed = [*([] if seccomp is None else [seccomp]), *(join_fds if preexec is None else [])]
         try:
-            process = subprocess.Popen(
+            process = subprocess.Popen(  # noqa: S603 - the sandbox argv built here
                 argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,

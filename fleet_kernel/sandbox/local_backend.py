@@ -50,7 +50,7 @@ class LocalBackend:
     def __init__(self, *, isolated: bool) -> None:
         self.isolated = isolated
 
-    def status(self, settings: Settings) -> str | None:
+    def status(self, settings: Settings) -> str | None:  # noqa: ARG002 - the backend contract's signature
         return local.probe_bwrap() if self.isolated else None
 
     def absent(self, settings: Settings) -> str | None:
@@ -74,7 +74,7 @@ class LocalBackend:
         )
 
     def open(self, settings: Settings, workspace: Path, *, cancel: CancelToken | None = None) -> SandboxFactory:
-        from fleet_kernel.sandbox.interpreter import SandboxFactory  # the interpreter imports dspy
+        from fleet_kernel.sandbox.interpreter import SandboxFactory  # noqa: PLC0415 - the interpreter imports dspy
 
         limits, exec_timeout_s = settings.policy.sandbox, settings.limits.exec_timeout_s
         if self.isolated and (reason := local.probe_bwrap()) is not None:

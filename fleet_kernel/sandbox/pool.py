@@ -34,6 +34,7 @@ from fleet_kernel.config import SandboxLimits
 from fleet_kernel.sandbox import _confine, _slots
 from fleet_kernel.sandbox._protocol import SessionClosed
 from fleet_kernel.sandbox.local import STOP_TIMEOUT_S, ProcessSession, SlotsFull, _support_dir
+from fleet_kernel.sandbox.runtime import HostMessage, MessageType
 
 logger = logging.getLogger(__name__)
 
@@ -288,11 +289,11 @@ class PooledSession:
         if self._killed:  # the caller kills the worker it finds on this session
             raise SessionClosed("was stopped while it started")
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: HostMessage) -> None:
         with self._lock:
             if self._idle_stopped:
                 raise SessionClosed(f"was stopped after {self._pool.idle_stop_s:g} s without running code")
-            if message.get("type") == "execute":
+            if message.get("type") == MessageType.EXECUTE:
                 self._running = True
             self._last_use = time.monotonic()
             worker = self._worker
@@ -302,7 +303,7 @@ class PooledSession:
     def receive(self, timeout: float) -> dict[str, Any] | None:
         assert self._worker is not None
         message = self._worker.receive(timeout)
-        if message is not None and message.get("type") == "done":
+        if message is not None and message.get("type") == MessageType.DONE:
             with self._lock:
                 self._running, self._last_use = False, time.monotonic()
         return message

@@ -31,6 +31,7 @@ from fleet_kernel.errors import SandboxUnavailableError
 from fleet_kernel.sandbox._protocol import MAX_MESSAGE_BYTES, PipeSession, SessionClosed
 from fleet_kernel.sandbox.contract import describe
 from fleet_kernel.sandbox.interpreter import SandboxFactory
+from fleet_kernel.sandbox.runtime import MessageType
 from fleet_kernel.workspace import ARTIFACTS_DIR, FULL_ERRNOS, MEMORY_DIR, Unsaved, Workspace, note_unsaved, usage
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ MAX_DENIED_LINKS = 5000  # symbolic links in one workspace, each denied on Deno'
 def find_deno() -> str | None:
     """The Deno binary: the ``deno`` wheel's, else one on PATH."""
     try:
-        from deno import find_deno_bin  # the optional pyodide extra
+        from deno import find_deno_bin  # noqa: PLC0415 - the optional pyodide extra
 
         return str(find_deno_bin())
     except (ImportError, FileNotFoundError):
@@ -115,7 +116,7 @@ def ensure_pyodide(deno_dir: Path | None = None, *, timeout: float = 600) -> Pat
         return target
     target.mkdir(parents=True, exist_ok=True)
     try:
-        done = subprocess.run(
+        done = subprocess.run(  # noqa: S603 - deno's fixed argv
             [deno, "cache", *_DENO_FLAGS, PYODIDE_SPEC],
             env=_deno_env(target, fetch=True),
             capture_output=True,
@@ -160,7 +161,7 @@ def _make_snapshot(deno: str, deno_dir: Path, timeout: float) -> None:
         json.dumps({"make_snapshot": os.path.realpath(path)}),
     ]
     try:
-        done = subprocess.run(
+        done = subprocess.run(  # noqa: S603 - deno's fixed argv
             argv, env=_deno_env(deno_dir), capture_output=True, text=True, timeout=timeout, check=False
         )
         failure = None if done.returncode == 0 and path.is_file() else done.stderr.strip()[-500:]
@@ -229,7 +230,7 @@ class PyodideSession(PipeSession):
     def start(self) -> None:
         join_fds, prefix, preexec = self._confinement()
         try:
-            process = subprocess.Popen(
+            process = subprocess.Popen(  # noqa: S603 - deno's fixed argv
                 [*prefix, *self.argv()],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -253,9 +254,9 @@ class PyodideSession(PipeSession):
         if not sys.platform.startswith("linux"):
             return [], [], None
         # Linux only (setrlimit, seccomp): elsewhere Deno runs with its own permissions alone
-        import resource
+        import resource  # noqa: PLC0415 - Linux only, as below
 
-        from fleet_kernel.sandbox import _confine  # pyseccomp and cgroups only on Linux, when a worker starts
+        from fleet_kernel.sandbox import _confine  # noqa: PLC0415 - pyseccomp and cgroups only on Linux, when a worker starts
 
         limits = self._limits
         self._cgroup = _confine.Cgroup.create(limits.memory_mb + DENO_BASELINE_MB, 256)
@@ -271,7 +272,7 @@ class PyodideSession(PipeSession):
         """The next protocol message; workspace write-backs are applied here, before the ``done`` they precede."""
         while True:
             item = super().receive(timeout)
-            if item is not None and item.get("type") in ("workspace_file", "workspace_delete"):
+            if item is not None and item.get("type") in (MessageType.WORKSPACE_FILE, MessageType.WORKSPACE_DELETE):
                 self._write_back(item)
                 continue
             return item
@@ -283,7 +284,7 @@ class PyodideSession(PipeSession):
             if not relative.startswith(WRITABLE):
                 raise ValueError(f"{relative!r} is not under {' or '.join(WRITABLE)}")
             target = self._workspace.resolve(relative)
-            if message["type"] == "workspace_delete":
+            if message["type"] == MessageType.WORKSPACE_DELETE:
                 if target.is_file():
                     target.unlink()
                     self._usage = None
@@ -414,7 +415,7 @@ class PyodideBackend:
     def status(self, settings: Settings) -> str | None:
         return probe_pyodide(settings.home)
 
-    def instructions(self, settings: Settings, workspace: Path) -> str:
+    def instructions(self, settings: Settings, workspace: Path) -> str:  # noqa: ARG002 - the backend contract's signature
         return execution_instructions(settings.limits.exec_timeout_s)
 
     def open(self, settings: Settings, workspace: Path, *, cancel: CancelToken | None = None) -> SandboxFactory:

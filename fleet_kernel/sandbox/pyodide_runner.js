@@ -478,9 +478,9 @@ in_tool_call = False
 def send(message):
     global in_tool_call
     kind = message.get("type")
-    if kind == "done":
+    if kind == runtime.MessageType.DONE:
         bridge.end_execution()
-    elif kind == "tool_call":
+    elif kind == runtime.MessageType.TOOL_CALL:
         in_tool_call = True
     bridge.write(json.dumps(message, default=runtime._json_default))
 
@@ -490,7 +490,7 @@ def receive():
     data = bridge.receive(in_tool_call)
     in_tool_call = False
     message = json.loads(data.to_bytes())
-    if message.get("type") == "execute":
+    if message.get("type") == runtime.MessageType.EXECUTE:
         bridge.begin_execution()
     return message
 

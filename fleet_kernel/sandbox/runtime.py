@@ -17,6 +17,7 @@ import ast
 import binascii
 import builtins
 import codecs
+import enum
 import io
 import itertools
 import json
@@ -32,7 +33,7 @@ import time
 import traceback
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 Message = dict[str, Any]
 FLUSH_INTERVAL_S = 0.05  # at most ~20 out messages per second while output trickles
@@ -40,6 +41,93 @@ BUFFER_CAP = 8 * 1024  # flush early when this much is pending
 MAX_CHUNK = 256 * 1024  # no single out message carries more text than this
 FLUSH_GAP_S = 0.005  # explicit flushes closer than this are coalesced (logging flushes every record)
 CATCH_UP_GAP_S = 50e-6  # prints check the fd pipes at most this often (a child process takes longer to start)
+
+
+class MessageType(str, enum.Enum):  # noqa: UP042 - not StrEnum: a Daytona image's Python may predate 3.11
+    """The ``type`` of every message between the host and the runtime, defined once for both sides.
+
+    ``serve`` says what each carries. A member is its string: it compares equal to it and is written
+    as it in JSON (the Pyodide runner's JavaScript spells the same strings).
+    """
+
+    # host to sandbox
+    EXECUTE = "execute"
+    TOOL_RESULT = "tool_result"
+    TOOL_ERROR = "tool_error"
+    INTERRUPT = "interrupt"
+    SHUTDOWN = "shutdown"
+    # sandbox to host
+    READY = "ready"
+    OUT = "out"
+    TOOL_CALL = "tool_call"
+    DONE = "done"
+    # sandbox to host, from the Pyodide runner (its workspace lives in the runner's memory)
+    WORKSPACE_FILE = "workspace_file"
+    WORKSPACE_DELETE = "workspace_delete"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class DoneKind(str, enum.Enum):  # noqa: UP042 - as MessageType
+    """How an execution ended: the ``kind`` of its ``done`` message."""
+
+    RESULT = "result"  # ran to the end; ``value`` is the repr of a trailing expression, if any
+    FINAL = "final"  # the code called SUBMIT; ``value`` is what it submitted
+    SYNTAX = "syntax"  # the code did not parse
+    ERROR = "error"  # the code raised
+    INTERRUPTED = "interrupted"  # an interrupt (a Stop, a timeout) ended it
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TOOL_REPLIES = (MessageType.TOOL_RESULT, MessageType.TOOL_ERROR)
+
+
+class ErrorInfo(TypedDict):
+    """An exception as the protocol carries it: its class name and message."""
+
+    type: str
+    message: str
+
+
+class Execute(TypedDict):
+    """Host to sandbox: bind ``variables`` (the changed ones), then run ``code`` with ``tools`` as host tools."""
+
+    type: Literal[MessageType.EXECUTE]
+    id: int
+    code: str
+    tools: list[str]
+    output_fields: list[dict[str, Any]] | None
+    variables: dict[str, Any]
+
+
+class ToolResult(TypedDict):
+    """Host to sandbox: the value of the tool call ``id``."""
+
+    type: Literal[MessageType.TOOL_RESULT]
+    id: Any
+    value: Any
+
+
+class ToolError(TypedDict):
+    """Host to sandbox: the tool call ``id`` raised ``error`` (raised again in the sandbox as that type)."""
+
+    type: Literal[MessageType.TOOL_ERROR]
+    id: Any
+    error: ErrorInfo
+
+
+class Interrupt(TypedDict):
+    """Host to sandbox: stop the execution ``id`` (``None``: whatever runs) with a ``KeyboardInterrupt``."""
+
+    type: Literal[MessageType.INTERRUPT]
+    id: Any
+
+
+HostMessage = Execute | ToolResult | ToolError | Interrupt
+"""What the host sends; the sandbox answers with ``ready``, ``out``, ``tool_call`` and ``done`` (see ``serve``)."""
 
 
 def _spawn(target: Callable[[], None], name: str) -> None:
@@ -230,7 +318,7 @@ class Output:
         self._last_flush = time.monotonic()
         for stream, text in pending:
             for start in range(0, len(text), MAX_CHUNK):
-                self._send({"type": "out", "stream": stream, "text": text[start : start + MAX_CHUNK]})
+                self._send({"type": MessageType.OUT, "stream": stream, "text": text[start : start + MAX_CHUNK]})
 
     def _flush_loop(self) -> None:
         while True:
@@ -471,7 +559,7 @@ class Runtime:
     def call_tool(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         call_id = next(self._ids)
         request = {
-            "type": "tool_call",
+            "type": MessageType.TOOL_CALL,
             "id": call_id,
             "name": name,
             "args": json.loads(json.dumps(list(args), default=_tool_default)),
@@ -489,7 +577,7 @@ class Runtime:
                 self._pending.pop(call_id, None)
         if reply is None:
             raise EOFError("the host went away during a tool call")
-        if reply["type"] == "tool_error":
+        if reply["type"] == MessageType.TOOL_ERROR:
             raise _tool_exception(reply.get("error") or {})
         return _tool_value(reply.get("value"))
 
@@ -498,9 +586,9 @@ class Runtime:
         self._send(request)
         while True:
             message = self._receive()
-            if message.get("type") == "interrupt":
+            if message.get("type") == MessageType.INTERRUPT:
                 raise KeyboardInterrupt
-            if message.get("type") in ("tool_result", "tool_error") and message.get("id") == request["id"]:
+            if message.get("type") in TOOL_REPLIES and message.get("id") == request["id"]:
                 return message
 
     def deliver(self, message: Message | None) -> None:
@@ -553,12 +641,12 @@ class Runtime:
             if os.getpid() != self._pid:  # a fork of this process finished the cell: never reply twice
                 os._exit(0)
         self.restore_provided()
-        if done["kind"] in ("error", "interrupted") and self._reap:
+        if done["kind"] in (DoneKind.ERROR, DoneKind.INTERRUPTED) and self._reap:
             _reap_strays()
         if self._capture is not None:
             self._capture.drain()
         output, tail = self.output.end()
-        done.update(type="done", id=request.get("id"), output=output)
+        done.update(type=MessageType.DONE, id=request.get("id"), output=output)
         if tail:
             done["tail"] = [[stream, text] for stream, text in tail]
         self._send(done)
@@ -570,7 +658,7 @@ class Runtime:
             tree = ast.parse(code, filename, "exec")
         except SyntaxError as exc:
             text = "".join(traceback.format_exception_only(type(exc), exc))
-            return {"kind": "syntax", "value": None, "error": _error(exc, text)}
+            return {"kind": DoneKind.SYNTAX, "value": None, "error": _error(exc, text)}
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         last = tree.body[-1] if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         if last is not None:
@@ -584,12 +672,12 @@ class Runtime:
             finally:
                 self.interruptible = False
         except Submission as submission:
-            return {"kind": "final", "value": submission.value, "error": None}
+            return {"kind": DoneKind.FINAL, "value": submission.value, "error": None}
         except KeyboardInterrupt as exc:
-            return {"kind": "interrupted", "value": None, "error": _error(exc, _format(exc))}
+            return {"kind": DoneKind.INTERRUPTED, "value": None, "error": _error(exc, _format(exc))}
         except BaseException as exc:  # SystemExit too: exit() must not end the REPL
-            return {"kind": "error", "value": None, "error": _error(exc, _format(exc))}
-        return {"kind": "result", "value": None if value is None else _repr(value), "error": None}
+            return {"kind": DoneKind.ERROR, "value": None, "error": _error(exc, _format(exc))}
+        return {"kind": DoneKind.RESULT, "value": None if value is None else _repr(value), "error": None}
 
 
 def _repr(value: Any) -> str:
@@ -612,7 +700,7 @@ def _tool_exception(error: dict[str, Any]) -> Exception:
     if isinstance(cls, type) and issubclass(cls, Exception):
         try:
             return cls(message)
-        except Exception:
+        except Exception:  # noqa: S110 - a type that takes other arguments: the RuntimeError below
             pass
     return RuntimeError(f"{name}: {message}")
 
@@ -690,49 +778,51 @@ def serve(
     )
     requests: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
 
-    def on_sigint(signum: int, frame: Any) -> None:
+    def on_sigint(_signum: int, _frame: Any) -> None:
         if runtime.interruptible:  # a late interrupt must never break the runtime's own code
             raise KeyboardInterrupt
 
     if threaded or flush_signal is not None:
         signal.signal(signal.SIGINT, on_sigint)
     if flush_signal is not None:
-        signal.signal(flush_signal, lambda signum, frame: runtime.output.flush(blocking=False))
+        signal.signal(flush_signal, lambda _signum, _frame: runtime.output.flush(blocking=False))
     if threaded:
-        main = threading.main_thread()
-
-        def read_loop() -> None:
-            try:
-                while True:
-                    message = receive()
-                    kind = message.get("type")
-                    if kind in ("tool_result", "tool_error"):
-                        runtime.deliver(message)
-                    elif kind == "interrupt":
-                        if runtime.running is not None and message.get("id") in (None, runtime.running):
-                            signal.pthread_kill(main.ident or 0, signal.SIGINT)
-                    else:
-                        requests.put(message)
-            except (EOFError, OSError, ValueError):
-                pass
-            runtime.deliver(None)
-            requests.put(None)
-
-        _spawn(read_loop, "fleet-receive")
-    runtime._send({"type": "ready", "pid": os.getpid(), "python": sys.version.split()[0]})
+        _spawn(lambda: _read_loop(receive, runtime, requests), "fleet-receive")
+    runtime._send({"type": MessageType.READY, "pid": os.getpid(), "python": sys.version.split()[0]})
     while True:
         try:
             message = requests.get() if threaded else receive()
         except EOFError:
             return
-        if message is None or message.get("type") == "shutdown":
+        if message is None or message.get("type") == MessageType.SHUTDOWN:
             return
-        if message.get("type") == "execute":
+        if message.get("type") == MessageType.EXECUTE:
             runtime.running = message.get("id")
             try:
                 runtime.execute(message)
             finally:
                 runtime.running = None
+
+
+def _read_loop(receive: Callable[[], Message], runtime: Runtime, requests: queue.SimpleQueue[Message | None]) -> None:
+    """The reader thread of a threaded ``serve``: tool replies to the calls waiting for them, interrupts to the
+    main thread (where the code runs), anything else to the main loop; ``None`` to both when the channel ends."""
+    main = threading.main_thread()
+    try:
+        while True:
+            message = receive()
+            kind = message.get("type")
+            if kind in TOOL_REPLIES:
+                runtime.deliver(message)
+            elif kind == MessageType.INTERRUPT:
+                if runtime.running is not None and message.get("id") in (None, runtime.running):
+                    signal.pthread_kill(main.ident or 0, signal.SIGINT)
+            else:
+                requests.put(message)
+    except (EOFError, OSError, ValueError):
+        pass
+    runtime.deliver(None)
+    requests.put(None)
 
 
 def main_stdio(argv: list[str] | None = None) -> None:

@@ -162,6 +162,7 @@ class Database:
 
     def __init__(self, database_url: str) -> None:
         self.url = database_url
+        migrate.require_driver(database_url)
         self.sqlite = is_sqlite(database_url)
         kwargs: dict[str, Any] = {}
         if self.sqlite:
@@ -259,19 +260,25 @@ class Database:
 
         ``write=False`` checks only the SQLite file and its disk, without the probe's write transaction.
         """
-        path = self.sqlite_file
-        if path is not None:
-            if not os.path.exists(path) or (self._file_id is not None and not _same_file(self._file_id)):
-                return f"the database file {path} was deleted or moved: restore it or restart Fleet"
-            free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
-            if free < MIN_FREE_BYTES:
-                return f"the disk holding the store ({path}) is full ({free} bytes free): free space there"
+        if self.sqlite_file is not None:
+            problem = await asyncio.to_thread(self._file_problem, self.sqlite_file)  # stat calls: off the loop
+            if problem is not None:
+                return problem
         if not write:
             return None
         try:  # a real write that changes nothing
             await self._write(lambda s: s.execute(text("UPDATE alembic_version SET version_num = version_num")))
         except Exception as exc:  # noqa: BLE001 - health checks report, never raise
             return describe_write_error(exc, self.location)
+        return None
+
+    def _file_problem(self, path: str) -> str | None:
+        """What stops writes to the SQLite file itself (deleted, moved, a full disk), if anything."""
+        if not os.path.exists(path) or (self._file_id is not None and not _same_file(self._file_id)):
+            return f"the database file {path} was deleted or moved: restore it or restart Fleet"
+        free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+        if free < MIN_FREE_BYTES:
+            return f"the disk holding the store ({path}) is full ({free} bytes free): free space there"
         return None
 
     async def _read(self, work: Callable[[Session], R]) -> R:

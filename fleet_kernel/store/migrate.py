@@ -48,8 +48,30 @@ def upgrade(database_url: str) -> None:
     upgrades at once collide (``table _alembic_tmp_sessions already exists``). Under the lock Alembic
     reads the revision again, so the second finds the store at head and does nothing.
     """
+    require_driver(database_url)
     with _sqlite_upgrade_lock(database_url):
         command.upgrade(alembic_config(database_url), "head")
+
+
+def require_driver(database_url: str) -> None:
+    """Check that the database driver the URL names is installed (asyncpg is an extra, not a dependency).
+
+    Raises:
+        StoreUnavailableError: the driver cannot be imported; the message says what to install.
+    """
+    url = make_url(database_url)
+    try:
+        url.get_dialect().import_dbapi()
+    except ImportError as exc:
+        where = url.render_as_string(hide_password=True)
+        if url.get_backend_name() == "postgresql":
+            fix = "pip install 'fleet-kernel[postgres]'"
+        else:
+            fix = f"pip install {exc.name or url.get_driver_name()}"
+        raise StoreUnavailableError(
+            f"the store at {where} needs the database driver {exc.name or url.get_driver_name()}, "
+            f"which is not installed: {fix}"
+        ) from exc
 
 
 def sqlite_file(database_url: str) -> str | None:

@@ -25,7 +25,7 @@ from scripted_lm import ScriptedLM, step
 
 from fleet_kernel.config import load_settings
 
-mlflow = pytest.importorskip("mlflow", reason="mlflow is not installed (pip install 'fleet-kernel[test]')")
+mlflow = pytest.importorskip("mlflow", reason="mlflow is not installed (pip install 'fleet-kernel[dev]')")
 
 
 def _free_port() -> int:
