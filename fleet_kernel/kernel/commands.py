@@ -132,18 +132,12 @@ async def cmd_model(ctx: KernelContext, args: list[str]) -> Reply:
         args = args[1:]
     if args:
         settings = ctx.choose_model(args[0])
-        await ctx.open()
-        assert ctx.store is not None
-        await ctx.store.update_session(await ctx.ensure_session(), model=args[0])  # the API shows it too
+        sessions = await ctx.sessions()
+        await sessions.choose_model(await ctx.ensure_session(), args[0])  # the API shows it too
         return Reply(f"The next turns use {settings.lm_model}.")
     settings = ctx.settings
     if ctx.session_id is not None:
-        await ctx.open()
-        assert ctx.store is not None
-        # the engine (store, SQLAlchemy) loads after the kernel starts
-        from fleet_kernel.engine.session_config import session_settings
-
-        settings = session_settings(settings, await ctx.store.get_session(ctx.session_id))
+        settings = await (await ctx.sessions()).settings_for(ctx.session_id)
     sub = settings.sub_lm_model or "the root model"
     where = f" at {settings.lm_base_url}" if settings.lm_base_url else ""
     model = settings.lm_model or "none (set FLEET_LM_MODEL, or %fleet model <name>)"
@@ -151,8 +145,6 @@ async def cmd_model(ctx: KernelContext, args: list[str]) -> Reply:
 
 
 async def cmd_memory(ctx: KernelContext, args: list[str]) -> Reply:
-    from fleet_kernel.engine.memory import Memories  # the engine (store, SQLAlchemy) loads after the kernel starts
-
     action = args[0] if args else ""
     if action not in ("", "search", "forget") or (action == "forget" and len(args) != 2):
         raise _usage_error("usage: %fleet memory | %fleet memory search <words> | %fleet memory forget <memory_id>")
@@ -160,16 +152,13 @@ async def cmd_memory(ctx: KernelContext, args: list[str]) -> Reply:
         raise _usage_error("usage: %fleet memory search <words>")
     if ctx.session_id is None:
         return Reply("No session yet, so no memories: code in a turn keeps one with remember(content).")
-    await ctx.open()
-    assert ctx.store is not None
-    memories = Memories(ctx.store, ctx.settings, ctx.session_id)
+    sessions = await ctx.sessions()
     if action == "forget":
-        if not await memories.forget(args[1]):
+        if not await sessions.forget_memory(ctx.session_id, args[1]):
             raise NotFoundError(f"no memory {args[1]!r} in this session (see %fleet memory)")
-        await memories.mirror()
         return Reply(f"Forgot {args[1]}.")
     query = " ".join(args[1:])
-    rows = await memories.listing(query)
+    rows = await (await sessions.memories(ctx.session_id)).listing(query)
     if not rows:
         return Reply(
             f"No memory matches {query!r}." if query else "No memories yet: remember(content) in a turn keeps one."
@@ -216,20 +205,16 @@ async def cmd_status(ctx: KernelContext, args: list[str]) -> Reply:
         f"engine loaded: {'yes' if ctx.warm.is_set() else 'loading'}",
     ]
     if ctx.session_id is not None:
-        turns = await ctx.store.list_turns(ctx.session_id)
-        totals = {"lm_calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}
-        for turn in turns:
-            for key in totals:
-                totals[key] += (turn.usage or {}).get(key) or 0
-        statuses = ", ".join(f"{s}: {sum(t.status == s for t in turns)}" for s in sorted({t.status for t in turns}))
+        usage = await (await ctx.sessions()).usage(ctx.session_id)
+        totals = usage.totals
+        statuses = ", ".join(f"{status}: {count}" for status, count in usage.statuses.items())
         lines += [
-            f"turns: {len(turns)} ({statuses or 'none'})",
+            f"turns: {usage.turns} ({statuses or 'none'})",
             f"usage: {totals['lm_calls']} LM calls, {totals['prompt_tokens'] + totals['completion_tokens']:,} tokens "
             f"({totals['prompt_tokens']:,} in, {totals['completion_tokens']:,} out), ${totals['cost_usd']:.4f}",
         ]
-        finished = [t for t in turns if t.usage]
-        if finished:
-            lines.append(_last_turn_usage(finished[-1].usage or {}))
+        if usage.last is not None:
+            lines.append(_last_turn_usage(usage.last))
     from fleet_kernel.telemetry import metrics  # loaded with the store by now (the kernel starts light)
 
     lines += metrics.summary_lines()  # the counters GET /metrics serves, for this kernel's turns
@@ -339,27 +324,24 @@ async def cmd_history(ctx: KernelContext, args: list[str]) -> Reply:
     """What the next turn sees of earlier turns (``compaction.plan_history``, as the runner plans it): the
     session's summary of the older ones and the latest whole; or forget/restore one turn."""
     # the engine (store, SQLAlchemy) loads after the kernel starts
-    from fleet_kernel.engine.compaction import plan_history, span
-    from fleet_kernel.engine.session_config import session_settings
+    from fleet_kernel.engine.compaction import span
 
     if args and (args[0] not in HISTORY_ACTIONS or len(args) != 2):
         raise _usage_error("usage: %fleet history [forget|restore <turn_id>] (turn ids are listed by %fleet history)")
     if ctx.session_id is None:
         return Reply("No session yet: the first turn sees no history.")
-    await ctx.open()
-    assert ctx.store is not None
+    sessions = await ctx.sessions()
     if args:
         keep = args[0] == "restore"
-        await ctx.store.set_in_history(ctx.session_id, args[1], keep)
+        await sessions.keep_in_history(ctx.session_id, args[1], keep)
         if keep:
             return Reply(f"Turn {args[1]} is back in the history the next turns see.")
         return Reply(
             f"Turn {args[1]} is out of the history the next turns see (undo: %fleet history restore {args[1]})."
         )
-    settings = session_settings(ctx.settings, await ctx.store.get_session(ctx.session_id))
-    plan = await plan_history(ctx.store, ctx.session_id, settings)
+    plan = await sessions.history(ctx.session_id)
     turns, older = plan.recent, plan.older
-    forgotten = [t for t in await ctx.store.list_turns(ctx.session_id) if t.forgotten_at is not None]
+    forgotten = await sessions.forgotten(ctx.session_id)
     count = f"{len(plan.seen) or 'no'} earlier turn{'s' * (len(plan.seen) != 1)}"
     if older:
         count += f": {span(1, older)} summarised by the sub-model, then the latest {len(turns)} whole"
@@ -467,15 +449,15 @@ async def cmd_feedback(ctx: KernelContext, args: list[str]) -> Reply:
         raise _usage_error("usage: %fleet feedback [good|bad [note] | add DATA.jsonl] [--turn ID]")
     if ctx.session_id is None:
         raise _usage_error("no turn to mark yet: run a turn first, or %fleet session use <id>")
-    await ctx.open()
+    sessions = await ctx.sessions()
     assert ctx.store is not None
     if turn_id is None:
-        turns = await ctx.store.list_turns(ctx.session_id)
+        turns = await sessions.turns(ctx.session_id)
         if not turns:
             raise _usage_error("no turn to mark yet: run a turn first")
         turn_id = turns[-1].turn_id
     if not args:
-        row = await ctx.store.get_feedback(ctx.session_id, turn_id)
+        row = await sessions.feedback(ctx.session_id, turn_id)
         return Reply(f"Turn {turn_id} is marked {row.rating}" + (f": {row.note}" if row.note else "."))
     if args[0] == "add":
         target = Path(args[1]).expanduser()
