@@ -1,8 +1,8 @@
 """The durable store: one ``Store`` over one engine, its methods named for what they do.
 
 Split by concern: ``connection`` (engines, SQLite tuning, health), ``sessions``, ``turns`` (claims,
-leases, cancellation, ending abandoned turns), ``events`` (the log) and ``files`` (attachments,
-artifacts, blobs), ``memories``, ``feedback`` and ``summaries`` (history summaries). Every process
+leases, cancellation, ending abandoned turns), ``event_log`` (every turn's events) and ``files``
+(attachments, artifacts, blobs), ``memories``, ``feedback`` and ``summaries`` (history summaries). Every process
 that runs or watches turns opens its own ``Store`` on the same URL.
 The store writes no event itself: the engine's one writer does (see ``turns``).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 
 from fleet_kernel.store.connection import describe_write_error, is_disk_full, uninterrupted
-from fleet_kernel.store.events import EVENTS_CHANNEL, EventStore, TurnEnding
+from fleet_kernel.store.event_log import EVENTS_CHANNEL, EventLog, TurnEnding
 from fleet_kernel.store.feedback import FeedbackStore
 from fleet_kernel.store.files import FileStore
 from fleet_kernel.store.memories import MemoryStore
@@ -54,7 +54,7 @@ __all__ = [
 ]  # fmt: skip
 
 
-class Store(TurnStore, EventStore, FileStore, MemoryStore, FeedbackStore, SummaryStore):
+class Store(TurnStore, EventLog, FileStore, MemoryStore, FeedbackStore, SummaryStore):
     """Sessions, turns, events, attachments, artifacts, blobs, memories, feedback and history summaries over
     one async engine."""
 

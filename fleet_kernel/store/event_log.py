@@ -51,7 +51,9 @@ class TurnEnding:
     extraction_reason: str | None = None  # why the answer was extracted, not submitted (max_iters, deadline, budget)
 
 
-class EventStore(Database):
+class EventLog(Database):
+    """The event log of every turn: appended in batches by the engine's one writer, read back in order."""
+
     async def append_events(self, events: list[Event], endings: Mapping[str, TurnEnding] | None = None) -> None:
         """Commit a batch of events of one or more turns, and the ``endings`` (``{turn_id: ending}``) of
         the turns it ends, in one transaction (the hot path)."""
