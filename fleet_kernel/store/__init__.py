@@ -1,10 +1,11 @@
 """The durable store: one ``Store`` over one engine, its methods named for what they do.
 
 Split by concern: ``connection`` (engines, SQLite tuning, health), ``sessions``, ``turns`` (claims,
-leases, cancellation, ending abandoned turns), ``event_log`` (every turn's events) and ``files``
-(attachments, artifacts, blobs), ``memories``, ``feedback`` and ``summaries`` (history summaries). Every process
-that runs or watches turns opens its own ``Store`` on the same URL.
-The store writes no event itself: the engine's one writer does (see ``turns``).
+reads, the history a turn sees), ``leases`` (owners, heartbeats, cancellation, ending abandoned
+turns), ``event_log`` (every turn's events) and ``files`` (attachments, artifacts, blobs),
+``memories``, ``feedback`` and ``summaries`` (history summaries). Every process that runs or watches
+turns opens its own ``Store`` on the same URL.
+The store writes no event itself: the engine's one writer does (see ``leases``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from fleet_kernel.store.connection import describe_write_error, is_disk_full, un
 from fleet_kernel.store.event_log import EVENTS_CHANNEL, EventLog, TurnEnding
 from fleet_kernel.store.feedback import FeedbackStore
 from fleet_kernel.store.files import FileStore
+from fleet_kernel.store.leases import HUNG_AFTER, LEASE, PROCESS_OWNER, EndedTurn, LeaseStore
 from fleet_kernel.store.memories import MemoryStore
 from fleet_kernel.store.models import (
     ArtifactRow,
@@ -28,7 +30,7 @@ from fleet_kernel.store.models import (
     utcnow,
 )
 from fleet_kernel.store.summaries import HistoryRead, SummaryStore
-from fleet_kernel.store.turns import HUNG_AFTER, LEASE, PROCESS_OWNER, Claim, EndedTurn, TurnStore
+from fleet_kernel.store.turns import Claim, TurnStore
 
 __all__ = [
     "EVENTS_CHANNEL",
@@ -54,7 +56,7 @@ __all__ = [
 ]  # fmt: skip
 
 
-class Store(TurnStore, EventLog, FileStore, MemoryStore, FeedbackStore, SummaryStore):
+class Store(TurnStore, LeaseStore, EventLog, FileStore, MemoryStore, FeedbackStore, SummaryStore):
     """Sessions, turns, events, attachments, artifacts, blobs, memories, feedback and history summaries over
     one async engine."""
 
