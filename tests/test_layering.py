@@ -234,7 +234,8 @@ HANDLERS = ("fleet_api.routes", "fleet_kernel.kernel.commands")
 
 def store_calls(path: Path) -> list[str]:
     """``line: call`` of each call of a method on something named ``store`` (``state.store.get_turn(...)``,
-    ``ctx.store.list_turns(...)``, ``store.get_blob(...)``) in ``path``."""
+    ``ctx.store.list_turns(...)``, ``store.get_blob(...)``) in ``path``, and each import of the ``Store``
+    or one of its parts (``TurnStore``, ``EventLog``, ...): row types and constants may be imported."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
@@ -242,6 +243,9 @@ def store_calls(path: Path) -> list[str]:
             name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", None)
             if name == "store":
                 found.append(f"{node.lineno}: {ast.unparse(node.func)}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fleet_kernel.store"):
+            parts = [a.name for a in node.names if a.name.endswith("Store") or a.name == "EventLog"]
+            found += [f"{node.lineno}: imports {name}" for name in parts]
     return found
 
 
@@ -265,8 +269,16 @@ def test_the_store_call_check_sees_each_form(tmp_path: Path) -> None:
         "    await ctx.store.list_turns('s')\n"
         "    await store.get_blob('x')\n"
         "    await state.sessions.turn('s', 't')\n"
+        "from fleet_kernel.store import Store, TurnRow\n"
+        "from fleet_kernel.store.turns import TurnStore\n"
     )
-    assert [call.split(":")[0] for call in store_calls(route)] == ["2", "3", "4"]
+    assert sorted(store_calls(route), key=lambda c: int(c.split(":")[0])) == [
+        "2: state.store.get_turn",
+        "3: ctx.store.list_turns",
+        "4: store.get_blob",
+        "6: imports Store",
+        "7: imports TurnStore",
+    ]
 
 
 def test_the_fleet_script_is_the_apis_and_has_every_command() -> None:
