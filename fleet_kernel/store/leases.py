@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from fleet_kernel.errors import NotFoundError
 from fleet_kernel.events import TERMINAL_TYPES
-from fleet_kernel.store.connection import Database
+from fleet_kernel.store.connection import Repository
 from fleet_kernel.store.models import EventRow, TurnRow, utcnow
 
 # The lease of a running turn: its owner beats every 0.5 s, and a turn whose owner has not beaten for
@@ -96,7 +96,7 @@ class EndedTurn:
     error: dict[str, Any]
 
 
-class LeaseStore(Database):
+class LeaseStore(Repository):
     """Heartbeats, durable cancellation requests and the end of turns whose owner is gone."""
 
     async def beat(self, turn_ids: Iterable[str]) -> dict[str, str]:

@@ -14,9 +14,10 @@ from sqlalchemy.orm import Session
 
 from fleet_kernel.errors import ConflictError, NotFoundError, ValidationError
 from fleet_kernel.store.cells import Lineage, TurnLine
+from fleet_kernel.store.connection import Repository
 from fleet_kernel.store.leases import PROCESS_OWNER, EndedTurn, abandoned, interrupt
 from fleet_kernel.store.models import SessionRow, TurnRow, new_id, utcnow
-from fleet_kernel.store.sessions import SessionStore, session_of
+from fleet_kernel.store.sessions import session_of
 
 
 class Claim(tuple[TurnRow, bool]):
@@ -48,7 +49,7 @@ class Claim(tuple[TurnRow, bool]):
         return self[1]
 
 
-class TurnStore(SessionStore):
+class TurnStore(Repository):
     async def claim_turn(
         self,
         session_id: str,
