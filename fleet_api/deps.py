@@ -14,6 +14,7 @@ from fleet_api.frames import FrameCache
 from fleet_api.tail import StoreTail
 from fleet_kernel.config import Settings
 from fleet_kernel.engine import TurnRunner
+from fleet_kernel.engine.sessions import Sessions
 from fleet_kernel.errors import FleetError, NotFoundError
 from fleet_kernel.sandbox import status as sandbox_status
 from fleet_kernel.store import Store
@@ -38,6 +39,12 @@ class FleetState:
     _store_check: tuple[float, str | None] | None = field(default=None, repr=False)
     _store_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     _sandbox_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+
+    @property
+    def sessions(self) -> Sessions:
+        """The engine's sessions service over this process's store and settings: routes go through it,
+        as ``%fleet`` commands do, rather than to the store."""
+        return Sessions(self.store, self.settings)
 
     async def refresh_sandbox(self) -> None:
         """Probe again once the answer has aged; one probe at a time, and callers meanwhile keep the old answer

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet_kernel.engine.choices import MAX_ATTACHMENTS
-from fleet_kernel.engine.runner import MAX_TASK_CHARS
+from fleet_kernel.engine.prepare import MAX_TASK_CHARS
 from fleet_kernel.skills import MAX_PRESELECTED
 
 TurnStatus = Literal["running", "completed", "failed", "cancelled", "interrupted"]

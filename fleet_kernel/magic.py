@@ -349,8 +349,7 @@ async def _turn(
             ctx.update_settings(lm_model=previous.lm_model, configured_models=previous.configured_models)
     result = None
     if error is None and schema is not None:
-        assert ctx.store is not None
-        result = getattr(await ctx.store.get_turn(view.turn_id), "result", None)
+        result = getattr(await (await ctx.sessions()).turn(view.session_id or None, view.turn_id), "result", None)
     return view, error, result
 
 

@@ -12,7 +12,8 @@ Every ``import`` and ``from ... import`` is read with ``ast``, those inside func
 - entry points: the command line, ``python -m``, the IPython extension, doctor, demo, papermill
 
 A module imports only its own layer or a lower one; ``fleet_kernel`` never imports ``fleet_api``; no
-two modules import each other, directly or round a loop.
+two modules import each other, directly or round a loop. Both front doors' handlers (the API's routes and
+the kernel's ``%fleet`` commands) reach the store only through the engine's services, never by calling it.
 """
 
 from __future__ import annotations
@@ -224,6 +225,60 @@ def test_the_graph_sees_each_rule_broken() -> None:
     assert not forbidden("fleet_kernel.magic", "fleet_kernel.kernel.display")
     assert not forbidden("fleet_api.routes", "fleet_kernel.engine")
     assert "fleet_kernel.store" in graph()["fleet_kernel.engine.runner"]
+
+
+# Where the front doors parse a request and render the answer: both go through the engine's services
+# (``engine/sessions.py`` above all), so neither may call a method of the store itself.
+HANDLERS = ("fleet_api.routes", "fleet_kernel.kernel.commands")
+
+
+def store_calls(path: Path) -> list[str]:
+    """``line: call`` of each call of a method on something named ``store`` (``state.store.get_turn(...)``,
+    ``ctx.store.list_turns(...)``, ``store.get_blob(...)``) in ``path``, and each import of the ``Store``
+    or one of its parts (``TurnStore``, ``EventLog``, ...): row types and constants may be imported."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = node.func.value
+            name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", None)
+            if name == "store":
+                found.append(f"{node.lineno}: {ast.unparse(node.func)}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fleet_kernel.store"):
+            parts = [a.name for a in node.names if a.name.endswith("Store") or a.name == "EventLog"]
+            found += [f"{node.lineno}: imports {name}" for name in parts]
+    return found
+
+
+def handler_modules() -> list[str]:
+    return [m for m in modules() if any(m == h or m.startswith(h + ".") for h in HANDLERS)]
+
+
+def test_routes_and_commands_reach_the_store_only_through_the_engine() -> None:
+    assert {h for h in HANDLERS if any(m.startswith(h) for m in handler_modules())} == set(HANDLERS)
+    offenders = [
+        f"{modules()[m].relative_to(ROOT)}:{call}" for m in handler_modules() for call in store_calls(modules()[m])
+    ]
+    assert not offenders, "call the engine's session service (engine/sessions.py) instead:\n" + "\n".join(offenders)
+
+
+def test_the_store_call_check_sees_each_form(tmp_path: Path) -> None:
+    route = tmp_path / "route.py"
+    route.write_text(
+        "async def f(state, ctx, store):\n"
+        "    await state.store.get_turn('t')\n"
+        "    await ctx.store.list_turns('s')\n"
+        "    await store.get_blob('x')\n"
+        "    await state.sessions.turn('s', 't')\n"
+        "from fleet_kernel.store import Store, TurnRow\n"
+        "from fleet_kernel.store.turns import TurnStore\n"
+    )
+    assert sorted(store_calls(route), key=lambda c: int(c.split(":")[0])) == [
+        "2: state.store.get_turn",
+        "3: ctx.store.list_turns",
+        "4: store.get_blob",
+        "6: imports Store",
+        "7: imports TurnStore",
+    ]
 
 
 def test_the_fleet_script_is_the_apis_and_has_every_command() -> None:

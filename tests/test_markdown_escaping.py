@@ -164,8 +164,7 @@ def test_help_lists_every_command_with_its_pipes_and_placeholders_in_markdown() 
         "%fleet history [forget|restore <turn_id>]",
     )
     rows = re.findall(r"<tr>", html_help)
-    help_lines = [line for line in (commands.__doc__ or "").split("\n\n")[1].splitlines() if line.strip()]
-    assert len(rows) == len(help_lines) + 1  # a row per line of the help, and the header
+    assert len(rows) == len(commands.help_lines()) + 1  # a row per line of the help, and the header
     assert shown.index("%fleet export") < shown.index("%fleet serve") < shown.index("%fleet history")
 
 
@@ -173,7 +172,7 @@ def test_status_lines_keep_their_dollars() -> None:
     lines = ["usage: 1 LM calls, 15 tokens (10 in, 5 out), $0.0100", "last turn: 15 tokens, $0.0100 of $1.0000"]
     pub = _Pub()
     show_reply(
-        pub, commands.Reply("\n".join(lines), "\n".join(f"- {commands._md(line)}" for line in lines)), text_mode=False
+        pub, commands.Reply("\n".join(lines), "\n".join(f"- {commands.md(line)}" for line in lines)), text_mode=False
     )  # type: ignore[arg-type]
     assert_shown_as_written(markdown2html_mistune(pub.data["text/markdown"]), *lines)
 

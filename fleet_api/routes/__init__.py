@@ -1,35 +1,38 @@
-"""Routes, one module per resource; ``ROUTERS`` is mounted under ``/api`` by ``create_app``."""
+"""Routes, one module per resource; ``ROUTERS`` is mounted under ``/api`` by ``create_app``.
 
-from fleet_api.routes import (
-    artifacts,
-    attachments,
-    evals,
-    feedback,
-    health,
-    memory,
-    notebook,
-    runs,
-    sessions,
-    skills,
-    tools,
-    turns,
-    volume,
-    workspace,
+Every module of this package with a ``router`` is mounted, so a new resource is one module here (and
+its models in ``schemas.py``): those named in ``ORDER`` first, in that order (the order of the paths in
+``openapi.json``), then any other by name. ``metrics`` is served outside ``/api`` (``GET /metrics``).
+"""
+
+import importlib
+import pkgutil
+
+from fastapi import APIRouter
+
+ORDER = (
+    "health",
+    "sessions",
+    "notebook",
+    "turns",
+    "runs",
+    "attachments",
+    "artifacts",
+    "volume",
+    "skills",
+    "tools",
+    "memory",
+    "workspace",
+    "feedback",
+    "evals",
 )
+OUTSIDE_API = ("metrics",)
 
-ROUTERS = [
-    health.router,
-    sessions.router,
-    notebook.router,
-    turns.router,
-    runs.router,
-    attachments.router,
-    artifacts.router,
-    volume.router,
-    skills.router,
-    tools.router,
-    memory.router,
-    workspace.router,
-    feedback.router,
-    evals.router,
-]
+
+def _routers() -> list[APIRouter]:
+    found = {m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")} - set(OUTSIDE_API)
+    names = [name for name in ORDER if name in found] + sorted(found - set(ORDER))
+    return [importlib.import_module(f"{__name__}.{name}").router for name in names]
+
+
+ROUTERS = _routers()

@@ -14,7 +14,7 @@ router = APIRouter(tags=["artifacts"])
 
 @router.get("/artifacts/{artifact_id}", response_model=Artifact, responses=errors(404))
 async def get_artifact(artifact_id: str, state: State) -> Artifact:
-    row = await state.store.get_artifact(check_id(artifact_id, "artifact"))
+    row = await state.sessions.artifact(check_id(artifact_id, "artifact"))
     return Artifact.model_validate(row.to_dict())
 
 
@@ -24,6 +24,6 @@ async def get_artifact(artifact_id: str, state: State) -> Artifact:
     responses={200: {"description": "the artifact's bytes, with its content type"}, **errors(404)},
 )
 async def get_artifact_content(artifact_id: str, state: State) -> Response:
-    row = await state.store.get_artifact(check_id(artifact_id, "artifact"))
-    data = await state.store.get_blob(row.sha256)
+    row = await state.sessions.artifact(check_id(artifact_id, "artifact"))
+    data = await state.sessions.content(row)
     return content_response(data, mime=row.mime, filename=row.path.rsplit("/", 1)[-1], sha256=row.sha256)

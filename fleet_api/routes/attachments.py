@@ -37,7 +37,7 @@ async def upload_attachment(
 
 @router.get("/attachments/{attachment_id}", response_model=Attachment, responses=errors(404))
 async def get_attachment(attachment_id: str, state: State) -> Attachment:
-    row = await state.store.get_attachment(check_id(attachment_id, "attachment"))
+    row = await state.sessions.attachment(check_id(attachment_id, "attachment"))
     return Attachment.model_validate(row.to_dict())
 
 
@@ -47,6 +47,6 @@ async def get_attachment(attachment_id: str, state: State) -> Attachment:
     responses={200: {"description": "the attachment's bytes, with its content type"}, **errors(404)},
 )
 async def get_attachment_content(attachment_id: str, state: State) -> Response:
-    row = await state.store.get_attachment(check_id(attachment_id, "attachment"))
-    data = await state.store.get_blob(row.sha256)
+    row = await state.sessions.attachment(check_id(attachment_id, "attachment"))
+    data = await state.sessions.content(row)
     return content_response(data, mime=row.mime, filename=row.filename, sha256=row.sha256)

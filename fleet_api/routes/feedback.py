@@ -32,7 +32,7 @@ async def put_feedback(
 @router.get("/sessions/{session_id}/turns/{turn_id}/feedback", response_model=Feedback, responses=errors(404))
 async def get_feedback(session_id: str, turn_id: str, state: State) -> Feedback:
     """The turn's feedback; 404 when it has none."""
-    row = await state.store.get_feedback(check_id(session_id, "session"), check_id(turn_id, "turn"))
+    row = await state.sessions.feedback(check_id(session_id, "session"), check_id(turn_id, "turn"))
     return Feedback.model_validate(row.to_dict())
 
 
@@ -48,6 +48,6 @@ async def feedback_dataset(
     404 for an unknown session.
     """
     if session_id is not None:
-        await state.store.get_session(check_id(session_id, "session"))
+        await state.sessions.get(check_id(session_id, "session"))
     tasks = await good_tasks(state.store, session_id, limit)
     return FeedbackDataset(tasks=[task.to_row() for task in tasks])

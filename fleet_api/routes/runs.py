@@ -22,7 +22,7 @@ REASON = "cancelled over HTTP (PUT /api/runs/{run_id}/cancellation)"
     summary="Cancel a running turn, in this process or any other sharing the store",
 )
 async def cancel_run(run_id: str, state: State) -> JSONResponse:
-    row, outcome = await state.store.request_cancel(check_id(run_id, "run", code="run_not_found"), REASON)
+    row, outcome = await state.sessions.request_cancel(check_id(run_id, "run", code="run_not_found"), REASON)
     # The store record reaches the owning process within a heartbeat; when that is us, act at once.
     if outcome == "requested":
         state.runner.cancel(row.turn_id, REASON)

@@ -22,8 +22,6 @@ from fleet_api.schemas import (
     TurnList,
 )
 from fleet_api.views import turn_view
-from fleet_kernel.engine.compaction import plan_history
-from fleet_kernel.engine.session_config import session_settings
 from fleet_kernel.engine.sessions import Sessions
 from fleet_kernel.store.models import iso
 from fleet_kernel.store.sessions import MAX_PAGE, Archived
@@ -32,7 +30,7 @@ router = APIRouter(tags=["sessions"])
 
 
 def get_sessions(state: State) -> Sessions:
-    return Sessions(state.store, state.settings)
+    return state.sessions
 
 
 SessionsDep = Annotated[Sessions, Depends(get_sessions)]
@@ -102,19 +100,18 @@ async def delete_session(session_id: str, state: State, sessions: SessionsDep) -
 
 
 @router.get("/sessions/{session_id}/turns", response_model=TurnList, responses=errors(404))
-async def list_turns(session_id: str, state: State) -> TurnList:
-    rows = await state.store.list_turns(check_id(session_id, "session"))
-    lineage = await state.store.lineage(session_id)
+async def list_turns(session_id: str, sessions: SessionsDep) -> TurnList:
+    rows = await sessions.turns(check_id(session_id, "session"))
+    lineage = await sessions.lineage(session_id)
     return TurnList(turns=[turn_view(r, lineage) for r in rows])
 
 
 @router.get("/sessions/{session_id}/history", response_model=SessionHistory, responses=errors(404))
-async def get_history(session_id: str, state: State) -> SessionHistory:
+async def get_history(session_id: str, sessions: SessionsDep) -> SessionHistory:
     """What the next turn sees of earlier turns: the sub-model's summary of those past the window, and the
     latest turns whole (docs/api.md, "Long sessions")."""
-    session = await state.store.get_session(check_id(session_id, "session"))
-    plan = await plan_history(state.store, session_id, session_settings(state.settings, session))
-    lineage = await state.store.lineage(session_id)
+    plan = await sessions.history(check_id(session_id, "session"))
+    lineage = await sessions.lineage(session_id)
     shown = plan.summary or plan.stale
     summary = None
     if shown is not None:

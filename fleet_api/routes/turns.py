@@ -66,7 +66,7 @@ async def _frames(state: State, turn: TurnRow, after: int) -> AsyncIterator[byte
     """
     frames = state.frames.finished(turn.turn_id)
     if frames is None and turn.status != "running":
-        frames = state.frames.keep_finished(await _whole_log(state, turn.turn_id))
+        frames = state.frames.keep_finished(await state.sessions.events(turn.turn_id))
     if frames is not None:
         if after < len(frames):
             yield b"".join(frames[after:])
@@ -77,13 +77,6 @@ async def _frames(state: State, turn: TurnRow, after: int) -> AsyncIterator[byte
     async with tailing, aclosing(follow) as batches:
         async for batch in batches:  # one write per committed batch
             yield b"".join(state.frames.encode(event) for event in batch)
-
-
-async def _whole_log(state: State, turn_id: str) -> list[Event]:
-    events: list[Event] = []
-    while page := await state.store.events_after(turn_id, events[-1].seq if events else 0):
-        events.extend(page)
-    return events
 
 
 def _wants_async(prefer: str | None) -> bool:
@@ -143,8 +136,8 @@ async def start_turn(
 
 @router.get("/sessions/{session_id}/turns/{turn_id}", response_model=Turn, responses=errors(404))
 async def get_turn(session_id: str, turn_id: str, state: State) -> Turn:
-    row = await state.store.get_turn(check_id(turn_id, "turn"), check_id(session_id, "session"))
-    return turn_view(row, await state.store.lineage(session_id))
+    row = await state.sessions.turn(check_id(session_id, "session"), check_id(turn_id, "turn"))
+    return turn_view(row, await state.sessions.lineage(session_id))
 
 
 @router.patch(
@@ -159,8 +152,9 @@ async def update_turn(
     body: Annotated[TurnUpdate, Body(openapi_examples=TURN_UPDATE_EXAMPLES)],
     state: State,
 ) -> Turn:
-    row = await state.store.set_in_history(check_id(session_id, "session"), check_id(turn_id, "turn"), body.in_history)
-    return turn_view(row, await state.store.lineage(session_id))
+    sessions = state.sessions
+    row = await sessions.keep_in_history(check_id(session_id, "session"), check_id(turn_id, "turn"), body.in_history)
+    return turn_view(row, await sessions.lineage(session_id))
 
 
 @router.get(
@@ -176,7 +170,7 @@ async def turn_events(
     last_event_id: LastEventId = None,
     after: int | None = After,
 ) -> Response:
-    row = await state.store.get_turn(check_id(turn_id, "turn"), check_id(session_id, "session"))
+    row = await state.sessions.turn(check_id(session_id, "session"), check_id(turn_id, "turn"))
     seq = _resume_from(last_event_id, after)
     headers = {"Fleet-Turn-Id": row.turn_id, "Fleet-Run-Id": row.run_id}
     return event_stream(_frames(state, row, seq), heartbeat_s=state.heartbeat_s, headers=headers)

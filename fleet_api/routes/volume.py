@@ -22,7 +22,7 @@ async def volume_tree(
     depth: int = Query(3, ge=1, le=MAX_DEPTH, description="levels below the folder"),
     limit: int = Query(500, ge=1, le=MAX_ENTRIES, description="most entries returned"),
 ) -> VolumeTree:
-    await state.store.get_session(check_id(session_id, "session"))
+    await state.sessions.get(check_id(session_id, "session"))
     root = state.settings.workspaces_dir / session_id
     listed, entries, truncated = await asyncio.to_thread(list_tree, root, path, max_depth=depth, limit=limit)
     return VolumeTree(

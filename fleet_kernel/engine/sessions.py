@@ -3,12 +3,15 @@
 A session is a store row with its turns, events, attachments and artifacts, plus a workspace folder
 (``$FLEET_HOME/workspaces/<session_id>``) and whatever the sandbox backend keeps for it (Daytona: a warm
 sandbox). The kernel's ``%fleet`` commands and the API's routes parse their input and render the answer;
-creating, attaching, deleting and exporting happen here, once.
+creating, choosing models, attaching, reading turns and files, forgetting and restoring turns, memories
+(with their ``MEMORIES.md`` mirror), feedback, usage, durable cancellation, deleting and exporting happen
+here, once, so the two front doors cannot drift apart. Neither calls the store itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import logging
 import re
 import shutil
@@ -19,9 +22,22 @@ from typing import TYPE_CHECKING, Any
 
 from fleet_kernel import sandbox
 from fleet_kernel.config import Settings
-from fleet_kernel.engine.session_config import check_model, effective_config
+from fleet_kernel.engine.compaction import HistoryPlan, plan_history
+from fleet_kernel.engine.memory import Memories
+from fleet_kernel.engine.session_config import check_model, effective_config, session_settings
 from fleet_kernel.errors import InsufficientStorageError, NotFoundError, PayloadTooLargeError, ValidationError
-from fleet_kernel.store import AttachmentRow, SessionRow, Store, is_disk_full
+from fleet_kernel.events import Event
+from fleet_kernel.store import (
+    ArtifactRow,
+    AttachmentRow,
+    FeedbackRow,
+    MemoryRow,
+    SessionRow,
+    Store,
+    TurnRow,
+    is_disk_full,
+)
+from fleet_kernel.store.cells import Lineage
 from fleet_kernel.store.sessions import Archived, SessionPage
 from fleet_kernel.transcript import notebook_filename, session_notebook
 from fleet_kernel.workspace import Workspace, disk_full_message, guess_mime, raise_if_full, safe_filename
@@ -41,6 +57,17 @@ class Attached:
 
     attachment: AttachmentRow
     renamed: bool
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What a session's turns used: how many ended in each status, the LM calls, tokens and cost of them all,
+    and the usage of the last turn that recorded one (with its budgets)."""
+
+    turns: int
+    statuses: dict[str, int]
+    totals: dict[str, Any]
+    last: dict[str, Any] | None
 
 
 @dataclass(frozen=True)
@@ -123,6 +150,116 @@ class Sessions:
     async def config(self, session_id: str, sandbox_name: str) -> dict[str, Any]:
         """The settings a turn of the session would use now (``session_config.effective_config``)."""
         return effective_config(self.settings, await self.store.get_session(session_id), sandbox_name)
+
+    async def settings_for(self, session_id: str) -> Settings:
+        """These settings with the session's own models (``session_config.session_settings``).
+
+        Raises ``NotFoundError``."""
+        return session_settings(self.settings, await self.store.get_session(session_id))
+
+    async def choose_model(self, session_id: str, model: str) -> SessionRow:
+        """Record ``model`` as the session's root model, which the caller has checked (the kernel's
+        ``choose_model`` lets its user pick a replay file of their own); both front doors then show it."""
+        return await self.store.update_session(session_id, model=model)
+
+    # ------------------------------------------------------------------ turns and history
+
+    async def turns(self, session_id: str) -> Sequence[TurnRow]:
+        """The session's turns in the order they started. Raises ``NotFoundError``."""
+        return await self.store.list_turns(session_id)
+
+    async def turn(self, session_id: str | None, turn_id: str) -> TurnRow:
+        """Raises ``NotFoundError`` (no such turn in the session; ``None``: in any session)."""
+        return await self.store.get_turn(turn_id, session_id)
+
+    async def lineage(self, session_id: str) -> Lineage:
+        """The cells of the session's turns: which turn re-ran which, and which the history sees."""
+        return await self.store.lineage(session_id)
+
+    async def events(self, turn_id: str) -> builtins.list[Event]:
+        """Every stored event of the turn, in order."""
+        events: list[Event] = []
+        while page := await self.store.events_after(turn_id, events[-1].seq if events else 0):
+            events.extend(page)
+        return events
+
+    async def keep_in_history(self, session_id: str, turn_id: str, keep: bool) -> TurnRow:
+        """Forget a turn (later turns do not see it) or restore it (``Store.set_in_history``).
+
+        Raises:
+            NotFoundError: no such turn in the session.
+            ConflictError: restoring a turn that still would not be seen, with the reason.
+        """
+        return await self.store.set_in_history(session_id, turn_id, keep)
+
+    async def history(self, session_id: str) -> HistoryPlan:
+        """What the session's next turn sees of earlier turns (``compaction.plan_history``)."""
+        return await plan_history(self.store, session_id, await self.settings_for(session_id))
+
+    async def forgotten(self, session_id: str) -> Sequence[TurnRow]:
+        """The turns taken out of the history, in the order they started."""
+        return [turn for turn in await self.turns(session_id) if turn.forgotten_at is not None]
+
+    async def usage(self, session_id: str) -> Usage:
+        """What the session's turns used. Raises ``NotFoundError``."""
+        turns = await self.turns(session_id)
+        totals: dict[str, Any] = {"lm_calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}
+        for turn in turns:
+            for key in totals:
+                totals[key] += (turn.usage or {}).get(key) or 0
+        statuses = {status: sum(t.status == status for t in turns) for status in sorted({t.status for t in turns})}
+        finished = [t.usage for t in turns if t.usage]
+        return Usage(len(turns), statuses, totals, finished[-1] if finished else None)
+
+    async def request_cancel(self, run_id: str, reason: str) -> tuple[TurnRow, str]:
+        """Record a durable cancellation, honoured by whichever process runs the turn; returns the turn and
+        ``requested|already_requested|already_terminal``. Raises ``NotFoundError`` (code ``run_not_found``)."""
+        return await self.store.request_cancel(run_id, reason)
+
+    # ------------------------------------------------------------------ memories and feedback
+
+    async def memories(self, session_id: str) -> Memories:
+        """The session's memories. Raises ``NotFoundError`` for an unknown session."""
+        await self.store.get_session(session_id)
+        return Memories(self.store, self.settings, session_id)
+
+    async def remember(self, session_id: str, content: str, kind: str, memory_id: str | None = None) -> MemoryRow:
+        """Create or replace a memory and rewrite the session's ``MEMORIES.md``. Raises ``NotFoundError``."""
+        memories = await self.memories(session_id)
+        row = await memories.put(content, kind, memory_id=memory_id)
+        await memories.mirror()
+        return row
+
+    async def forget_memory(self, session_id: str, memory_id: str) -> bool:
+        """Delete a memory and rewrite ``MEMORIES.md``; false (nothing rewritten) when the session has none
+        with that id. Raises ``NotFoundError`` for an unknown session."""
+        memories = await self.memories(session_id)
+        if not await memories.forget(memory_id):
+            return False
+        await memories.mirror()
+        return True
+
+    async def memory(self, session_id: str, memory_id: str) -> MemoryRow:
+        """Raises ``NotFoundError``."""
+        return await self.store.get_memory(session_id, memory_id)
+
+    async def feedback(self, session_id: str, turn_id: str) -> FeedbackRow:
+        """The turn's latest mark. Raises ``NotFoundError`` when it has none."""
+        return await self.store.get_feedback(session_id, turn_id)
+
+    # ------------------------------------------------------------------ files
+
+    async def attachment(self, attachment_id: str) -> AttachmentRow:
+        """Raises ``NotFoundError``."""
+        return await self.store.get_attachment(attachment_id)
+
+    async def artifact(self, artifact_id: str) -> ArtifactRow:
+        """Raises ``NotFoundError``."""
+        return await self.store.get_artifact(artifact_id)
+
+    async def content(self, row: AttachmentRow | ArtifactRow) -> bytes:
+        """The stored bytes of an attachment or artifact (by its sha256)."""
+        return await self.store.get_blob(row.sha256)
 
     # ------------------------------------------------------------------ attachments
 

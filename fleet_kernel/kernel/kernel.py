@@ -2,8 +2,9 @@
 
 A cell is a task for the model (a turn run by ``TurnRunner`` on this kernel's event loop), a block of
 ``%fleet`` commands, or ``exit``/``quit`` in a console. Rendering lives in ``display.py``, commands in
-``commands.py``, and the process's settings, store and session in ``context.py``. The fixes for
-ipykernel 7 that a wrapper kernel needs (interrupts, comms, advertised features) are applied here.
+``commands/`` (a module per group of commands), and the process's settings, store and session in
+``context.py``. The fixes for ipykernel 7 that a wrapper kernel needs (interrupts, comms, advertised
+features) are applied here.
 """
 
 from __future__ import annotations

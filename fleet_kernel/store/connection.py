@@ -2,8 +2,9 @@
 rule that a store call, once started, runs to completion.
 
 SQLite (WAL, busy timeout, writes in ``BEGIN IMMEDIATE``) by default, PostgreSQL (asyncpg) for teams.
-The concern modules (sessions, turns, events, files) build on ``Database``: each store call is one
-plain function of a SQLAlchemy ``Session``, run in one transaction by ``_read`` or ``_write``.
+Each concern module (sessions, turns, leases, the event log, files, ...) is a ``Repository`` over the
+one ``Database`` that ``Store`` composes them on: each store call is one plain function of a SQLAlchemy
+``Session``, run in one transaction by ``_read`` or ``_write``.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import os
 import shutil
 import sqlite3
 import stat
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
-from typing import Any, ParamSpec, Self, TypeVar
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
@@ -37,7 +38,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def uninterrupted(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+def uninterrupted(method: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
     """Let a store call that has started finish before a cancellation reaches its caller.
 
     Cancelling a task in the middle of a database call makes SQLAlchemy terminate the connection, and
@@ -156,6 +157,20 @@ def _configure_sqlite(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
+def through(
+    part: str, method: Callable[Concatenate[Any, P], Awaitable[R]]
+) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]:
+    """A ``Store`` method that is ``method`` of the store's repository ``part``, run ``uninterrupted``."""
+    name = method.__name__
+
+    async def call(store: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        result: R = await getattr(getattr(store, part), name)(*args, **kwargs)
+        return result
+
+    call.__name__, call.__qualname__, call.__doc__ = name, f"Store.{name}", method.__doc__
+    return uninterrupted(call)
+
+
 class Database:
     """One async engine (asyncpg, or aiosqlite for schema checks and health) and, for a SQLite file, a
     plain engine whose transactions run on a worker thread; the base of every part of the store."""
@@ -234,6 +249,7 @@ class Database:
         """Where the store lives, for messages: the SQLite file, else the URL without its password."""
         return os.path.abspath(self.sqlite_file) if self.sqlite_file is not None else self.safe_url
 
+    @uninterrupted
     async def schema_revision(self) -> str | None:
         async with self.engine.connect() as conn:
             exists = await conn.run_sync(lambda c: c.dialect.has_table(c, "alembic_version"))
@@ -242,11 +258,13 @@ class Database:
             row = (await conn.execute(text("SELECT version_num FROM alembic_version"))).first()
             return str(row[0]) if row else None
 
+    @uninterrupted
     async def close(self) -> None:
         await self.engine.dispose()
         if self._file_engine is not None:
             self._file_engine.dispose()
 
+    @uninterrupted
     async def ping(self) -> bool:
         try:
             async with self.engine.connect() as conn:
@@ -255,6 +273,7 @@ class Database:
         except Exception:  # noqa: BLE001 - health checks report, never raise
             return False
 
+    @uninterrupted
     async def check_writable(self, *, write: bool = True) -> str | None:
         """``None`` if a write can be committed now, else what stops it (a full disk, a read-only or deleted file).
 
@@ -316,6 +335,31 @@ class Database:
         if row is None:
             raise NotFoundError(missing)
         return row
+
+
+class Repository:
+    """One concern of the store (its sessions, turns, event log, ...): its queries, each run in one
+    transaction of the shared ``Database``. ``Store`` composes them and serves their public methods."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    @property
+    def sqlite(self) -> bool:
+        return self.db.sqlite
+
+    @property
+    def engine(self) -> AsyncEngine:
+        return self.db.engine
+
+    async def _read(self, work: Callable[[Session], R]) -> R:
+        return await self.db._read(work)
+
+    async def _write(self, work: Callable[[Session], R]) -> R:
+        return await self.db._write(work)
+
+    async def _get(self, model: type[R], key: str, missing: str) -> R:
+        return await self.db._get(model, key, missing)
 
 
 def _run(sessions: sessionmaker[Session], work: Callable[[Session], R], *, commit: bool = False) -> R:

@@ -6,14 +6,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from fleet_kernel.errors import NotFoundError, ValidationError
-from fleet_kernel.store.connection import Database
+from fleet_kernel.store.connection import Repository
 from fleet_kernel.store.models import FeedbackRow, TurnRow, utcnow
 
 RATINGS = ("good", "bad")
 MAX_NOTE_CHARS = 4000
 
 
-class FeedbackStore(Database):
+class FeedbackStore(Repository):
     async def put_feedback(self, session_id: str, turn_id: str, rating: str, note: str = "") -> FeedbackRow:
         """Mark the turn's answer ``good`` or ``bad`` (replacing an earlier mark).
 

@@ -10,11 +10,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from fleet_kernel.errors import NotFoundError
-from fleet_kernel.store.connection import Database
+from fleet_kernel.store.connection import Repository
 from fleet_kernel.store.models import ArtifactRow, AttachmentRow, BlobRow, new_id, utcnow
 
 
-class FileStore(Database):
+class FileStore(Repository):
     async def get_blob(self, sha256: str) -> bytes:
         row = await self._read(lambda s: s.get(BlobRow, sha256))
         if row is None:

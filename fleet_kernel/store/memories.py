@@ -13,7 +13,7 @@ from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
 from fleet_kernel.errors import NotFoundError, ValidationError
-from fleet_kernel.store.connection import Database
+from fleet_kernel.store.connection import Repository
 from fleet_kernel.store.models import MemoryRow, new_id, utcnow
 from fleet_kernel.store.sessions import session_of
 
@@ -30,7 +30,7 @@ def check_kind(kind: str) -> str:
     return kind
 
 
-class MemoryStore(Database):
+class MemoryStore(Repository):
     async def put_memory(
         self,
         session_id: str,

@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from fleet_kernel.errors import ConflictError, NotFoundError, ValidationError
-from fleet_kernel.store.connection import Database
+from fleet_kernel.store.connection import Repository
 from fleet_kernel.store.models import ArtifactRow, AttachmentRow, BlobRow, EventRow, SessionRow, TurnRow, new_id, utcnow
 
 MAX_PAGE = 1000
@@ -45,7 +45,7 @@ def _after(cursor: str) -> tuple[datetime, str]:
         ) from exc
 
 
-class SessionStore(Database):
+class SessionStore(Repository):
     async def create_session(self, title: str = "", session_id: str | None = None) -> SessionRow:
         """A new session; ``session_id`` names it (a client-chosen id), else a fresh ``ses_`` one.
 

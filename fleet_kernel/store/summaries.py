@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from fleet_kernel.store.connection import Database
+from fleet_kernel.store.connection import Repository
 from fleet_kernel.store.models import HistorySummaryRow, TurnRow, utcnow
 from fleet_kernel.store.sessions import session_of
 from fleet_kernel.store.turns import lineage_of, rows_in_order
@@ -26,7 +26,7 @@ class HistoryRead:
     """The session's stored summary, whether or not it still stands."""
 
 
-class SummaryStore(Database):
+class SummaryStore(Repository):
     async def history_read(self, session_id: str, *, window: int, before_position: int | None = None) -> HistoryRead:
         """The turns a turn at ``before_position`` (default: the next turn) sees, the last ``window`` of them
         whole, and the stored summary. Raises ``NotFoundError``."""

@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import and_, func, insert, or_, select, text, update
 
 from fleet_kernel.events import Event
-from fleet_kernel.store.connection import Database
+from fleet_kernel.store.connection import Repository
 from fleet_kernel.store.models import EventRow, SessionRow, TurnRow, utcnow
 
 # PostgreSQL channel notified by every commit of events, so readers in other processes need not poll.
@@ -51,18 +51,20 @@ class TurnEnding:
     extraction_reason: str | None = None  # why the answer was extracted, not submitted (max_iters, deadline, budget)
 
 
-class EventStore(Database):
+class EventLog(Repository):
+    """The event log of every turn: appended in batches by the engine's one writer, read back in order."""
+
     async def append_events(self, events: list[Event], endings: Mapping[str, TurnEnding] | None = None) -> None:
         """Commit a batch of events of one or more turns, and the ``endings`` (``{turn_id: ending}``) of
         the turns it ends, in one transaction (the hot path)."""
         endings = endings or {}
         if not events and not endings:
             return
-        if self._file_engine is not None:
-            self._check_file()
+        if self.db._file_engine is not None:
+            self.db._check_file()
             await asyncio.to_thread(self._append_blocking, events, endings)
             return
-        async with self._write_engine.begin() as conn:
+        async with self.db._write_engine.begin() as conn:
             for statement, params in _event_statements(events):
                 await conn.execute(statement, params)
             now = utcnow()
@@ -118,12 +120,12 @@ class EventStore(Database):
         (0.1 ms against 0.45 ms, measured), and that CPU competes with the turn for the GIL. An
         ending's values are bound as SQLAlchemy binds them (``_binders``).
         """
-        assert self._file_engine is not None
+        assert self.db._file_engine is not None
         rows = [(e.turn_id, e.seq, e.session_id, e.type, e.agent_id, e.parent_agent_id, e.ts, json.dumps(e.data))
                 for e in events]  # fmt: skip
-        bind = _binders(self._file_engine.dialect)
+        bind = _binders(self.db._file_engine.dialect)
         now = bind["finished_at"](utcnow())
-        connection = self._file_engine.raw_connection()
+        connection = self.db._file_engine.raw_connection()
         try:
             cursor = connection.cursor()
             cursor.execute("BEGIN IMMEDIATE")
