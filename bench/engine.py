@@ -443,14 +443,14 @@ def cpu_table(raw: Raw, api: Api, repeat: int, helpers: frozenset[int]) -> None:
     Each sample's CPU reading ends after the pool's refill that follows it (SETTLE_S): a refill is part
     of what a turn costs. Raw and Fleet samples alternate, so both see the same load."""
     here, server = psutil.Process(), psutil.Process(api.process.pid)
-    rows: dict[tuple[str, int], dict[str, list[float]]] = {}
+    rows: dict[tuple[str, int, int], dict[str, list[float]]] = {}  # (side, sessions, iterations)
+    runs = ((1, 1), (1, LOAD_ITERATIONS), (LOAD_SESSIONS, LOAD_ITERATIONS))
     for r in range(repeat):
-        for sessions in (1, LOAD_SESSIONS):
-            iterations = sessions * LOAD_ITERATIONS
-            raw_row = rows.setdefault(("raw", sessions), {"rate": [], "cpu": [], "first": []})
+        for sessions, n in runs:
+            iterations = sessions * n
+            raw_row = rows.setdefault(("raw", sessions, n), {"rate": [], "cpu": [], "first": []})
             threads = [
-                threading.Thread(target=raw.turn, args=(LOAD_ITERATIONS, f"cpu raw {sessions} {r} {i}"))
-                for i in range(sessions)
+                threading.Thread(target=raw.turn, args=(n, f"cpu raw {sessions} {n} {r} {i}")) for i in range(sessions)
             ]
             cpu, began = tree_cpu(here, helpers), time.perf_counter()
             for t in threads:
@@ -461,18 +461,17 @@ def cpu_table(raw: Raw, api: Api, repeat: int, helpers: frozenset[int]) -> None:
             time.sleep(SETTLE_S)
             raw_row["cpu"].append((tree_cpu(here, helpers) - cpu) / iterations)
 
-            fleet_row = rows.setdefault(("Fleet", sessions), {"rate": [], "cpu": [], "first": []})
+            fleet_row = rows.setdefault(("Fleet", sessions, n), {"rate": [], "cpu": [], "first": []})
 
-            async def burst(client: httpx.AsyncClient, n: int = sessions, r: int = r) -> float:
+            async def burst(client: httpx.AsyncClient, k: int = sessions, n: int = n, r: int = r) -> list[float]:
                 began = time.perf_counter()
-                done = await asyncio.gather(
-                    *(api.turn(client, LOAD_ITERATIONS, f"cpu api {n} {r} {i}") for i in range(n))
-                )
-                fleet_row["first"].extend(first for _, first in done)
-                return n * LOAD_ITERATIONS / (time.perf_counter() - began)
+                done = await asyncio.gather(*(api.turn(client, n, f"cpu api {k} {n} {r} {i}") for i in range(k)))
+                return [k * n / (time.perf_counter() - began), *(first for _, first in done)]
 
             cpu = tree_cpu(server)
-            fleet_row["rate"].append(api.run(burst))
+            rate, *firsts = api.run(burst)
+            fleet_row["rate"].append(rate)
+            fleet_row["first"].extend(firsts)
             time.sleep(SETTLE_S)
             fleet_row["cpu"].append((tree_cpu(server) - cpu) / iterations)
     print(
@@ -484,10 +483,10 @@ def cpu_table(raw: Raw, api: Api, repeat: int, helpers: frozenset[int]) -> None:
         f"{'p95 POST -> first event (ms)':>28}"
     )
     print("-" * 108)
-    for sessions in (1, LOAD_SESSIONS):
-        base = rows["raw", sessions]
+    for sessions, n in runs[1:]:
+        base = rows["raw", sessions, n]
         for side in ("raw", "Fleet"):
-            row = rows[side, sessions]
+            row = rows[side, sessions, n]
             rate, cpu = statistics.median(row["rate"]), ms(row["cpu"])
             first = f"{pct(row['first'], 0.95) * 1000:.1f}" if row["first"] else "-"
             print(
@@ -499,11 +498,23 @@ def cpu_table(raw: Raw, api: Api, repeat: int, helpers: frozenset[int]) -> None:
         "targets (issue 31): CPU per iteration <= 1.15x raw at 1 and 8 sessions; iterations/s at 8 >= 0.9x raw; "
         "p95 first event < 100 ms at 8"
     )
-    fleet_cpu = ms(rows["Fleet", LOAD_SESSIONS]["cpu"])
+    # a turn's CPU is fixed + n * marginal: from the 1- and 20-iteration turns of one session
+    whole = {(side, n): ms(rows[side, 1, n]["cpu"]) * n for side in ("raw", "Fleet") for n in (1, LOAD_ITERATIONS)}
+    marginal = {
+        side: (whole[side, LOAD_ITERATIONS] - whole[side, 1]) / (LOAD_ITERATIONS - 1) for side in ("raw", "Fleet")
+    }
+    fixed = {side: whole[side, 1] - marginal[side] for side in ("raw", "Fleet")}
+    print(
+        f"one session, CPU per turn = fixed + iterations x marginal: raw {fixed['raw']:.1f} + n x "
+        f"{marginal['raw']:.2f} ms, Fleet {fixed['Fleet']:.1f} + n x {marginal['Fleet']:.2f} ms "
+        f"(marginal {marginal['Fleet'] / marginal['raw']:.2f}x raw; Fleet's fixed cost: a new session, its turn's "
+        f"start and end, the pool's refill)"
+    )
+    fleet_cpu = ms(rows["Fleet", LOAD_SESSIONS, LOAD_ITERATIONS]["cpu"])
     print(
         f"with a real provider (about 1 s per LM call, so one step per session per second), one core covers "
         f"the CPU of {1000 / fleet_cpu:.0f} Fleet sessions stepping at once "
-        f"(raw: {1000 / ms(rows['raw', LOAD_SESSIONS]['cpu']):.0f})"
+        f"(raw: {1000 / ms(rows['raw', LOAD_SESSIONS, LOAD_ITERATIONS]['cpu']):.0f})"
     )
 
 
