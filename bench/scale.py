@@ -268,16 +268,16 @@ async def xact_commits(url: str) -> int:
 
 
 def lost(turn: Turn) -> int:
-    """Seqs missing from the turn's streams: each must hold 1..its terminal seq (the watcher from where it
-    joined, since it replays from the store)."""
-    if turn.cut and not turn.seen:
-        return 0  # cut before its first event: nothing of it was acknowledged (it may never have started)
-    if not turn.last:
-        return 1
+    """Seqs missing from the turn's streams: below the highest seq each stream got, and on the watcher up
+    to what the POST stream got once the watcher reached its end. A turn with no terminal event is
+    counted under "not completed", not here: its stream was still open when the bench stopped waiting."""
+    if not turn.seen:
+        return 0
     end = max(turn.seen)
     missing = len(set(range(1, end + 1)) - set(turn.seen))
     if turn.watched:
-        missing += len(set(range(1, end + 1)) - set(turn.watched))
+        upto = end if turn.last and max(turn.watched) >= end else max(turn.watched)
+        missing += len(set(range(1, upto + 1)) - set(turn.watched))
     return missing
 
 
