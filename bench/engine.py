@@ -7,9 +7,12 @@ the same machine load (printed with each table). Columns: raw ``dspy.RLM`` + ``d
 Fleet in-process (``TurnRunner`` on the store, one session); Fleet through the API (a real
 ``fleet serve`` on loopback, a NEW session for every turn, POST .../turns streaming to its last event).
 Then: per-iteration cost (slope between 1 and 20 iterations), sandbox cold start and per-execute
-latency, the cost of a 1 MB input variable per execute, and 8 concurrent 20-iteration turns.
+latency, the cost of a 1 MB input variable per execute, and the CPU table: 20-iteration turns at 1 and
+8 sessions at once, wall iterations/s and CPU time per iteration of every process of each side
+(``--cpu-only`` runs just that table; CPU time is steady on a noisy machine, wall time is not).
 Targets (issue 14): per iteration through the API <= 1.3x raw (goal 1.2x); a 1-iteration turn in a new
-session <= 1.3x raw; a 1 MB input < 0.5 ms per iteration over a small one.
+session <= 1.3x raw; a 1 MB input < 0.5 ms per iteration over a small one. Issue 31: CPU per
+iteration <= 1.15x raw at 1 and 8 sessions, iterations/s at 8 >= 0.9x raw, p95 first event < 100 ms.
 """
 
 from __future__ import annotations
@@ -86,12 +89,6 @@ def load() -> str:
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
-def cpu_seconds(process: psutil.Process) -> float:
-    """CPU used so far by a process and its children that have ended (sandboxes, interpreters)."""
-    t = process.cpu_times()
-    return t.user + t.system + t.children_user + t.children_system
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -133,6 +130,10 @@ class LMProcess(Helper):
     def __enter__(self) -> LMProcess:
         self.base_url, self._env = self.start()
         return self
+
+    @property
+    def pid(self) -> int:
+        return int(self._process.pid or 0)
 
     def env(self) -> dict[str, str]:
         return dict(self._env)
@@ -181,7 +182,7 @@ class Raw:
         rlm = dspy.RLM(FleetTask, max_iters=n + 1, interpreter_factory=dspy.LocalInterpreter)
         started = time.perf_counter()
         with dspy.context(lm=self.lm):
-            prediction = rlm(task=key, history="", workspace="")
+            prediction = rlm(task=key)  # a first turn: Fleet gives it no history or workspace field either
         elapsed = time.perf_counter() - started
         if prediction.answer != "done" or len(prediction.trajectory) != n:
             raise SystemExit(f"raw dspy.RLM: a {n}-iteration turn took {len(prediction.trajectory)} steps")
@@ -416,56 +417,104 @@ def interpreter_table(settings, home: str, repeat: int, unpooled=None) -> None: 
     print("target: a 1 MB input adds < 0.5 ms per iteration (the same value re-sent by RLM every step)")
 
 
-def load_table(raw: Raw, api: Api, repeat: int) -> None:
-    """8 sessions x 20-iteration turns at once through one fleet serve, vs 8 raw turns in 8 threads.
+def tree_cpu(root: psutil.Process, skip: frozenset[int] = frozenset()) -> float:
+    """CPU seconds (user + system) of a process and every descendant, living or ended: each living
+    process's own time plus that of its children that ended and were waited for (a sandbox's stage
+    waits for its interpreter, the server for its stages). The difference of two readings is what the
+    tree spent between them, exited children included. ``skip``: pids whose subtrees are not counted
+    (the bench's own helpers: the scripted LM)."""
+    total, todo = 0.0, [root]
+    while todo:
+        process = todo.pop()
+        try:
+            t = process.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+            todo += [child for child in process.children() if child.pid not in skip]
+        except psutil.NoSuchProcess:
+            continue
+    return total
 
-    Also the CPU each side spends per iteration (the process and its ended children: sandboxes for Fleet,
-    dspy.LocalInterpreter's workers for raw; the scripted LM and the bench's SSE clients not counted).
-    """
-    raw_rates, api_rates, firsts, raw_cpu, api_cpu = [], [], [], [], []
+
+def cpu_table(raw: Raw, api: Api, repeat: int, helpers: frozenset[int]) -> None:
+    """Per iteration, at 1 and 8 sessions at once: wall iterations/s, CPU of every process of each side
+    (Fleet: the server, its stages and sandboxes; raw: this process and dspy.LocalInterpreter's workers;
+    the scripted LM and, for Fleet, the bench's SSE clients not counted), and p95 POST -> first event.
+
+    Each sample's CPU reading ends after the pool's refill that follows it (SETTLE_S): a refill is part
+    of what a turn costs. Raw and Fleet samples alternate, so both see the same load."""
     here, server = psutil.Process(), psutil.Process(api.process.pid)
-    iterations = LOAD_SESSIONS * LOAD_ITERATIONS
+    rows: dict[tuple[str, int, int], dict[str, list[float]]] = {}  # (side, sessions, iterations)
+    runs = ((1, 1), (1, LOAD_ITERATIONS), (LOAD_SESSIONS, LOAD_ITERATIONS))
     for r in range(repeat):
-        walls: list[float] = []
-        threads = [
-            threading.Thread(
-                target=lambda i=i, r=r, walls=walls: walls.append(raw.turn(LOAD_ITERATIONS, f"load raw {r} {i}"))
-            )
-            for i in range(LOAD_SESSIONS)
-        ]
-        began, cpu = time.perf_counter(), cpu_seconds(here)
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        raw_rates.append(iterations / (time.perf_counter() - began))
-        raw_cpu.append((cpu_seconds(here) - cpu) / iterations)
+        for sessions, n in runs:
+            iterations = sessions * n
+            raw_row = rows.setdefault(("raw", sessions, n), {"rate": [], "cpu": [], "first": []})
+            threads = [
+                threading.Thread(target=raw.turn, args=(n, f"cpu raw {sessions} {n} {r} {i}")) for i in range(sessions)
+            ]
+            cpu, began = tree_cpu(here, helpers), time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            raw_row["rate"].append(iterations / (time.perf_counter() - began))
+            time.sleep(SETTLE_S)
+            raw_row["cpu"].append((tree_cpu(here, helpers) - cpu) / iterations)
 
-        async def burst(client: httpx.AsyncClient, r: int = r) -> float:
-            began = time.perf_counter()
-            done = await asyncio.gather(
-                *(api.turn(client, LOAD_ITERATIONS, f"load api {r} {i}") for i in range(LOAD_SESSIONS))
-            )
-            firsts.extend(first for _, first in done)
-            return iterations / (time.perf_counter() - began)
+            fleet_row = rows.setdefault(("Fleet", sessions, n), {"rate": [], "cpu": [], "first": []})
 
-        cpu = cpu_seconds(server)
-        api_rates.append(api.run(burst))
-        api_cpu.append((cpu_seconds(server) - cpu) / iterations)
+            async def burst(client: httpx.AsyncClient, k: int = sessions, n: int = n, r: int = r) -> list[float]:
+                began = time.perf_counter()
+                done = await asyncio.gather(*(api.turn(client, n, f"cpu api {k} {n} {r} {i}") for i in range(k)))
+                return [k * n / (time.perf_counter() - began), *(first for _, first in done)]
+
+            cpu = tree_cpu(server)
+            rate, *firsts = api.run(burst)
+            fleet_row["rate"].append(rate)
+            fleet_row["first"].extend(firsts)
+            time.sleep(SETTLE_S)
+            fleet_row["cpu"].append((tree_cpu(server) - cpu) / iterations)
     print(
-        f"\nUnder load: {LOAD_SESSIONS} concurrent {LOAD_ITERATIONS}-iteration turns (median of {repeat}; "
-        f"load average {load()})\n"
+        f"\nCPU per iteration: {LOAD_ITERATIONS}-iteration turns, 1 and {LOAD_SESSIONS} sessions at once "
+        f"(median of {repeat}; load average {load()})\n"
     )
-    print(f"{'':>34} | {'iterations/s':>12} | {'p95 POST -> first event (ms)':>28} | {'CPU per iteration (ms)':>22}")
-    print("-" * 107)
-    print(f"{'raw dspy.RLM, 8 threads':>34} | {statistics.median(raw_rates):>12.1f} | {'-':>28} | {ms(raw_cpu):>22.2f}")
     print(
-        f"{'Fleet, one fleet serve, 8 sessions':>34} | {statistics.median(api_rates):>12.1f} | "
-        f"{pct(firsts, 0.95) * 1000:>28.1f} | {ms(api_cpu):>22.2f}"
+        f"{'':>22} | {'iterations/s':>12} | {'vs raw':>6} | {'CPU ms/iteration':>16} | {'vs raw':>6} | "
+        f"{'p95 POST -> first event (ms)':>28}"
     )
+    print("-" * 108)
+    for sessions, n in runs[1:]:
+        base = rows["raw", sessions, n]
+        for side in ("raw", "Fleet"):
+            row = rows[side, sessions, n]
+            rate, cpu = statistics.median(row["rate"]), ms(row["cpu"])
+            first = f"{pct(row['first'], 0.95) * 1000:.1f}" if row["first"] else "-"
+            print(
+                f"{side + f', {sessions} session' + ('s' if sessions > 1 else ''):>22} | {rate:>12.1f} | "
+                f"{rate / statistics.median(base['rate']):>5.2f}x | {cpu:>16.2f} | {cpu / ms(base['cpu']):>5.2f}x | "
+                f"{first:>28}"
+            )
+    print(
+        "targets (issue 31): CPU per iteration <= 1.15x raw at 1 and 8 sessions; iterations/s at 8 >= 0.9x raw; "
+        "p95 first event < 100 ms at 8"
+    )
+    # a turn's CPU is fixed + n * marginal: from the 1- and 20-iteration turns of one session
+    whole = {(side, n): ms(rows[side, 1, n]["cpu"]) * n for side in ("raw", "Fleet") for n in (1, LOAD_ITERATIONS)}
+    marginal = {
+        side: (whole[side, LOAD_ITERATIONS] - whole[side, 1]) / (LOAD_ITERATIONS - 1) for side in ("raw", "Fleet")
+    }
+    fixed = {side: whole[side, 1] - marginal[side] for side in ("raw", "Fleet")}
+    print(
+        f"one session, CPU per turn = fixed + iterations x marginal: raw {fixed['raw']:.1f} + n x "
+        f"{marginal['raw']:.2f} ms, Fleet {fixed['Fleet']:.1f} + n x {marginal['Fleet']:.2f} ms "
+        f"(marginal {marginal['Fleet'] / marginal['raw']:.2f}x raw; Fleet's fixed cost: a new session, its turn's "
+        f"start and end, the pool's refill)"
+    )
+    fleet_cpu = ms(rows["Fleet", LOAD_SESSIONS, LOAD_ITERATIONS]["cpu"])
     print(
         f"with a real provider (about 1 s per LM call, so one step per session per second), one core covers "
-        f"the CPU of {1000 / ms(api_cpu):.0f} Fleet sessions stepping at once (raw: {1000 / ms(raw_cpu):.0f})"
+        f"the CPU of {1000 / fleet_cpu:.0f} Fleet sessions stepping at once "
+        f"(raw: {1000 / ms(rows['raw', LOAD_SESSIONS, LOAD_ITERATIONS]['cpu']):.0f})"
     )
 
 
@@ -519,7 +568,8 @@ def tracing_table(env: dict[str, str], server: Server, untraced: InProcess, repe
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--skip-load", action="store_true", help="leave out the 8-concurrent-turns table")
+    parser.add_argument("--skip-load", action="store_true", help="leave out the CPU table (1 and 8 sessions)")
+    parser.add_argument("--cpu-only", action="store_true", help="only the CPU table (1 and 8 sessions)")
     parser.add_argument("--skip-unpooled", action="store_true", help="leave out the API column without a pool")
     parser.add_argument("--tracing", action="store_true", help="also time a 20-iteration turn traced vs not")
     parser.add_argument(
@@ -533,11 +583,22 @@ def main() -> None:
         settings = load_settings(env)
         unpooled = Path(home) / "no-pool.toml"
         unpooled.write_text("[sandbox]\npool_size = 0\n")
-        raw, inproc = Raw(server), InProcess(env, server)
-        api = Api(env, server)
+        raw, api = Raw(server), Api(env, server)
+        helpers = {api.process.pid} | (set() if args.lm_in_process else {server.pid})  # not raw's CPU
+        if args.cpu_only:  # nothing else in this process or under it: raw's CPU is raw's alone
+            try:
+                raw.turn(1)  # warm-ups: imports, connections, the sandbox probe
+                api.run(lambda c: api.turn(c, 1, "warm-up"))
+                time.sleep(2)  # the pool fills
+                cpu_table(raw, api, max(1, args.repeat // 2), frozenset(helpers))
+            finally:
+                api.close()
+            return
+        inproc = InProcess(env, server)
         apis = {"pooled": api}
         if not args.skip_unpooled:
             apis["no pool"] = Api({**env, "FLEET_CONFIG": str(unpooled)}, server)
+            helpers.add(apis["no pool"].process.pid)
         try:
             raw.turn(1)  # warm-ups: imports, connections, the sandbox probe
             inproc.turn(1)
@@ -558,7 +619,7 @@ def main() -> None:
             )
             memory_table(settings)
             if not args.skip_load:
-                load_table(raw, api, max(1, args.repeat // 2))
+                cpu_table(raw, api, max(1, args.repeat // 2), frozenset(helpers))
             if args.tracing:
                 tracing_table(env, server, inproc, args.repeat)
         finally:

@@ -195,10 +195,12 @@ def _event(row: EventRow) -> Event:
 
 
 def _last_seqs(events: list[Event]) -> dict[str, int]:
+    """Each turn's last seq among ``events``, in turn id order: every transaction that updates several
+    turn rows locks them in that order, so two never wait for each other."""
     last: dict[str, int] = {}
     for e in events:
         last[e.turn_id] = max(last.get(e.turn_id, 0), e.seq)
-    return last
+    return dict(sorted(last.items()))
 
 
 @functools.cache

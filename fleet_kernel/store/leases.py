@@ -106,11 +106,18 @@ class LeaseStore(Repository):
             return {}
 
         def beat(s: Session) -> dict[str, str]:
-            s.execute(
-                update(TurnRow)
+            # On PostgreSQL the rows are locked first, skipping any another transaction holds now (this
+            # process's event writer updating that turn's last_seq): an UPDATE of them all waited for
+            # those locks in its own order while the writer waited for ours, a deadlock under load.
+            # A skipped turn is beaten on the next round, well within its lease.
+            free = s.scalars(
+                select(TurnRow.turn_id)
                 .where(TurnRow.turn_id.in_(ids), TurnRow.status == "running")
-                .values(heartbeat_at=utcnow())
-            )
+                .order_by(TurnRow.turn_id)
+                .with_for_update(skip_locked=True)
+            ).all()
+            if free:
+                s.execute(update(TurnRow).where(TurnRow.turn_id.in_(free)).values(heartbeat_at=utcnow()))
             return _cancel_requests(s, ids)
 
         return await self._write(beat)
