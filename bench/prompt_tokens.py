@@ -69,8 +69,12 @@ async def fleet_prompt(lm: ScriptedLM, home: Path, task: Any) -> str:
 def raw_prompt(lm: ScriptedLM, task: Any) -> str:
     before = len(lm.requests)
     model = dspy.LM("openai/scripted", api_base=lm.base_url, api_key="sk-test", cache=False, num_retries=0)
-    rlm = dspy.RLM(dspy.Signature(task.raw_signature, task.kernel), max_iters=2, sub_lm=model,
-                   interpreter_factory=dspy.LocalInterpreter)
+    rlm = dspy.RLM(
+        dspy.Signature(task.raw_signature, task.kernel),
+        max_iters=2,
+        sub_lm=model,
+        interpreter_factory=dspy.LocalInterpreter,
+    )
     inputs = dict(task.inputs) if task.inputs else {"task": task.kernel}
     try:
         with dspy.context(lm=model):
@@ -85,8 +89,12 @@ def count(texts: list[str], tokenizer: str | None, model: str | None) -> list[in
         return [len(t) // 4 for t in texts]
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump(texts, handle)
-    out = subprocess.run([tokenizer, str(ROOT / "scripts" / "model_server.py"), "--model", model, "--tokenize",
-                          handle.name], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [tokenizer, str(ROOT / "scripts" / "model_server.py"), "--model", model, "--tokenize", handle.name],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     os.unlink(handle.name)
     return [int(n) for n in json.loads(out.stdout)]
 

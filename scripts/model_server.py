@@ -125,7 +125,10 @@ class Engine:
                 content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
             if not isinstance(content, str):
                 raise BadRequest(f"message {i} has no text content")
-            role, text = ffi.new("char[]", str(message.get("role", "user")).encode()), ffi.new("char[]", content.encode())
+            role, text = (
+                ffi.new("char[]", str(message.get("role", "user")).encode()),
+                ffi.new("char[]", content.encode()),
+            )
             keep += [role, text]
             structs[i].role, structs[i].content = role, text
         tmpl = self.template if self.template is not None else ffi.NULL
@@ -182,9 +185,7 @@ class Engine:
     def generate(self, prompt: list[int], s: Sampling, stats: dict[str, Any]) -> Iterator[str]:
         """Text pieces of the reply; ``stats`` gets ``finish_reason``, token counts and timings at the end."""
         if len(prompt) >= self.n_ctx:
-            raise BadRequest(
-                f"the prompt is {len(prompt)} tokens, over this server's context of {self.n_ctx} (--ctx)"
-            )
+            raise BadRequest(f"the prompt is {len(prompt)} tokens, over this server's context of {self.n_ctx} (--ctx)")
         common = 0
         for a, b in zip(self.cached, prompt, strict=False):
             if a != b:
@@ -247,7 +248,7 @@ class Handler(BaseHTTPRequestHandler):
     default_max: int
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
     def _json(self, status: int, payload: dict[str, Any]) -> None:
@@ -267,8 +268,10 @@ class Handler(BaseHTTPRequestHandler):
             self._json(200, {"status": "ok"})
         elif path in ("/v1/models", "/models"):
             meta = {"n_ctx_train": self.engine.lib.llama_model_n_ctx_train(self.engine.model)}
-            self._json(200, {"object": "list", "data": [{"id": self.alias, "object": "model", "owned_by": "local",
-                                                         "meta": meta}]})
+            self._json(
+                200,
+                {"object": "list", "data": [{"id": self.alias, "object": "model", "owned_by": "local", "meta": meta}]},
+            )
         elif path == "/props":
             self._json(200, {"default_generation_settings": {"n_ctx": self.engine.n_ctx}, "model_alias": self.alias})
         else:
@@ -308,12 +311,23 @@ class Handler(BaseHTTPRequestHandler):
             except BadRequest as exc:
                 self._error(400, str(exc))
                 return
-            self._json(200, {
-                "id": rid, "object": "chat.completion", "created": created, "model": self.alias,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "finish_reason": stats["finish_reason"]}],
-                "usage": usage(stats),
-            })
+            self._json(
+                200,
+                {
+                    "id": rid,
+                    "object": "chat.completion",
+                    "created": created,
+                    "model": self.alias,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": text},
+                            "finish_reason": stats["finish_reason"],
+                        }
+                    ],
+                    "usage": usage(stats),
+                },
+            )
             self._log(stats)
             return
         try:
@@ -329,8 +343,14 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
         def chunk(delta: dict[str, Any], finish: str | None, **extra: Any) -> None:
-            payload = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.alias,
-                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+            payload = {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": self.alias,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                **extra,
+            }
             self.wfile.write(f"data: {json.dumps(payload)}\n\n".encode())
             self.wfile.flush()
 
@@ -340,8 +360,14 @@ class Handler(BaseHTTPRequestHandler):
                 chunk({"content": piece}, None)
             chunk({}, stats["finish_reason"])
             if (body.get("stream_options") or {}).get("include_usage"):
-                payload = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.alias,
-                           "choices": [], "usage": usage(stats)}
+                payload = {
+                    "id": rid,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": self.alias,
+                    "choices": [],
+                    "usage": usage(stats),
+                }
                 self.wfile.write(f"data: {json.dumps(payload)}\n\n".encode())
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
@@ -358,14 +384,19 @@ class Handler(BaseHTTPRequestHandler):
             f"request: {stats.get('prompt_tokens')} prompt tokens ({stats.get('cached_tokens')} cached, "
             f"{new / max(stats.get('prompt_s', 0), 1e-6):.0f} tok/s), {stats.get('completion_tokens')} completion "
             f"tokens ({stats.get('completion_tokens', 0) / gen_s:.1f} tok/s), finish {stats.get('finish_reason')}",
-            file=sys.stderr, flush=True,
+            file=sys.stderr,
+            flush=True,
         )
 
 
 def usage(stats: dict[str, Any]) -> dict[str, Any]:
     p, c = stats.get("prompt_tokens", 0), stats.get("completion_tokens", 0)
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
-            "prompt_tokens_details": {"cached_tokens": stats.get("cached_tokens", 0)}}
+    return {
+        "prompt_tokens": p,
+        "completion_tokens": c,
+        "total_tokens": p + c,
+        "prompt_tokens_details": {"cached_tokens": stats.get("cached_tokens", 0)},
+    }
 
 
 def token_counts(model_path: str, texts: list[str]) -> list[int]:
@@ -440,8 +471,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     started = time.monotonic()
     engine = Engine(args.model, args.ctx, args.threads, args.verbose)
-    print(f"loaded {engine.meta('general.name')} ({args.model}) in {time.monotonic() - started:.1f} s; "
-          f"context {engine.n_ctx} tokens, {args.threads} threads", file=sys.stderr, flush=True)
+    print(
+        f"loaded {engine.meta('general.name')} ({args.model}) in {time.monotonic() - started:.1f} s; "
+        f"context {engine.n_ctx} tokens, {args.threads} threads",
+        file=sys.stderr,
+        flush=True,
+    )
     handler = type("BoundHandler", (Handler,), {"engine": engine, "alias": args.alias, "default_max": args.n_predict})
     server = ThreadingHTTPServer((args.host, args.port), handler)
     print(f"serving {args.alias} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)

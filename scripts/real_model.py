@@ -26,7 +26,7 @@ import random
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -48,6 +48,7 @@ def write_configs(folder: Path) -> None:
         text = f"{limits}\n[lm]\nmax_tokens = {cap}\ntemperature = 0\nrequest_timeout_s = 600\n"
         (folder / name).write_text(text, encoding="utf-8")
 
+
 # --- the data: made here, the same on every machine ------------------------------------------------------
 
 
@@ -66,8 +67,10 @@ def make_log(seed: int = 27, size: int = 1_000_000) -> str:
         level = rng.choices(["INFO", "DEBUG", "WARN", "ERROR"], weights=[70, 15, 10, 5])[0]
         second += rng.randint(0, 3)
         text = rng.choice(messages[level]).format(n=rng.randint(1, 9999))
-        line = f"2026-12-01 {second // 3600 % 24:02d}:{second // 60 % 60:02d}:{second % 60:02d} {level} " \
+        line = (
+            f"2026-12-01 {second // 3600 % 24:02d}:{second // 60 % 60:02d}:{second % 60:02d} {level} "
             f"{rng.choice(services)}: {text}"
+        )
         lines.append(line)
         total += len(line) + 1
     return "\n".join(lines) + "\n"
@@ -135,19 +138,45 @@ def tasks(log_text: str) -> list[Task]:
     )
     stats = "How many data rows does the sales CSV have, and what is its largest amount?"
     return [
-        Task("errors", f"{count} The log is in `log`.", f"{count} The log is the attached file app.log.",
-             "log: str -> answer: str", errors, inputs={"log": log_text}, files={"app.log": log_text}),
-        Task("csv_sum", f"{total} The CSV text is in `sales`.", f"{total} The CSV is the attached file sales.csv.",
-             "sales: str -> answer: str", round(sum(amounts), 2), inputs={"sales": sales},
-             files={"sales.csv": sales}),
+        Task(
+            "errors",
+            f"{count} The log is in `log`.",
+            f"{count} The log is the attached file app.log.",
+            "log: str -> answer: str",
+            errors,
+            inputs={"log": log_text},
+            files={"app.log": log_text},
+        ),
+        Task(
+            "csv_sum",
+            f"{total} The CSV text is in `sales`.",
+            f"{total} The CSV is the attached file sales.csv.",
+            "sales: str -> answer: str",
+            round(sum(amounts), 2),
+            inputs={"sales": sales},
+            files={"sales.csv": sales},
+        ),
         Task("longest_word", word, word, "task: str -> answer: str", "extraordinarily"),
-        Task("classify", f"{classify} The reviews are the list `reviews`.",
-             f"{classify} The reviews are the lines of the attached file reviews.txt.",
-             "reviews: list[str] -> answer: str", NEGATIVE, inputs={"reviews": REVIEWS},
-             files={"reviews.txt": "\n".join(REVIEWS) + "\n"}, uses_llm_query=True),
-        Task("schema", f"{stats} The CSV text is in `sales`.", f"{stats} The CSV is the attached file sales.csv.",
-             "sales: str -> rows: int, max_amount: float", {"rows": len(amounts), "max_amount": max(amounts)},
-             inputs={"sales": sales}, files={"sales.csv": sales}, schema=SCHEMA),
+        Task(
+            "classify",
+            f"{classify} The reviews are the list `reviews`.",
+            f"{classify} The reviews are the lines of the attached file reviews.txt.",
+            "reviews: list[str] -> answer: str",
+            NEGATIVE,
+            inputs={"reviews": REVIEWS},
+            files={"reviews.txt": "\n".join(REVIEWS) + "\n"},
+            uses_llm_query=True,
+        ),
+        Task(
+            "schema",
+            f"{stats} The CSV text is in `sales`.",
+            f"{stats} The CSV is the attached file sales.csv.",
+            "sales: str -> rows: int, max_amount: float",
+            {"rows": len(amounts), "max_amount": max(amounts)},
+            inputs={"sales": sales},
+            files={"sales.csv": sales},
+            schema=SCHEMA,
+        ),
     ]
 
 
@@ -161,8 +190,10 @@ def judge(task: Task, answer: Any, result: Any) -> str | None:
         got = result if isinstance(result, dict) else None
         if got is None:
             return f"no typed result (answer {str(answer)[:80]!r})"
-        ok = got.get("rows") == task.expected["rows"] and abs(float(got.get("max_amount") or 0)
-                                                             - task.expected["max_amount"]) < 0.01
+        ok = (
+            got.get("rows") == task.expected["rows"]
+            and abs(float(got.get("max_amount") or 0) - task.expected["max_amount"]) < 0.01
+        )
         return None if ok else f"result {json.dumps(got)[:120]}, expected {json.dumps(task.expected)}"
     if isinstance(task.expected, str):
         words = re.findall(r"[A-Za-z]+", str(answer or ""))
@@ -248,8 +279,9 @@ def run_api(client: httpx.Client, task: Task, record: bool) -> Run:
     session = client.post("/api/sessions", json={"title": f"real model: {task.name}"}).json()["session_id"]
     ids = []
     for name, text in task.files.items():
-        upload = client.post("/api/attachments", data={"session_id": session},
-                             files={"file": (name, text.encode(), "text/plain")})
+        upload = client.post(
+            "/api/attachments", data={"session_id": session}, files={"file": (name, text.encode(), "text/plain")}
+        )
         upload.raise_for_status()
         ids.append(upload.json()["attachment_id"] if "attachment_id" in upload.json() else upload.json()["id"])
     body: dict[str, Any] = {"task": task.api}
@@ -264,11 +296,16 @@ def run_api(client: httpx.Client, task: Task, record: bool) -> Run:
             events.append(event)
             progress(event)
     run = from_events(task, "api", events)
-    run.turn = {"task": task.name, "body": {k: v for k, v in body.items() if k != "attachment_ids"},
-                "files": sorted(task.files), "outcome": next((e["type"] for e in events if e["type"] in TERMINAL), None),
-                "answer": run.answer, "iterations": run.iterations,
-                "lm_calls": sum(e["type"] == "lm.finished" for e in events),
-                "error_type": next((e["data"]["error"]["type"] for e in events if e["type"] == "turn.failed"), None)}
+    run.turn = {
+        "task": task.name,
+        "body": {k: v for k, v in body.items() if k != "attachment_ids"},
+        "files": sorted(task.files),
+        "outcome": next((e["type"] for e in events if e["type"] in TERMINAL), None),
+        "answer": run.answer,
+        "iterations": run.iterations,
+        "lm_calls": sum(e["type"] == "lm.finished" for e in events),
+        "error_type": next((e["data"]["error"]["type"] for e in events if e["type"] == "turn.failed"), None),
+    }
     return run
 
 
@@ -285,8 +322,10 @@ class KernelPath:
             values.update(task.inputs)
         data = Path(env["FLEET_HOME"]) / "real-model-inputs.json"
         data.write_text(json.dumps(values), encoding="utf-8")
-        self.execute(f"%load_ext fleet_kernel\nimport json\nglobals().update(json.load(open({str(data)!r})))\n"
-                     f"SCHEMA = {SCHEMA!r}")
+        self.execute(
+            f"%load_ext fleet_kernel\nimport json\nglobals().update(json.load(open({str(data)!r})))\n"
+            f"SCHEMA = {SCHEMA!r}"
+        )
 
     def execute(self, code: str, timeout: float = 1800) -> dict[str, Any]:
         msg_id = self.kc.execute(code)
@@ -328,11 +367,24 @@ def run_raw(task: Task, lm_url: str, model: str) -> Run:
     """The task through plain ``dspy.RLM`` + ``dspy.LocalInterpreter`` on the same server."""
     import dspy
 
-    lm = dspy.LM(f"openai/{model}", api_base=lm_url, api_key="none", cache=False, max_tokens=MAX_TOKENS,
-                 temperature=0.0, num_retries=0)
+    lm = dspy.LM(
+        f"openai/{model}",
+        api_base=lm_url,
+        api_key="none",
+        cache=False,
+        max_tokens=MAX_TOKENS,
+        temperature=0.0,
+        num_retries=0,
+    )
     signature = dspy.Signature(task.raw_signature, task.kernel)
-    rlm = dspy.RLM(signature, max_iters=LIMITS["max_iters"], max_llm_calls=LIMITS["max_llm_calls"],
-                   max_output_chars=LIMITS["max_output_chars"], sub_lm=lm, interpreter_factory=dspy.LocalInterpreter)
+    rlm = dspy.RLM(
+        signature,
+        max_iters=LIMITS["max_iters"],
+        max_llm_calls=LIMITS["max_llm_calls"],
+        max_output_chars=LIMITS["max_output_chars"],
+        sub_lm=lm,
+        interpreter_factory=dspy.LocalInterpreter,
+    )
     inputs = dict(task.inputs) if task.inputs else {"task": task.kernel}
     run = Run(task.name, "raw")
     started = time.monotonic()
@@ -383,22 +435,31 @@ def table(runs: list[Run]) -> str:
     lines = []
     for name in dict.fromkeys(r.task for r in runs):
         lines.append(f"\n{name}")
-        lines.append(f"  {'path':<7} {'ok':<4} {'ended':<10} {'iters':>5} {'prompt':>7} {'compl':>6} {'first':>6} "
-                     f"{'secs':>6}  why")
+        lines.append(
+            f"  {'path':<7} {'ok':<4} {'ended':<10} {'iters':>5} {'prompt':>7} {'compl':>6} {'first':>6} "
+            f"{'secs':>6}  why"
+        )
         for r in (r for r in runs if r.task == name):
-            lines.append(f"  {r.path:<7} {'yes' if r.correct else 'no':<4} {r.ended:<10} {r.iterations:>5} "
-                         f"{r.prompt_tokens:>7} {r.completion_tokens:>6} {r.first_prompt_tokens:>6} {r.seconds:>6}  "
-                         f"{r.why[:160]}")
+            lines.append(
+                f"  {r.path:<7} {'yes' if r.correct else 'no':<4} {r.ended:<10} {r.iterations:>5} "
+                f"{r.prompt_tokens:>7} {r.completion_tokens:>6} {r.first_prompt_tokens:>6} {r.seconds:>6}  "
+                f"{r.why[:160]}"
+            )
     lines.append("\nsolved, and first-request prompt tokens against raw's (mean ratio over the tasks):")
     raw = {r.task: r for r in runs if r.path == "raw"}
     for path in dict.fromkeys(r.path for r in runs):
         mine = [r for r in runs if r.path == path]
-        ratios = [r.first_prompt_tokens / raw[r.task].first_prompt_tokens for r in mine
-                  if r.task in raw and raw[r.task].first_prompt_tokens and r.first_prompt_tokens]
+        ratios = [
+            r.first_prompt_tokens / raw[r.task].first_prompt_tokens
+            for r in mine
+            if r.task in raw and raw[r.task].first_prompt_tokens and r.first_prompt_tokens
+        ]
         ratio = f", first prompt {sum(ratios) / len(ratios):.2f}x raw" if ratios and path != "raw" else ""
-        lines.append(f"  {path:<7} {sum(r.correct for r in mine)}/{len(mine)} correct, "
-                     f"{sum(r.prompt_tokens for r in mine)} prompt + {sum(r.completion_tokens for r in mine)} "
-                     f"completion tokens, {sum(r.seconds for r in mine):.0f} s{ratio}")
+        lines.append(
+            f"  {path:<7} {sum(r.correct for r in mine)}/{len(mine)} correct, "
+            f"{sum(r.prompt_tokens for r in mine)} prompt + {sum(r.completion_tokens for r in mine)} "
+            f"completion tokens, {sum(r.seconds for r in mine):.0f} s{ratio}"
+        )
     return "\n".join(lines)
 
 
@@ -450,23 +511,32 @@ def main(argv: list[str] | None = None) -> int:
             cut = run_api(client, word, True)
             truncated.append(cut.turn | {"why": cut.why})
             print(f"    {cut.ended}: {cut.why[:300]}", flush=True)
+        if args.record:  # its fleet serve records nothing more: the header can be written now
+            cut_config = {"limits": LIMITS, "max_tokens": TRUNCATED_MAX_TOKENS}
+            note_cassette(args.record / "real-model-truncated.cassette.json", truncated, cut_config)
     with httpx.Client(base_url=args.api, timeout=timeout) as client:
         kernel = KernelPath(client, chosen, env) if "kernel" in paths else None
         try:
             for task in chosen:
                 for path in paths:
                     print(f"\n==> {task.name} via {path}", flush=True)
-                    run: Callable[[], Run] = {
-                        "kernel": lambda: kernel.run(task) if kernel else Run(task.name, "kernel"),
-                        "api": lambda: run_api(client, task, bool(args.record)),
-                        "raw": lambda: run_raw(task, args.lm_url, args.model),
-                    }[path]
-                    runs.append(run())
+                    if path == "kernel" and kernel is not None:
+                        runs.append(kernel.run(task))
+                    elif path == "api":
+                        runs.append(run_api(client, task, bool(args.record)))
+                    else:
+                        runs.append(run_raw(task, args.lm_url, args.model))
                     r = runs[-1]
                     if args.summary:  # after every run: a long run stopped early still leaves its figures
                         args.summary.write_text(json.dumps([x.__dict__ for x in runs], indent=1) + "\n", "utf-8")
-                    print(f"    {'correct' if r.correct else 'wrong'} ({r.ended}), {r.iterations} iterations, "
-                          f"{r.prompt_tokens}+{r.completion_tokens} tokens, {r.seconds} s {r.why[:200]}", flush=True)
+                    if args.record:  # the same for the turns a replay needs (the cassette is still being written)
+                        turns = [x.turn for x in runs if x.path == "api"]
+                        (args.record / "real-model-api.turns.json").write_text(json.dumps(turns, indent=1), "utf-8")
+                    print(
+                        f"    {'correct' if r.correct else 'wrong'} ({r.ended}), {r.iterations} iterations, "
+                        f"{r.prompt_tokens}+{r.completion_tokens} tokens, {r.seconds} s {r.why[:200]}",
+                        flush=True,
+                    )
         finally:
             if kernel:
                 kernel.close()
@@ -474,10 +544,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.record:
         config = {"limits": LIMITS, "max_tokens": MAX_TOKENS}
         note_cassette(args.record / "real-model-api.cassette.json", [r.turn for r in runs if r.path == "api"], config)
-        cut_config = {"limits": LIMITS, "max_tokens": TRUNCATED_MAX_TOKENS}
-        note_cassette(args.record / "real-model-truncated.cassette.json", truncated, cut_config)
-        note_cassette(args.record / "real-model-kernel.cassette.json",
-                      [{"task": r.task, "ended": r.ended} for r in runs if r.path == "kernel"], config)
+        (args.record / "real-model-api.turns.json").unlink(missing_ok=True)
+        note_cassette(
+            args.record / "real-model-kernel.cassette.json",
+            [{"task": r.task, "ended": r.ended} for r in runs if r.path == "kernel"],
+            config,
+        )
     if args.summary:
         args.summary.write_text(json.dumps([r.__dict__ for r in runs], indent=1) + "\n", encoding="utf-8")
     return 0 if all(r.ended in ("completed", "extracted", "failed") for r in runs) else 1

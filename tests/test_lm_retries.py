@@ -73,7 +73,11 @@ def test_root_and_sub_models_get_their_own_settings(fleet_env: dict[str, str], t
     )
     root, sub = build_lms(load_settings({**fleet_env, "FLEET_CONFIG": str(config)}))
     assert (root.retries, root.kwargs["timeout"], root.kwargs["temperature"], root.kwargs["max_tokens"]) == (
-        4, 30, 0.2, 900)
+        4,
+        30,
+        0.2,
+        900,
+    )
     assert (sub.retries, sub.kwargs["timeout"], sub.kwargs["temperature"], sub.kwargs["max_tokens"]) == (0, 5, 0.9, 300)
 
 

@@ -52,12 +52,15 @@ def _replay(tmp_path: Path, cassette: str, header: dict[str, Any], turn: dict[st
     """Send ``turn`` to a real API whose model is the cassette; the turn's envelopes."""
     config = header["config"]
     toml = "[limits]\n" + "".join(f"{k} = {v}\n" for k, v in config["limits"].items())
-    toml += f"\n[lm]\nmax_tokens = {config['max_tokens']}\nreplay_pace = \"at_once\"\n"
+    toml += f'\n[lm]\nmax_tokens = {config["max_tokens"]}\nreplay_pace = "at_once"\n'
     (tmp_path / "fleet.toml").write_text(toml, encoding="utf-8")
     home = tmp_path / "home"
     home.mkdir()
-    env = {"FLEET_HOME": str(home), "FLEET_CONFIG": str(tmp_path / "fleet.toml"),
-           "FLEET_LM_MODEL": f"replay/{DATA / cassette}"}
+    env = {
+        "FLEET_HOME": str(home),
+        "FLEET_CONFIG": str(tmp_path / "fleet.toml"),
+        "FLEET_LM_MODEL": f"replay/{DATA / cassette}",
+    }
     if os.environ.get("FLEET_TEST_DATABASE_URL"):
         env["FLEET_DATABASE_URL"] = os.environ["FLEET_TEST_DATABASE_URL"]
     suite = _suite()
@@ -66,8 +69,11 @@ def _replay(tmp_path: Path, cassette: str, header: dict[str, Any], turn: dict[st
         session = client.post("/api/sessions", json={"title": "replayed real model"}).json()["session_id"]
         ids = []
         for name in turn["files"]:
-            upload = client.post("/api/attachments", data={"session_id": session},
-                                 files={"file": (name, task.files[name].encode(), "text/plain")})
+            upload = client.post(
+                "/api/attachments",
+                data={"session_id": session},
+                files={"file": (name, task.files[name].encode(), "text/plain")},
+            )
             assert upload.status_code in (200, 201), upload.text
             ids.append(upload.json().get("attachment_id") or upload.json()["id"])
         body = dict(turn["body"], **({"attachment_ids": ids} if ids else {}))
@@ -83,17 +89,19 @@ def _ending(events: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def test_the_cassettes_are_the_instruction_tuned_models_recordings() -> None:
-    for header in (API, CUT):
-        if not header["exchanges"]:
-            pytest.skip("no recording of the real model in tests/data (scripts/real-model.sh --record tests/data)")
+    assert CUT["exchanges"], "no recording of a reply cut at the cap (scripts/real-model.sh --record tests/data)"
+    for header in (h for h in (API, CUT) if h["exchanges"]):
         assert header["model"] == "openai/qwen2.5-coder-1.5b-instruct"
         for exchange in header["exchanges"]:  # what each request asked for, and how each reply ended
             assert {"max_tokens", "tools", "stream"} <= set(exchange["request"]), exchange.get("request")
             assert exchange["response"]["finish_reason"] in ("stop", "length")
             assert exchange["response"]["usage"]["input_tokens"] > 0
     assert any(e["response"]["finish_reason"] == "length" for e in CUT["exchanges"])
-    assert all(e["request"]["max_tokens"] == CUT["config"]["max_tokens"] for e in CUT["exchanges"]
-               if e["messages"][0]["content"].startswith("Your input fields are"))
+    assert all(
+        e["request"]["max_tokens"] == CUT["config"]["max_tokens"]
+        for e in CUT["exchanges"]
+        if e["messages"][0]["content"].startswith("Your input fields are")
+    )
 
 
 @pytest.mark.parametrize("turn", API["turns"], ids=[t["task"] for t in API["turns"]])
@@ -101,8 +109,10 @@ def test_a_replayed_turn_shows_what_the_live_one_did(tmp_path: Path, turn: dict[
     events = _replay(tmp_path, "real-model-api.cassette.json", API, turn)
     end = _ending(events)
     assert end["type"] == turn["outcome"], end["data"]
-    assert max((e["data"]["iteration"] for e in events if e["type"] == "iteration.started"), default=0) == turn[
-        "iterations"]
+    assert (
+        max((e["data"]["iteration"] for e in events if e["type"] == "iteration.started"), default=0)
+        == turn["iterations"]
+    )
     assert sum(e["type"] == "lm.finished" for e in events) == turn["lm_calls"]
     codes = [e["data"]["code"] for e in events if e["type"] == "code"]
     assert len(codes) == turn["iterations"] and all(c.strip() for c in codes)  # the steps, as the model wrote them

@@ -52,7 +52,10 @@ def _make_lm(model: str, settings: Settings, role: Literal["root", "sub"]) -> ds
     if settings.lm_record:
         from fleet_kernel.engine.replay import recording  # loaded only while recording
 
-        return with_max_tokens(recording(lm, settings.lm_record), max_tokens)
+        recorder = recording(lm, settings.lm_record)
+        if temperature is not None:  # the cassette's LM builds the requests: it asks for the temperature too
+            recorder = recorder.copy(temperature=temperature)
+        return with_max_tokens(recorder, max_tokens)
     return lm
 
 
@@ -89,10 +92,7 @@ def build_lms(settings: Settings) -> tuple[dspy.LM, dspy.LM]:
         raise LMError(not_configured_message(settings), code="lm_not_configured")
     caps = settings.policy.lm
     root = _make_lm(settings.lm_model, settings, "root")
-    if settings.sub_lm_model:
-        sub = _make_lm(settings.sub_lm_model, settings, "sub")
-    else:
-        sub = for_sub(root, caps)
+    sub = _make_lm(settings.sub_lm_model, settings, "sub") if settings.sub_lm_model else for_sub(root, caps)
     for lm in (root, sub):
         if isinstance(lm, MeteredLM):
             lm.stream_replies = caps.stream

@@ -65,8 +65,15 @@ RETRY_AFTER_MAX_S = 30.0
 TRANSIENT_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
 TRANSIENT_CODES = frozenset({"rate_limit", "timeout", "transport", "overloaded", "server", "unavailable"})
 TRANSIENT_NAMES = frozenset(
-    {"RateLimitError", "ServiceUnavailableError", "InternalServerError", "APIConnectionError", "Timeout",
-     "APITimeoutError", "BadGatewayError"}
+    {
+        "RateLimitError",
+        "ServiceUnavailableError",
+        "InternalServerError",
+        "APIConnectionError",
+        "Timeout",
+        "APITimeoutError",
+        "BadGatewayError",
+    }
 )
 
 
@@ -87,7 +94,7 @@ def backoff_s(attempt: int, exc: BaseException | None = None) -> float:
     else exponential from ``RETRY_BASE_S`` with jitter, at most ``RETRY_MAX_S``."""
     after = getattr(exc, "retry_after", None)
     if isinstance(after, int | float) and after > 0:
-        return float(min(after, RETRY_AFTER_MAX_S))
+        return min(float(after), RETRY_AFTER_MAX_S)
     return min(RETRY_BASE_S * 2 ** (attempt - 1), RETRY_MAX_S) * random.uniform(0.5, 1.0)
 
 
@@ -196,8 +203,9 @@ class MeteredLM(dspy.LM):
                     raise
                 attempt += 1
                 delay = backoff_s(attempt, exc)
-                log.info("LM request failed (%s), retry %d of %d in %.1f s", type(exc).__name__, attempt,
-                         self.retries, delay)
+                log.info(
+                    "LM request failed (%s), retry %d of %d in %.1f s", type(exc).__name__, attempt, self.retries, delay
+                )
                 if budget is not None:
                     budget.note_retry()
                     budget.cancel.wait(delay)  # a stop or the deadline ends the wait (and the turn)

@@ -92,7 +92,7 @@ def _response(text: str, usage: dict[str, int], model: str, finish: str | None =
         id=None,
         model=model,
         message=Message.assistant([TextPart(text)]),
-        finish_reason=finish if finish in FINISH_REASONS else "stop",  # type: ignore[arg-type]
+        finish_reason=finish if finish in FINISH_REASONS else "stop",
         usage=Usage(
             input_tokens=int(usage.get("input_tokens", 0)),
             output_tokens=int(usage.get("output_tokens", 0)),
@@ -333,7 +333,13 @@ class RecordingEngine:
         params = request_params(request, stream=listening is not None)
         finish = str(getattr(response.finish_reason, "value", response.finish_reason) or "") or None
         self.cassette.append(
-            request_messages(request), response.text or "", usage, cost, pieces or None, params=params, finish_reason=finish
+            request_messages(request),
+            response.text or "",
+            usage,
+            cost,
+            pieces or None,
+            params=params,
+            finish_reason=finish,
         )
         _last_cost.value = cost
         return response
