@@ -95,7 +95,8 @@ def backoff_s(attempt: int, exc: BaseException | None = None) -> float:
     after = getattr(exc, "retry_after", None)
     if isinstance(after, int | float) and after > 0:
         return min(float(after), RETRY_AFTER_MAX_S)
-    return min(RETRY_BASE_S * 2 ** (attempt - 1), RETRY_MAX_S) * random.uniform(0.5, 1.0)
+    wait: float = RETRY_BASE_S * 2.0 ** (attempt - 1)
+    return min(wait, RETRY_MAX_S) * random.uniform(0.5, 1.0)
 
 
 STOPPED = "stopped"
