@@ -104,12 +104,6 @@ class _InFlight:
             self.count += delta
 
 
-REPEATED_STEP_NOTE = (
-    "\n[This step ran the same code as the previous one and printed the same. If that answers the task, "
-    "call SUBMIT(...) with the output fields now; else try something different.]"
-)
-
-
 class SandboxInterpreter:
     """``dspy``'s ``CodeInterpreter`` on a sandbox session that is started lazily and restarted after a crash."""
 
@@ -144,7 +138,6 @@ class SandboxInterpreter:
         self._fatal: BaseException | None = None  # a tool was cancelled: stop the code, re-raise this
         self._crashed: str | None = None
         self._closed = False
-        self._last_step: tuple[str, str | None] | None = None  # the last code run and what it printed
 
     @property
     def tools(self) -> dict[str, Callable[..., Any]]:
@@ -226,31 +219,16 @@ class SandboxInterpreter:
         """
         watcher = self.watcher
         if watcher is None:
-            return self._noting_repeats(code, self._execute(code, variables))
+            return self._execute(code, variables)
         call_id = f"execute-{next(_call_ids)}"  # unique in the process: a child's interpreter runs inside this one
         watcher.on_interpreter_execute_start(call_id, self, {"code": code, "variables": variables})
         try:
             result = self._execute(code, variables)
         except BaseException as exc:
-            self._last_step = None
             watcher.on_interpreter_execute_end(call_id, None, exc)
             raise
         watcher.on_interpreter_execute_end(call_id, result, None)
-        return self._noting_repeats(code, result)
-
-    def _noting_repeats(self, code: str, result: Any) -> Any:
-        """The output the model sees, with a note when this step repeated the last one word for word.
-
-        Small models that have printed the answer often run the same code again, step after step, until
-        ``max_iters`` (seen with Qwen2.5-Coder-1.5B, docs/real-models.md): the note tells the model it is
-        going round in a circle and how to end. Only the model's view changes; the events are as printed.
-        """
-        if not isinstance(result, str | None):  # SUBMIT's FinalOutput
-            return result
-        step = (code.strip(), result)
-        repeated = step == self._last_step and bool(step[0])
-        self._last_step = step
-        return (result or "") + REPEATED_STEP_NOTE if repeated else result
+        return result
 
     def _execute(self, code: str, variables: dict[str, Any] | None) -> Any:
         self._cancel.raise_if_cancelled()
