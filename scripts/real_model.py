@@ -302,6 +302,8 @@ def run_api(client: httpx.Client, task: Task, record: bool) -> Run:
         "files": sorted(task.files),
         "outcome": next((e["type"] for e in events if e["type"] in TERMINAL), None),
         "answer": run.answer,
+        "extracted": run.ended == "extracted",
+        "reason": next((e["data"].get("reason") for e in events if e["type"] == "turn.completed"), None),
         "iterations": run.iterations,
         "lm_calls": sum(e["type"] == "lm.finished" for e in events),
         "error_type": next((e["data"]["error"]["type"] for e in events if e["type"] == "turn.failed"), None),

@@ -118,6 +118,9 @@ def test_a_replayed_turn_shows_what_the_live_one_did(tmp_path: Path, turn: dict[
     assert len(codes) == turn["iterations"] and all(c.strip() for c in codes)  # the steps, as the model wrote them
     if end["type"] == "turn.completed":
         assert end["data"]["answer"] == turn["answer"]
+        # an answer extraction gave (no SUBMIT) is marked so, with the limit that ended the steps
+        assert end["data"].get("extracted", False) == turn["extracted"]
+        assert end["data"].get("reason") == turn.get("reason")
     else:
         assert end["data"]["error"]["type"] == turn["error_type"] != "lm_replay_miss"
         message = end["data"]["error"]["message"]
