@@ -368,8 +368,6 @@ class Catalogue:
             """File `path` of skill `name` (its listed resources)."""
             return catalogue.get(name).read_resource(path)
 
-        if not any(skill.resources for skill in self):  # no card has files: one tool fewer in the prompt
-            return [load_skill]
         return [load_skill, read_skill_resource]
 
 
