@@ -305,6 +305,9 @@ def run_api(client: httpx.Client, task: Task, record: bool) -> Run:
         "extracted": run.ended == "extracted",
         "reason": next((e["data"].get("reason") for e in events if e["type"] == "turn.completed"), None),
         "iterations": run.iterations,
+        "step_errors": [
+            ((e["data"].get("error") or {}).get("type")) for e in events if e["type"] == "execution.finished"
+        ],
         "lm_calls": sum(e["type"] == "lm.finished" for e in events),
         "error_type": next((e["data"]["error"]["type"] for e in events if e["type"] == "turn.failed"), None),
     }

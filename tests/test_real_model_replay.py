@@ -116,6 +116,11 @@ def test_a_replayed_turn_shows_what_the_live_one_did(tmp_path: Path, turn: dict[
     assert sum(e["type"] == "lm.finished" for e in events) == turn["lm_calls"]
     codes = [e["data"]["code"] for e in events if e["type"] == "code"]
     assert len(codes) == turn["iterations"] and all(c.strip() for c in codes)  # the steps, as the model wrote them
+    errors = [(e["data"]["error"] or {}) for e in events if e["type"] == "execution.finished"]
+    assert [x.get("type") for x in errors] == turn["step_errors"]
+    for error in errors:  # a path the model got wrong says where the working directory is
+        if "No such file or directory: 'workspace/" in error.get("message", ""):
+            assert "The working directory is /workspace: write '/workspace/" in error["message"]
     if end["type"] == "turn.completed":
         assert end["data"]["answer"] == turn["answer"]
         # an answer extraction gave (no SUBMIT) is marked so, with the limit that ended the steps
