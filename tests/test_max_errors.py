@@ -38,3 +38,14 @@ async def test_a_step_that_works_resets_the_count(
     scripted_lm.add("*", [BROKEN, BROKEN, fixed, BROKEN, BROKEN, step("Done.", "SUBMIT(answer='parsed')")])
     events = await _turn(store, fleet_env, tmp_path, "parse the data", "[limits]\nmax_errors = 3\n")
     assert events[-1].type == "turn.completed" and events[-1].data["answer"] == "parsed", events[-1].data
+
+
+async def test_a_file_not_found_under_workspace_slash_says_where_the_working_directory_is(
+    store: Store, fleet_env: dict[str, str], scripted_lm: ScriptedLM, tmp_path: Path
+) -> None:
+    scripted_lm.add("*", [step("Read it.", "open('workspace/files/sales.csv')"), step("Done.", "SUBMIT(answer='ok')")])
+    events = await _turn(store, fleet_env, tmp_path, "read the file")
+    assert events[-1].type == "turn.completed", events[-1].data
+    seen = "".join(str(m["content"]) for m in scripted_lm.root_requests()[1]["messages"])
+    assert "No such file or directory: 'workspace/files/sales.csv'" in seen, seen[-1500:]
+    assert "write '/workspace/files/sales.csv' or 'files/sales.csv'" in seen

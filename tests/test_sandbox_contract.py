@@ -24,9 +24,8 @@ NEW_BACKEND = "plain-python"
 SHARED = [  # what every backend's instructions say, word for word ({root} is where the workspace is mounted)
     "State persists between steps: variables, imports and functions defined earlier are still there.",
     (
-        "The working directory is {root}: the user's uploaded files are in {root}/files, save files for the user in "
-        "{root}/artifacts, and {root}/memory/MEMORIES.md holds notes kept across the turns of this session (read it "
-        "at the start, append what is worth remembering)."
+        "The working directory is {root}: uploaded files are in {root}/files; save plots, tables and files for the "
+        "user in {root}/artifacts; {root}/memory/MEMORIES.md holds this session's notes."
     ),
     (
         "Use print() to see results: you only see what is printed (long output is truncated) and the value of a final "
@@ -100,7 +99,7 @@ async def test_a_turn_runs_on_the_registered_backend(
     assert events[-1].type == "turn.completed" and events[-1].data["answer"] == "42", events[-1].data
     assert "got 42" in "".join(e.data["text"] for e in events if e.type == "output")
     prompt = json.dumps(scripted_lm.requests[0]["messages"])
-    assert "MEMORIES.md holds notes kept across the turns of this session" in prompt
+    assert "MEMORIES.md holds this session's notes" in prompt
 
 
 @pytest.mark.parametrize("name", contract.names())

@@ -40,6 +40,7 @@ class TurnBudget:
         self.max_cost_usd = max_cost_usd
         self.tokens = 0
         self.cost_usd = 0.0
+        self.retries = 0  # LM requests sent again after a transient provider error
         self.cancel = cancel if cancel is not None else CancelToken()
         self._lock = threading.Lock()
         self._lms: list[Any] = []
@@ -63,6 +64,11 @@ class TurnBudget:
         with self._lock:
             self.tokens += prompt + completion
             self.cost_usd += float(cost or 0.0)
+
+    def note_retry(self) -> None:
+        """Count one LM request sent again (``[lm] num_retries``); its tokens are counted by ``add``."""
+        with self._lock:
+            self.retries += 1
 
     def exceeded(self) -> str | None:
         """Which budget is used up, and by how much, or ``None``."""
@@ -123,4 +129,5 @@ class TurnBudget:
                 "max_turn_tokens": self.max_tokens,
                 "cost_usd": round(self.cost_usd, 6),
                 "max_turn_cost_usd": self.max_cost_usd,
+                "lm_retries": self.retries,
             }

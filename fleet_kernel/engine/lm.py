@@ -4,18 +4,19 @@ failures explained."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Literal
 
 import dspy
 from dspy.utils.exceptions import LMConfigurationError
 
-from fleet_kernel.config import Settings
+from fleet_kernel.config import LMPolicy, Settings
 from fleet_kernel.engine.metered import TOKEN_KEYS, MeteredLM
 from fleet_kernel.engine.session_config import REPLAY, cassette_path, check_model, provider_of
 from fleet_kernel.errors import LMError, ValidationError
 
 
-def _make_lm(model: str, settings: Settings, max_tokens: int) -> dspy.LM:
+def _make_lm(model: str, settings: Settings, role: Literal["root", "sub"]) -> dspy.LM:
+    max_tokens, timeout, retries, temperature = settings.policy.lm.for_role(role)
     try:
         check_model(model, settings)  # a session's model chosen before a fleet.toml change, too
     except ValidationError as exc:
@@ -29,16 +30,19 @@ def _make_lm(model: str, settings: Settings, max_tokens: int) -> dspy.LM:
         return with_max_tokens(replayed, max_tokens)
     kwargs: dict[str, Any] = {
         "cache": False,
-        "num_retries": 2,
+        "num_retries": 0,  # Fleet retries itself (MeteredLM.retries), so each attempt meets the turn's budget
         "max_tokens": max_tokens,
-        "timeout": settings.policy.lm.request_timeout_s,  # a server that accepts and never answers
+        "timeout": timeout,  # a server that accepts and never answers
     }
+    if temperature is not None:
+        kwargs["temperature"] = temperature
     if settings.lm_base_url:
         kwargs["api_base"] = settings.lm_base_url
     if settings.lm_api_key:
         kwargs["api_key"] = settings.lm_api_key.get_secret_value()
     try:
         lm = MeteredLM(model, **kwargs)
+        lm.retries = retries
     except LMConfigurationError as exc:  # e.g. OpenAI reasoning models need a cap of at least 16000
         raise LMError(
             f"the model {model} cannot be used with [lm] max_tokens = {max_tokens} (or sub_max_tokens) in "
@@ -48,7 +52,10 @@ def _make_lm(model: str, settings: Settings, max_tokens: int) -> dspy.LM:
     if settings.lm_record:
         from fleet_kernel.engine.replay import recording  # noqa: PLC0415 - loaded only while recording
 
-        return with_max_tokens(recording(lm, settings.lm_record), max_tokens)
+        recorder = recording(lm, settings.lm_record)
+        if temperature is not None:  # the cassette's LM builds the requests: it asks for the temperature too
+            recorder = recorder.copy(temperature=temperature)
+        return with_max_tokens(recorder, max_tokens)
     return lm
 
 
@@ -56,6 +63,23 @@ def with_max_tokens(lm: dspy.LM, max_tokens: int) -> dspy.LM:
     """A copy of ``lm`` asking for at most ``max_tokens`` per reply, under the key it already uses."""
     key = next((k for k in TOKEN_KEYS if k in lm.kwargs), "max_tokens")
     return lm if lm.kwargs.get(key) == max_tokens else lm.copy(**{key: max_tokens})
+
+
+def for_sub(root: dspy.LM, caps: LMPolicy) -> dspy.LM:
+    """A copy of the root LM with the sub model's cap, timeout, retries and temperature."""
+    max_tokens, timeout, retries, temperature = caps.for_role("sub")
+    sub = with_max_tokens(root.copy(), max_tokens)
+    if sub is root:
+        sub = root.copy()
+    if isinstance(sub, MeteredLM):
+        sub.retries = retries
+    if "timeout" in sub.kwargs:  # an HTTP model; a cassette's engine owns its connection settings
+        sub.kwargs["timeout"] = timeout
+        if temperature is not None:
+            sub.kwargs["temperature"] = temperature
+        else:
+            sub.kwargs.pop("temperature", None)
+    return sub
 
 
 def build_lms(settings: Settings) -> tuple[dspy.LM, dspy.LM]:
@@ -67,11 +91,8 @@ def build_lms(settings: Settings) -> tuple[dspy.LM, dspy.LM]:
     if not settings.lm_model:
         raise LMError(not_configured_message(settings), code="lm_not_configured")
     caps = settings.policy.lm
-    root = _make_lm(settings.lm_model, settings, caps.max_tokens)
-    if settings.sub_lm_model:
-        sub = _make_lm(settings.sub_lm_model, settings, caps.sub_cap)
-    else:
-        sub = with_max_tokens(root.copy(), caps.sub_cap)
+    root = _make_lm(settings.lm_model, settings, "root")
+    sub = _make_lm(settings.sub_lm_model, settings, "sub") if settings.sub_lm_model else for_sub(root, caps)
     for lm in (root, sub):
         if isinstance(lm, MeteredLM):
             lm.stream_replies = caps.stream

@@ -69,19 +69,17 @@ class Memories:
             return asyncio.run_coroutine_threadsafe(coro, loop).result(STORE_WAIT_S)  # type: ignore[arg-type]
 
         def remember(content: str, kind: str = "note") -> str:
-            """Keep `content` for later turns of this session (survives restarts); returns its memory_id.
-            `kind` is a short word such as 'note', 'fact' or 'preference'."""
+            """Keep `content` (kind: note, fact, preference...) for this session's later turns; returns its id."""
             row = call(self.put(content, kind))
             self.changed = True
             return row.memory_id
 
         def search_memories(query: str, limit: int = 5) -> list[dict[str, Any]]:
-            """The memories of this session matching words of `query`, best first: dicts with
-            memory_id, content, kind, created_at."""
+            """This session's memories matching `query`, best first (dicts: memory_id, content, kind)."""
             return [_public(row) for row in call(self.search(query, limit))]
 
         def forget(memory_id: str) -> bool:
-            """Delete the memory `memory_id`; False if this session has none with that id."""
+            """Delete the memory `memory_id`."""
             gone = call(self.forget(memory_id))
             self.changed = self.changed or gone
             return gone

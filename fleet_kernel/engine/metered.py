@@ -14,8 +14,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import logging
+import random
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -28,6 +31,8 @@ from fleet_kernel.engine.streaming import CallStream, StreamingEngines, StreamSi
 
 if TYPE_CHECKING:
     from fleet_kernel.engine.budget import TurnBudget
+
+log = logging.getLogger(__name__)
 
 TOKEN_KEYS = ("max_tokens", "max_completion_tokens")  # the names a reply's token cap goes by
 
@@ -53,6 +58,46 @@ def reported(
         raise
     on_end(call_id, result, None)
     return result
+
+
+RETRY_BASE_S = 0.5  # the first retry's wait; each next one doubles it
+RETRY_MAX_S = 8.0  # the longest wait between two attempts (a provider's Retry-After: at most RETRY_AFTER_MAX_S)
+RETRY_AFTER_MAX_S = 30.0
+TRANSIENT_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
+TRANSIENT_CODES = frozenset({"rate_limit", "timeout", "transport", "overloaded", "server", "unavailable"})
+TRANSIENT_NAMES = frozenset(
+    {
+        "RateLimitError",
+        "ServiceUnavailableError",
+        "InternalServerError",
+        "APIConnectionError",
+        "Timeout",
+        "APITimeoutError",
+        "BadGatewayError",
+    }
+)
+
+
+def transient(exc: BaseException) -> bool:
+    """A provider error worth sending the request again for: rate limited, overloaded, a 5xx, a timeout or a
+    dropped connection. A stopped turn, a refused key or a bad request is not."""
+    status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
+    if isinstance(status, int):
+        return status in TRANSIENT_STATUS
+    code = getattr(exc, "code", None)
+    if isinstance(code, str) and code in TRANSIENT_CODES:
+        return True
+    return type(exc).__name__ in TRANSIENT_NAMES
+
+
+def backoff_s(attempt: int, exc: BaseException | None = None) -> float:
+    """How long to wait before retry ``attempt`` (1, 2, ...): the provider's Retry-After when it sends one,
+    else exponential from ``RETRY_BASE_S`` with jitter, at most ``RETRY_MAX_S``."""
+    after = getattr(exc, "retry_after", None)
+    if isinstance(after, int | float) and after > 0:
+        return min(float(after), RETRY_AFTER_MAX_S)
+    wait: float = RETRY_BASE_S * 2.0 ** (attempt - 1)
+    return min(wait, RETRY_MAX_S) * random.uniform(0.5, 1.0)  # noqa: S311 - backoff jitter, not a secret
 
 
 STOPPED = "stopped"
@@ -119,6 +164,7 @@ class MeteredLM(dspy.LM):
     budget: TurnBudget | None = None
     watcher: BaseCallback | None = None  # told of each call as a dspy callback would be, without dspy's wrapper
     stream_replies: bool = True  # a watched call streams its reply (``[lm] stream``)
+    retries: int = 0  # times a request is sent again after a transient provider error (``[lm] num_retries``)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -141,17 +187,32 @@ class MeteredLM(dspy.LM):
             cap = self.kwargs.get(key)
             if cap and kwargs.get(key) is not None:
                 kwargs[key] = min(int(kwargs[key]), int(cap))
-        budget = self.budget
-        if budget is None:
-            return self._watched(args, kwargs)
-        budget.check()
-        try:
-            result = self._watched(args, kwargs)
-        except Exception:
-            budget.check()  # a call cut short because the turn stopped ends the turn, not just this call
-            raise
-        budget.check()  # this call crossed a budget: the turn ends now, not at its next call
-        return result
+        attempt = 0
+        while True:
+            budget = self.budget
+            if budget is not None:
+                budget.check()  # every attempt, a retry too, passes the turn's gate
+            try:
+                result = self._watched(args, kwargs)
+            except Exception as exc:
+                if budget is not None:
+                    budget.check()  # a call cut short because the turn stopped ends the turn, not just this call
+                if attempt >= self.retries or not transient(exc):
+                    raise
+                attempt += 1
+                delay = backoff_s(attempt, exc)
+                log.info(
+                    "LM request failed (%s), retry %d of %d in %.1f s", type(exc).__name__, attempt, self.retries, delay
+                )
+                if budget is not None:
+                    budget.note_retry()
+                    budget.cancel.wait(delay)  # a stop or the deadline ends the wait (and the turn)
+                else:
+                    time.sleep(delay)
+                continue
+            if budget is not None:
+                budget.check()  # this call crossed a budget: the turn ends now, not at its next call
+            return result
 
     def _watched(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         call: Callable[[], Any] = functools.partial(super().__call__, *args, **kwargs)

@@ -12,6 +12,11 @@ A turn's calls stream (``streaming.py``): recording keeps when each piece of a s
 (``response.stream``: ``[seconds since the previous piece, characters]``), and a replay streams the reply
 in those pieces, at the recorded pace (each pause at most ``MAX_PAUSE_S``) or at once (``[lm] replay_pace``).
 A reply recorded whole replays in pieces of ``PIECE_CHARS``, at once.
+
+An exchange also keeps what the request asked for (``request``: ``max_tokens``, ``temperature``, the tools
+offered, whether it streamed) and why the reply ended (``response.finish_reason``, beside ``usage``), so a
+replay ends each reply as the live call did: a reply cut at the token cap replays as cut (``length``), and
+the turn says so as it did live. Cassettes recorded before these keys replay as ``stop``.
 """
 
 from __future__ import annotations
@@ -68,12 +73,26 @@ def loose_key(messages: list[dict[str, str]]) -> str:
     return exact_key(masked)
 
 
-def _response(text: str, usage: dict[str, int], model: str) -> Response:
+FINISH_REASONS = ("stop", "length", "tool_call", "content_filter", "error")
+
+
+def request_params(request: Request, *, stream: bool) -> dict[str, Any]:
+    """What a request asked for beyond its messages: kept with the exchange, not matched on."""
+    config = request.config
+    return {
+        "max_tokens": config.max_tokens,
+        "temperature": config.temperature,
+        "tools": [tool.name for tool in request.tools],
+        "stream": stream,
+    }
+
+
+def _response(text: str, usage: dict[str, int], model: str, finish: str | None = None) -> Response:
     return Response(
         id=None,
         model=model,
         message=Message.assistant([TextPart(text)]),
-        finish_reason="stop",
+        finish_reason=finish if finish in FINISH_REASONS else "stop",
         usage=Usage(
             input_tokens=int(usage.get("input_tokens", 0)),
             output_tokens=int(usage.get("output_tokens", 0)),
@@ -155,16 +174,21 @@ class Cassette:
         usage: dict[str, int],
         cost: float | None,
         stream: list[list[float]] | None = None,
+        *,
+        params: dict[str, Any] | None = None,
+        finish_reason: str | None = None,
     ) -> None:
-        response: dict[str, Any] = {"text": text, "usage": usage, "cost_usd": cost}
+        response: dict[str, Any] = {"text": text, "usage": usage, "cost_usd": cost, "finish_reason": finish_reason}
         if stream:
             response["stream"] = stream
-        entry = {
+        entry: dict[str, Any] = {
             "key": exact_key(messages),
             "loose": loose_key(messages),
             "messages": messages,
-            "response": response,
         }
+        if params is not None:
+            entry["request"] = params
+        entry["response"] = response
         with self._lock:
             self.exchanges.append(entry)
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -208,7 +232,8 @@ class ReplayEngine:
     def _answer(self, entry: dict[str, Any]) -> Response:
         answer = entry["response"]
         _last_cost.value = None  # replaying costs nothing
-        return _response(answer["text"], answer.get("usage") or {}, self.cassette.data.get("model") or "replay")
+        model = self.cassette.data.get("model") or "replay"
+        return _response(answer["text"], answer.get("usage") or {}, model, answer.get("finish_reason"))
 
     def complete(self, request: Request) -> Response:
         """The recorded answer; streamed to a turn's call that listens (see the module doc)."""
@@ -305,7 +330,17 @@ class RecordingEngine:
         entry = self.inner.history[-1] if self.inner.history else {}
         cost = entry.get("cost")
         usage = {"input_tokens": response.usage.input_tokens or 0, "output_tokens": response.usage.output_tokens or 0}
-        self.cassette.append(request_messages(request), response.text or "", usage, cost, pieces or None)
+        params = request_params(request, stream=listening is not None)
+        finish = str(getattr(response.finish_reason, "value", response.finish_reason) or "") or None
+        self.cassette.append(
+            request_messages(request),
+            response.text or "",
+            usage,
+            cost,
+            pieces or None,
+            params=params,
+            finish_reason=finish,
+        )
         _last_cost.value = cost
         return response
 

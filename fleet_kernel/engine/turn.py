@@ -41,11 +41,7 @@ log = logging.getLogger(__name__)
 
 
 class FleetTask(dspy.Signature):
-    """Do the user's task for this turn of a notebook session, by writing and running Python.
-
-    Save plots, tables and other files you make under /workspace/artifacts/ to show them to the user.
-    Answer in Markdown; keep the answer self-contained.
-    """
+    """Do the user's task for this turn (the variable `task`) by writing and running Python; answer in Markdown."""
 
     task: str = dspy.InputField(desc="what the user asks in this turn")
     answer: str = dspy.OutputField(desc="the final answer for the user, in Markdown")

@@ -200,9 +200,8 @@ def describe(
             f"{runtime}.",
             "State persists between steps: variables, imports and functions defined earlier are still there.",
             (
-                f"The working directory is {root}: the user's uploaded files are in {root}/{FILES_DIR}, "
-                f"save files for the user in {root}/{ARTIFACTS_DIR}, and {root}/{MEMORY_FILE} holds notes kept "
-                "across the turns of this session (read it at the start, append what is worth remembering)."
+                f"The working directory is {root}: uploaded files are in {root}/{FILES_DIR}; save plots, tables "
+                f"and files for the user in {root}/{ARTIFACTS_DIR}; {root}/{MEMORY_FILE} holds this session's notes."
             ),
             notes,
             (

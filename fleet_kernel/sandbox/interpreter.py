@@ -19,6 +19,7 @@ import itertools
 import json
 import keyword
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -121,6 +122,20 @@ class _InFlight:
     def add(self, delta: int) -> None:
         with self._lock:
             self.count += delta
+
+
+_WORKSPACE_RELATIVE = re.compile(r"No such file or directory: '(workspace/[^']*)'")
+
+
+def _path_hint(text: str) -> str:
+    """A hint for a file not found under ``workspace/...``: small models drop the leading slash of
+    ``/workspace/files/x`` (seen with Qwen2.5-Coder-1.5B, docs/real-models.md), and the working directory
+    is /workspace itself."""
+    found = _WORKSPACE_RELATIVE.search(text)
+    if found is None:
+        return ""
+    path = found.group(1)
+    return f"\n(The working directory is /workspace: write '/{path}' or '{path.removeprefix('workspace/')}'.)"
 
 
 class SandboxInterpreter:
@@ -453,7 +468,8 @@ class SandboxInterpreter:
         if kind == DoneKind.SYNTAX:
             raise SyntaxError(error.get("traceback") or error.get("message") or "invalid syntax")
         if kind in (DoneKind.ERROR, DoneKind.INTERRUPTED):
-            raise CodeExecutionError(f"{output}{error.get('traceback') or error.get('message', '')}".rstrip("\n"))
+            text = f"{output}{error.get('traceback') or error.get('message', '')}".rstrip("\n")
+            raise CodeExecutionError(text + _path_hint(text))
         if value is not None:
             output = f"{output}{'' if not output or output.endswith(chr(10)) else chr(10)}{value}"
         return output.rstrip("\n") or None

@@ -49,6 +49,7 @@ MAX_SCAN_ENTRIES = 2_000  # names looked at per skill folder when listing its re
 MAX_SKILLS = 200  # cards read per folder
 MAX_DESCRIPTION_CHARS = 300  # per skill in the prompt's catalogue
 MAX_CATALOGUE_CHARS = 6_000  # the whole catalogue in the prompt
+PROMPT_DESCRIPTION_CHARS = 60  # of each description, in the prompt's catalogue
 MAX_PRESELECTED = 4
 _NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 
@@ -336,16 +337,12 @@ class Catalogue:
 
     def prompt(self, selected: Iterable[str] = ()) -> str:
         """The catalogue for a turn's instructions (bounded), then the bodies of the preselected skills."""
-        lines = [
-            "Skills: cards with proven steps for common kinds of task. In code, `load_skill(name)` returns a "
-            "card's instructions and `read_skill_resource(name, path)` one of its files. Load the card that "
-            "fits the task before you start on it."
-        ]
+        lines = ["Skills (cards of proven steps; `load_skill(name)` reads one that fits the task):"]
         used = len(lines[0])
         for skill in self:
             desc = one_line(skill.description)
-            if len(desc) > MAX_DESCRIPTION_CHARS:
-                desc = desc[: MAX_DESCRIPTION_CHARS - 3] + "..."
+            if len(desc) > PROMPT_DESCRIPTION_CHARS:  # the card itself has the rest: a short prompt helps small models
+                desc = desc[: PROMPT_DESCRIPTION_CHARS - 3].rsplit(" ", 1)[0] + "..."
             names = ", ".join(json.dumps(r, ensure_ascii=False) for r in skill.resources[:8])
             extra = f" (resources: {names})" if skill.resources else ""
             line = f"- {skill.name}: {desc}{extra}"
@@ -364,11 +361,11 @@ class Catalogue:
         catalogue = self
 
         def load_skill(name: str) -> str:
-            """Return the instructions (Markdown body) of the skill card `name` from the skills list."""
+            """The steps of skill card `name`."""
             return catalogue.get(name).body
 
         def read_skill_resource(name: str, path: str) -> str:
-            """Return the text of file `path` of skill `name` (one of the resources the skills list names)."""
+            """File `path` of skill `name` (its listed resources)."""
             return catalogue.get(name).read_resource(path)
 
         return [load_skill, read_skill_resource]
