@@ -56,12 +56,9 @@ def migrated_test_database() -> None:
     starts a server on a fresh database would otherwise race it through the migration)."""
     url = os.environ.get("FLEET_TEST_DATABASE_URL")
     if url:
-        from fleet_kernel.store import Store
+        from fleet_kernel.store import migrate
 
-        async def migrate() -> None:
-            await (await Store.open(url)).close()
-
-        asyncio.run(migrate())
+        migrate.upgrade(url)
 
 
 @pytest.fixture
