@@ -66,7 +66,15 @@ if [[ $# -eq 0 ]]; then
 fi
 
 say "Running the tests on SQLite"
-"${PYTEST[@]}" "$@"
+if [[ $# -eq 0 ]]; then
+  "${PYTEST[@]}" -m "not browser"
+  # Chromium and JupyterLab each want the cores, and a Lab kernel started beside the parallel workers' load
+  # sometimes never took its first cell: the browser tests run on their own, one at a time.
+  say "Running the browser tests (JupyterLab in Chromium, one at a time)"
+  "${PYTEST[@]}" -n 0 -m browser
+else
+  "${PYTEST[@]}" "$@"
+fi
 if [[ -n $PG_URL ]]; then
   say "Running the store and API suites on PostgreSQL"
   FLEET_TEST_DATABASE_URL="$PG_URL" "${PYTEST[@]}" -m "not browser" tests/test_store.py tests/api
