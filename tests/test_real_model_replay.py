@@ -11,7 +11,7 @@ run showed.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os
 import sys
@@ -31,12 +31,8 @@ TERMINAL = {"turn.completed", "turn.failed", "turn.cancelled"}
 
 def _suite() -> Any:
     """``scripts/real_model.py``: the tasks' data, made the same way as when they were recorded."""
-    spec = importlib.util.spec_from_file_location("real_model_suite", ROOT / "scripts" / "real_model.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["real_model_suite"] = module
-    spec.loader.exec_module(module)
-    return module
+    sys.path.insert(0, str(ROOT / "scripts"))  # scripts/real_model.py: the tasks and their data
+    return importlib.import_module("real_model")
 
 
 def _load(name: str) -> dict[str, Any]:
