@@ -97,25 +97,34 @@ class ScriptedLM:
         token_chars: int = 4,
         token_delay_s: float = 0.0,
     ) -> None:
-        self.scripts = {key: list(steps) for key, steps in (scripts or {}).items()}
-        self.sub = sub
-        self.default = default
-        self.delay_s = delay_s
-        self.token_chars = token_chars
-        self.token_delay_s = token_delay_s
-        self.stream_usage = True  # false: a server that sends no usage chunk, even when asked for one
-        self.first_token: list[float] = []
-        self.streamed: list[int] = []
-        self.sent: list[tuple[float, str]] = []
-        self.requests: list[dict[str, Any]] = []
-        self.images: list[dict[str, Any]] = []
-        self.disconnects: list[dict[str, Any]] = []
-        self.headers: list[dict[str, str]] = []
-        self.asked: dict[str, list[float]] = {}
+        self._options: dict[str, Any] = {
+            "sub": sub, "default": default, "delay_s": delay_s, "token_chars": token_chars, "token_delay_s": token_delay_s
+        }  # fmt: skip
         self._lock = threading.Lock()
+        self.reset(scripts)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+
+    def reset(self, scripts: dict[str, list[Step]] | None = None) -> None:
+        """Forget every script, request and setting a test made: a server shared by many tests (one per
+        pytest worker) answers each test as a fresh one would."""
+        with self._lock:
+            self.scripts = {key: list(steps) for key, steps in (scripts or {}).items()}
+            self.sub: Callable[[str], Any] = self._options["sub"]
+            self.default: Step | None = self._options["default"]
+            self.delay_s: float = self._options["delay_s"]
+            self.token_chars: int = self._options["token_chars"]
+            self.token_delay_s: float = self._options["token_delay_s"]
+            self.stream_usage = True  # false: a server that sends no usage chunk, even when asked for one
+            self.first_token: list[float] = []
+            self.streamed: list[int] = []
+            self.sent: list[tuple[float, str]] = []
+            self.requests: list[dict[str, Any]] = []
+            self.images: list[dict[str, Any]] = []
+            self.disconnects: list[dict[str, Any]] = []
+            self.headers: list[dict[str, str]] = []
+            self.asked: dict[str, list[float]] = {}
 
     @property
     def base_url(self) -> str:
