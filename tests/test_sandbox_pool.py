@@ -211,7 +211,7 @@ SHUTDOWN_SCRIPT = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
     from fleet_kernel.config import Limits, Policy, SandboxLimits, Settings
-    from fleet_kernel.sandbox import local, open_sandbox, pool
+    from fleet_kernel.sandbox import _support, open_sandbox, pool
     policy = Policy(limits=Limits(exec_timeout_s=20), sandbox=SandboxLimits(pool_size=2))
     settings = Settings(home=Path(sys.argv[1]), database_url="sqlite://", sandbox="local", policy=policy)
     factory = open_sandbox(settings, Path(sys.argv[1]) / "ws")
@@ -220,7 +220,7 @@ SHUTDOWN_SCRIPT = textwrap.dedent("""
     deadline = time.monotonic() + 60
     while pool.POOL.ready() < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    print(json.dumps({"support": str(local._support_dir()), "ready": pool.POOL.ready()}), flush=True)
+    print(json.dumps({"support": str(_support.support_dir()), "ready": pool.POOL.ready()}), flush=True)
 """)
 
 

@@ -23,9 +23,9 @@ from fleet_kernel.sandbox.contract import open_backend as _open_backend
 if TYPE_CHECKING:
     from fleet_kernel.cancel import CancelToken
     from fleet_kernel.config import Settings
+    from fleet_kernel.sandbox._probe import probe_bwrap
     from fleet_kernel.sandbox.base import InterpreterFactory, SandboxCrashed, SandboxObserver, observer
     from fleet_kernel.sandbox.interpreter import SandboxFactory, SandboxInterpreter
-    from fleet_kernel.sandbox.local import probe_bwrap
 
 # Imported on first use (dspy, the backends), so importing the package or choosing a backend stays cheap.
 _LAZY = {
@@ -35,7 +35,7 @@ _LAZY = {
     "observer": "base",
     "SandboxFactory": "interpreter",
     "SandboxInterpreter": "interpreter",
-    "probe_bwrap": "local",
+    "probe_bwrap": "_probe",
 }
 
 

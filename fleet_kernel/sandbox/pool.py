@@ -33,7 +33,8 @@ from typing import Any
 from fleet_kernel.config import SandboxLimits
 from fleet_kernel.sandbox import _confine, _slots
 from fleet_kernel.sandbox._protocol import SessionClosed
-from fleet_kernel.sandbox.local import STOP_TIMEOUT_S, ProcessSession, SlotsFull, _support_dir
+from fleet_kernel.sandbox._support import support_dir
+from fleet_kernel.sandbox.local import STOP_TIMEOUT_S, ProcessSession, SlotsFull
 from fleet_kernel.sandbox.runtime import HostMessage, MessageType
 
 logger = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ class Pool:
             self._limits, self.size, self.idle_stop_s = limits, size, idle_stop_s
             self._filtered = _filtered()
             if self._thread is None:
-                _support_dir()  # made (and its removal at exit registered) first, so the pool is closed before
+                support_dir()  # made (and its removal at exit registered) first, so the pool is closed before
                 atexit.register(self.close)
                 self._thread = threading.Thread(target=self._run, name="fleet-sandbox-pool", daemon=True)
                 self._thread.start()
