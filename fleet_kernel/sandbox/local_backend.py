@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from fleet_kernel.cancel import CancelToken
-    from fleet_kernel.sandbox.interpreter import SandboxFactory, SandboxSession
+    from fleet_kernel.sandbox._protocol import SandboxSession
+    from fleet_kernel.sandbox.factory import SandboxFactory
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class LocalBackend:
         )
 
     def open(self, settings: Settings, workspace: Path, *, cancel: CancelToken | None = None) -> SandboxFactory:
-        from fleet_kernel.sandbox.interpreter import SandboxFactory  # noqa: PLC0415 - the interpreter imports dspy
+        from fleet_kernel.sandbox.factory import SandboxFactory  # noqa: PLC0415 - the interpreter imports dspy
 
         limits, exec_timeout_s = settings.policy.sandbox, settings.limits.exec_timeout_s
         if self.isolated and (reason := _probe.probe_bwrap()) is not None:
