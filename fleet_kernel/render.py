@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import re
+from typing import Any
 
 from fleet_kernel.view import IterationView
 
@@ -55,9 +56,9 @@ def iteration_note(it: IterationView) -> str:
     return note
 
 
-def error_line(it: IterationView) -> str:
-    assert it.error is not None
-    return f"{it.error.get('type', 'Error')}: {it.error.get('message', '')}"
+def error_line(error: dict[str, Any]) -> str:
+    """``Type: message`` of an iteration's ``error``."""
+    return f"{error.get('type', 'Error')}: {error.get('message', '')}"
 
 
 def reasoning_html(text: str) -> str:
@@ -96,8 +97,8 @@ def output_html(shown: str) -> str:
     return f'<pre style="{style}">{html.escape(shown)}</pre>'
 
 
-def error_html(it: IterationView) -> str:
-    return f'<pre style="color:#b00;{WRAP};{MONO}">{html.escape(error_line(it))}</pre>'
+def error_html(error: dict[str, Any]) -> str:
+    return f'<pre style="color:#b00;{WRAP};{MONO}">{html.escape(error_line(error))}</pre>'
 
 
 def tools_html(it: IterationView) -> str:
@@ -112,5 +113,5 @@ def iteration_html(it: IterationView, *, output_limit: int = SHOW_OUTPUT_CHARS) 
     if it.tools:
         parts.append(tools_html(it))
     if it.error:
-        parts.append(error_html(it))
+        parts.append(error_html(it.error))
     return "\n".join(parts)

@@ -110,7 +110,7 @@ def render_text(view: TurnView) -> str:
         if it.output or it.output_dropped:
             lines += ["output:", _indent(clip(it.output, dropped=it.output_dropped))]
         if it.error:
-            lines.append(f"error: {error_line(it)}")
+            lines.append(f"error: {error_line(it.error)}")
     lines += _artifact_lines(view, "artifact: ")
     if view.status == "completed":
         lines += ["── answer " + "─" * 20]

@@ -230,7 +230,7 @@ class TextLive(_Live):
         said.tools = len(it.tools)
         if it.error and not said.error:
             said.error = True
-            self._say(f"{who}error: {error_line(it)}\n", "stderr")
+            self._say(f"{who}error: {error_line(it.error)}\n", "stderr")
 
     def _thinking(self, it: IterationView, said: _Said, who: str) -> None:
         """``thinking…`` while the provider's thinking streams, then how long it was: a terminal cannot fold
@@ -438,8 +438,8 @@ async def run_and_show(
     try:
         session_id = await ctx.ensure_session()
         await load_off_loop("fleet_kernel.sandbox")  # the runner names the sandbox; that package loads dspy
-        assert ctx.runner is not None
-        handle = await ctx.runner.start(session_id, task, **start)
+        runner = await ctx.open()  # opened by ensure_session already
+        handle = await runner.start(session_id, task, **start)
     except BaseException:
         live.close()
         if mode != "text":
@@ -452,9 +452,8 @@ async def run_and_show(
         await live.finish()
     finally:
         live.close()
-    assert ctx.store is not None
     error = await finish_turn(
-        pub, ctx.store, view, execution_count, text_mode=mode == "text", report_error=report_error
+        pub, runner.store, view, execution_count, text_mode=mode == "text", report_error=report_error
     )
     if mode == "widgets" and view.status == "completed":
         show_feedback_bar(ctx, pub, session_id, view.turn_id)
@@ -473,9 +472,7 @@ def show_feedback_bar(ctx: KernelContext, pub: Publisher, session_id: str, turn_
         await load_off_loop("fleet_kernel.evals.feedback")
         from fleet_kernel.evals.feedback import mark  # the evaluation package loads with the first mark
 
-        await ctx.open()
-        assert ctx.store is not None
-        return await mark(ctx.store, session_id, turn_id, rating, note)
+        return await mark(await ctx.opened_store(), session_id, turn_id, rating, note)
 
     bar = FeedbackBar(turn_id, lambda rating, note: asyncio.run_coroutine_threadsafe(record(rating, note), loop))
     pub.display(bar.bundle())

@@ -80,7 +80,8 @@ class PipeSession:
 
     def _attach(self, process: subprocess.Popen[bytes], *, wait: bool = True) -> None:
         """Take the new process's pipes and (``wait``) wait for its ``ready`` message."""
-        assert process.stdout is not None
+        if process.stdout is None:
+            raise ValueError("a sandbox process is started with stdout=PIPE: the protocol comes through it")
         self._process, self._stdout_fd = process, process.stdout.fileno()
         threading.Thread(target=self._read_stderr, args=(process.stderr,), daemon=True).start()
         if wait:
