@@ -1,4 +1,5 @@
-"""HTML and text fragments of one iteration, written once for the transcript, the widget and plain displays.
+"""HTML and text fragments of one iteration, written once for the transcript, the widget and plain displays
+(the text around them, whole or as it grows, is ``render_text``'s).
 
 Every model-written string is escaped here; code is highlighted with Pygments. Code and output are set in
 monospace and wrap at spaces, even where the host page styles ``pre`` (nbconvert's HTML does).
@@ -10,7 +11,7 @@ import html
 import re
 from typing import Any
 
-from fleet_kernel.view import IterationView
+from fleet_kernel.view import IterationView, TurnView
 
 SHOW_OUTPUT_CHARS = 4_000
 """Output shown per iteration in a transcript."""
@@ -18,6 +19,20 @@ MONO = "font-family:var(--jp-code-font-family,SFMono-Regular,Menlo,Consolas,mono
 """Code and output are set in monospace even where the host page styles ``pre`` (nbconvert's HTML does)."""
 WRAP = "white-space:pre-wrap;word-break:normal;overflow-wrap:anywhere"
 """Long lines wrap at spaces (at any character only when a word is wider than the page)."""
+
+
+def model_name(model: str | None) -> str:
+    """The model as shown: a replay cassette by its file name, not its path on this machine."""
+    if model and model.startswith("replay/"):
+        return "replay/" + model.rstrip("/").rsplit("/", 1)[-1]
+    return model or ""
+
+
+def turn_header(view: TurnView) -> str:
+    """``Fleet · <summary> · <model> · sandbox <name>``: a transcript's first line, in every format."""
+    model = model_name(view.model)
+    where = " · ".join(x for x in (model, f"sandbox {view.sandbox}" if view.sandbox else "") if x)
+    return f"Fleet · {view.summary()}" + (f" · {where}" if where else "")
 
 
 def clip(text: str, limit: int = SHOW_OUTPUT_CHARS, dropped: int = 0) -> str:
