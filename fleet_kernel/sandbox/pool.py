@@ -269,7 +269,7 @@ class PooledSession:
     def __init__(self, pool: Pool, workspace: Path, limits: SandboxLimits) -> None:
         self._pool, self.workspace, self._limits = pool, workspace, limits
         self._worker: ProcessSession | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: a SIGINT handler's cancel may kill it on a thread inside send
         self.phase = Phase.NEW
         self._last_use = time.monotonic()
         self.saved = threading.Event()  # an idle stop has copied the workspace back
