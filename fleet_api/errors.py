@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,6 +20,8 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException
 
 from fleet_kernel.errors import ConflictError, FleetError
+
+E = TypeVar("E", bound=Exception)
 
 log = logging.getLogger("fleet_api")
 
@@ -49,8 +52,21 @@ def error_response(
     return JSONResponse({"error": {"code": code, "message": message, **extra}}, status_code=status, headers=headers)
 
 
-def _fleet_error(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, FleetError)
+def _handler(
+    kind: type[E], handle: Callable[[Request, E], JSONResponse]
+) -> Callable[[Request, Exception], JSONResponse]:
+    """``handle`` as Starlette's handler of ``kind``, which Starlette calls only with a ``kind`` (typed as any
+    exception); anything else is raised on, to the last resort's 500."""
+
+    def handler(request: Request, exc: Exception) -> JSONResponse:
+        if not isinstance(exc, kind):
+            raise exc
+        return handle(request, exc)
+
+    return handler
+
+
+def _fleet_error(_request: Request, exc: FleetError) -> JSONResponse:
     extra: dict[str, Any] = {}
     if isinstance(exc, ConflictError) and exc.turn_id:
         extra["turn_id"] = exc.turn_id
@@ -59,8 +75,7 @@ def _fleet_error(_request: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status, exc.code, exc.message, headers=headers, **extra)
 
 
-def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
+def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = list(exc.errors())
     if any(e.get("type") == "json_invalid" for e in errors):
         return error_response(422, "invalid_json", "the request body is not valid JSON")
@@ -69,8 +84,7 @@ def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
     return error_response(422, "validation_error", summary, details=details[:20])
 
 
-def _http_error(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, HTTPException)
+def _http_error(_request: Request, exc: HTTPException) -> JSONResponse:
     code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
     message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
     if exc.status_code == 404 and message == "Not Found":
@@ -92,9 +106,9 @@ def _internal_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(FleetError, _fleet_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(FleetError, _handler(FleetError, _fleet_error))
+    app.add_exception_handler(RequestValidationError, _handler(RequestValidationError, _validation_error))
+    app.add_exception_handler(HTTPException, _handler(HTTPException, _http_error))
     for exc_type in STORE_DOWN:
         app.add_exception_handler(exc_type, _store_down)
     app.add_exception_handler(Exception, _internal_error)

@@ -39,15 +39,24 @@ class CancelToken:
             True if this call cancelled the token, false if it was cancelled already (the first
             reason stays).
         """
+        return self._settle(reason, kind)[0]
+
+    def cancelled_with(self, reason: str, kind: type[TurnCancelled] = TurnCancelled) -> TurnCancelled:
+        """``cancel(reason, kind)``, then the exception the turn stops with: this one's, or the first reason's
+        when it was cancelled already."""
+        cause = self._settle(reason, kind)[1]
+        return type(cause)(cause.reason)
+
+    def _settle(self, reason: str, kind: type[TurnCancelled]) -> tuple[bool, TurnCancelled]:
         with self._lock:
             if self._cause is not None:
-                return False
-            self._cause = kind(reason)
+                return False, self._cause
+            cause = self._cause = kind(reason)
             callbacks, self._callbacks = self._callbacks, []
             self._set.set()
         for callback in callbacks:
             self._run(callback)
-        return True
+        return True, cause
 
     def on_cancel(self, callback: Callable[[], object]) -> None:
         """Call ``callback`` once when the token is cancelled; at once if it already is."""

@@ -22,7 +22,7 @@ import shlex
 import sys
 import threading
 from collections.abc import Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
@@ -31,6 +31,9 @@ from fleet_kernel.cancel import CancelToken
 from fleet_kernel.errors import FleetError
 from fleet_kernel.kernel import commands
 from fleet_kernel.kernel.context import KernelContext
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
 
 SIGNAL_POLL_S = 0.1  # how soon an interrupt taken by another thread reaches the waiting main thread
 USAGE = (
@@ -153,6 +156,13 @@ class FleetMagics(Magics):
         if words[:1] == ["help"]:
             show_reply(pub, commands.Reply(f"In a Python notebook also: {NOTEBOOK_USAGE}"), text_mode=True)
 
+    @property
+    def ipython(self) -> InteractiveShell:
+        """The shell the magic was registered in (by ``%load_ext fleet_kernel``)."""
+        if self.shell is None:
+            raise RuntimeError("%%fleet runs in an IPython shell: load it there with %load_ext fleet_kernel")
+        return self.shell
+
     @cell_magic("fleet")  # type: ignore[arg-type]
     def fleet_cell(self, line: str, cell: str) -> None:
         """Run the cell as a turn of this notebook's Fleet session: ``%%fleet --in df --out result``."""
@@ -160,8 +170,7 @@ class FleetMagics(Magics):
             opts = _parser().parse_args(shlex.split(line))
         except ValueError as exc:
             raise _fail("UsageError", f"{exc}\nusage: {USAGE}") from None
-        assert self.shell is not None  # a magic runs in a shell
-        ns = self.shell.user_ns
+        ns = self.ipython.user_ns
         names = [n.strip() for n in opts.inputs.split(",") if n.strip()]
         missing = [n for n in names if n not in ns]
         if missing:
@@ -176,7 +185,7 @@ class FleetMagics(Magics):
         cancel = CancelToken()
         ctx = self.engine.ctx
         pub = _publisher(ctx)
-        count = self.shell.displayhook.prompt_count  # this cell's number (IPython counts on before it runs)
+        count = self.ipython.displayhook.prompt_count  # this cell's number (IPython counts on before it runs)
         task = commands.substitute(ctx.params, cell).strip()  # {name} of %fleet set, as in the kernel
         if rich is not None:
             task += rich.ask()
@@ -239,11 +248,10 @@ class FleetMagics(Magics):
     def _tools(self, args: list[str]) -> str:
         from fleet_kernel.kernel.notebook_bridge import check_tool
 
-        assert self.shell is not None
         if args and args[0] in ("add", "remove") and len(args) >= 2:
             names = [n.strip() for a in args[1:] for n in a.split(",") if n.strip()]
             if args[0] == "add":
-                ns = self.shell.user_ns
+                ns = self.ipython.user_ns
                 for name in names:
                     why = check_tool(name, ns[name]) if name in ns else f"{name} is not defined in the notebook"
                     if why:
@@ -276,8 +284,7 @@ class FleetMagics(Magics):
         variables = namespace.variables(ns, mode)
         cells = ""
         if mode != "off":
-            assert self.shell is not None
-            last = getattr(self.shell, "last_execution_result", None)
+            last = getattr(self.ipython, "last_execution_result", None)
             error = getattr(last, "error_in_exec", None) or getattr(last, "error_before_exec", None)
             inputs, outputs = ns.get("In"), ns.get("Out")
             if isinstance(inputs, list) and isinstance(outputs, dict):

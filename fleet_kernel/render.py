@@ -1,4 +1,5 @@
-"""HTML and text fragments of one iteration, written once for the transcript, the widget and plain displays.
+"""HTML and text fragments of one iteration, written once for the transcript, the widget and plain displays
+(the text around them, whole or as it grows, is ``render_text``'s).
 
 Every model-written string is escaped here; code is highlighted with Pygments. Code and output are set in
 monospace and wrap at spaces, even where the host page styles ``pre`` (nbconvert's HTML does).
@@ -8,8 +9,9 @@ from __future__ import annotations
 
 import html
 import re
+from typing import Any
 
-from fleet_kernel.view import IterationView
+from fleet_kernel.view import IterationView, TurnView
 
 SHOW_OUTPUT_CHARS = 4_000
 """Output shown per iteration in a transcript."""
@@ -17,6 +19,20 @@ MONO = "font-family:var(--jp-code-font-family,SFMono-Regular,Menlo,Consolas,mono
 """Code and output are set in monospace even where the host page styles ``pre`` (nbconvert's HTML does)."""
 WRAP = "white-space:pre-wrap;word-break:normal;overflow-wrap:anywhere"
 """Long lines wrap at spaces (at any character only when a word is wider than the page)."""
+
+
+def model_name(model: str | None) -> str:
+    """The model as shown: a replay cassette by its file name, not its path on this machine."""
+    if model and model.startswith("replay/"):
+        return "replay/" + model.rstrip("/").rsplit("/", 1)[-1]
+    return model or ""
+
+
+def turn_header(view: TurnView) -> str:
+    """``Fleet · <summary> · <model> · sandbox <name>``: a transcript's first line, in every format."""
+    model = model_name(view.model)
+    where = " · ".join(x for x in (model, f"sandbox {view.sandbox}" if view.sandbox else "") if x)
+    return f"Fleet · {view.summary()}" + (f" · {where}" if where else "")
 
 
 def clip(text: str, limit: int = SHOW_OUTPUT_CHARS, dropped: int = 0) -> str:
@@ -55,9 +71,9 @@ def iteration_note(it: IterationView) -> str:
     return note
 
 
-def error_line(it: IterationView) -> str:
-    assert it.error is not None
-    return f"{it.error.get('type', 'Error')}: {it.error.get('message', '')}"
+def error_line(error: dict[str, Any]) -> str:
+    """``Type: message`` of an iteration's ``error``."""
+    return f"{error.get('type', 'Error')}: {error.get('message', '')}"
 
 
 def reasoning_html(text: str) -> str:
@@ -96,8 +112,8 @@ def output_html(shown: str) -> str:
     return f'<pre style="{style}">{html.escape(shown)}</pre>'
 
 
-def error_html(it: IterationView) -> str:
-    return f'<pre style="color:#b00;{WRAP};{MONO}">{html.escape(error_line(it))}</pre>'
+def error_html(error: dict[str, Any]) -> str:
+    return f'<pre style="color:#b00;{WRAP};{MONO}">{html.escape(error_line(error))}</pre>'
 
 
 def tools_html(it: IterationView) -> str:
@@ -112,5 +128,5 @@ def iteration_html(it: IterationView, *, output_limit: int = SHOW_OUTPUT_CHARS) 
     if it.tools:
         parts.append(tools_html(it))
     if it.error:
-        parts.append(error_html(it))
+        parts.append(error_html(it.error))
     return "\n".join(parts)

@@ -24,12 +24,14 @@ from fleet_kernel.render import (
     SHOW_OUTPUT_CHARS,
     WRAP,
     clip,
-    error_line,
     fence,
     highlight_python,
     iteration_html,
     iteration_note,
+    model_name,
+    turn_header,
 )
+from fleet_kernel.render_text import artifact_line, render_text
 from fleet_kernel.textsafe import terminal_safe
 from fleet_kernel.view import KEEP_OUTPUT_CHARS, IterationView, TurnView
 
@@ -57,23 +59,10 @@ WRAP_PROMPTS = f"<style>.jp-Cell:has(.fleet-transcript) .jp-InputArea-editor pre
 # ---------------------------------------------------------------------------------------------- rendering
 
 
-def _model_name(model: str | None) -> str:
-    """The model as shown: a replay cassette by its file name, not its path on this machine."""
-    if model and model.startswith("replay/"):
-        return "replay/" + model.rstrip("/").rsplit("/", 1)[-1]
-    return model or ""
-
-
-def _header(view: TurnView) -> str:
-    model = _model_name(view.model)
-    where = " · ".join(x for x in (model, f"sandbox {view.sandbox}" if view.sandbox else "") if x)
-    return f"Fleet · {view.summary()}" + (f" · {where}" if where else "")
-
-
 def render_markdown(view: TurnView) -> str:
     """The transcript as Markdown: the model's reasoning and answer render as it wrote them, maths and HTML aside."""
     lit = _literal
-    parts = [f"*{lit(_header(view))}*"]
+    parts = [f"*{lit(turn_header(view))}*"]
     for it in view.iterations:
         parts.append(f"#### {lit(it.label[0].upper() + it.label[1:])}")
         if it.reasoning:
@@ -84,7 +73,7 @@ def render_markdown(view: TurnView) -> str:
             parts.append(fence(clip(it.output, dropped=it.output_dropped), "text"))
         if it.error:
             parts.append(f"**{lit(it.error.get('type', 'Error'))}**: {lit(it.error.get('message', ''))}")
-    parts += ["- " + lit(line) for line in _artifact_lines(view, "")]
+    parts += ["- " + lit(artifact_line(art, "")) for art in view.artifacts]
     if view.status == "completed":
         parts += ["---", "### Answer"]
         if view.extraction_note():
@@ -99,42 +88,20 @@ def _literal(text: str) -> str:
     return md_escape(text, literal=True)
 
 
-def render_text(view: TurnView) -> str:
-    lines = [f"── {_header(view)}"]
-    for it in view.iterations:
-        lines.append(f"── {it.label} " + "─" * 20)
-        if it.reasoning:
-            lines += ["reasoning:", _indent(it.reasoning)]
-        if it.code:
-            lines += ["code:", _indent(fence(it.code, "python"))]
-        if it.output or it.output_dropped:
-            lines += ["output:", _indent(clip(it.output, dropped=it.output_dropped))]
-        if it.error:
-            lines.append(f"error: {error_line(it)}")
-    lines += _artifact_lines(view, "artifact: ")
-    if view.status == "completed":
-        lines += ["── answer " + "─" * 20]
-        lines += [view.extraction_note()] if view.extraction_note() else []
-        lines.append(view.answer or "(empty answer)")
-    elif view.outcome_text():
-        lines += ["── " + view.outcome_text()]
-    return "\n".join(lines).rstrip() + "\n"
-
-
 def render_html(view: TurnView) -> str:
     """The transcript as self-contained HTML; every model-written string is escaped."""
     esc = html.escape
     out = [
         WRAP_PROMPTS,
-        f'<div class="fleet-transcript {NO_MATH}"><p style="opacity:.75"><em>{esc(_header(view))}</em></p>',
+        f'<div class="fleet-transcript {NO_MATH}"><p style="opacity:.75"><em>{esc(turn_header(view))}</em></p>',
     ]
     opened = " open" if len(view.iterations) <= OPEN_ITERATIONS else ""
     for it in view.iterations:
         out.append(f"<details{opened}><summary><b>{esc(it.label)}</b>{esc(iteration_note(it))}</summary>")
         out.append(iteration_html(it))
         out.append("</details>")
-    for line in _artifact_lines(view, ""):
-        out.append(f'<div>artifact: <code style="{MONO}">{esc(line)}</code></div>')
+    for art in view.artifacts:
+        out.append(f'<div>artifact: <code style="{MONO}">{esc(artifact_line(art, ""))}</code></div>')
     if view.status == "completed":
         out.append("<hr/>")
         if view.extraction_note():
@@ -157,14 +124,6 @@ def markdown_html(text: str) -> str:
         return f'<div style="white-space:pre-wrap">{html.escape(text)}</div>'
     rendered: str = MarkdownIt("commonmark", {"html": False}).enable("table").render(text)
     return rendered
-
-
-def _artifact_lines(view: TurnView, prefix: str) -> list[str]:
-    return [f"{prefix}{a['path']} ({a['mime']}, {a['size']:,} bytes)" for a in view.artifacts]
-
-
-def _indent(text: str) -> str:
-    return "\n".join("    " + line for line in text.rstrip("\n").splitlines())
 
 
 def transcript_bundle(view: TurnView) -> tuple[dict[str, str], dict[str, Any]]:
@@ -259,7 +218,7 @@ async def session_notebook(store: Store, session_id: str) -> nbformat.NotebookNo
 
 def title_markdown(session: SessionRow, turns: list[TurnView]) -> str:
     """The exported notebook's first cell: the session's title, its models and its dates."""
-    models = list(dict.fromkeys(_model_name(t.model) for t in turns if t.model))
+    models = list(dict.fromkeys(model_name(t.model) for t in turns if t.model))
     facts = [
         f"Fleet session `{session.session_id}`",
         f"{len(turns)} turn{'s' * (len(turns) != 1)}",

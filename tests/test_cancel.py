@@ -17,7 +17,7 @@ from fleet_kernel.cancel import CancelToken
 from fleet_kernel.config import load_settings
 from fleet_kernel.engine import TurnRunner
 from fleet_kernel.engine.budget import BudgetExceeded
-from fleet_kernel.errors import TurnCancelled
+from fleet_kernel.errors import TurnCancelled, TurnDeadlineExceeded
 from fleet_kernel.events import Event
 from fleet_kernel.store import Store
 
@@ -34,6 +34,18 @@ def test_the_first_reason_wins() -> None:
     with pytest.raises(TurnCancelled, match="interrupted") as raised:
         token.raise_if_cancelled()
     assert type(raised.value) is TurnCancelled
+
+
+def test_cancelled_with_returns_what_the_turn_stops_with() -> None:
+    """The deadline's path gets its cause in one call: its own when it cancels, the first one otherwise."""
+    fresh = CancelToken()
+    cause = fresh.cancelled_with("past the deadline", TurnDeadlineExceeded)
+    assert type(cause) is TurnDeadlineExceeded and cause.reason == "past the deadline" and fresh.cancelled
+    stopped = CancelToken()
+    stopped.cancel("interrupted")
+    cause = stopped.cancelled_with("past the deadline", TurnDeadlineExceeded)
+    assert type(cause) is TurnCancelled and cause.reason == "interrupted"
+    assert cause is not stopped.cancelled_with("again")  # a new exception each time, as ``error``
 
 
 def test_the_kind_travels_with_the_reason() -> None:

@@ -54,7 +54,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
     ("store", ("fleet_kernel.store",)),
     ("sandbox", ("fleet_kernel.sandbox",)),
-    ("view", ("fleet_kernel.view", "fleet_kernel.render", "fleet_kernel.transcript")),
+    ("view", ("fleet_kernel.view", "fleet_kernel.render", "fleet_kernel.render_text", "fleet_kernel.transcript")),
     ("engine", ("fleet_kernel.engine", "fleet_kernel.evals")),
     ("kernel", ("fleet_kernel.kernel",)),
     ("magic", ("fleet_kernel.magic",)),

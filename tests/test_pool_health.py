@@ -13,7 +13,7 @@ import pytest
 
 from fleet_kernel.config import Limits, Policy, SandboxLimits, Settings
 from fleet_kernel.sandbox import open_sandbox, pool, probe_bwrap
-from fleet_kernel.sandbox.local import SANDBOX_RUNTIME
+from fleet_kernel.sandbox._support import SANDBOX_RUNTIME
 from fleet_kernel.sandbox.pool import Pool
 
 pytestmark = pytest.mark.skipif(probe_bwrap() is not None, reason=f"local sandbox unavailable: {probe_bwrap()}")

@@ -132,17 +132,17 @@ def test_a_failed_bubblewrap_probe_is_tried_again_and_logged_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A probe that failed once (a loaded machine) must not move every later turn to another backend."""
-    from fleet_kernel.sandbox import local
+    from fleet_kernel.sandbox import _probe
 
-    monkeypatch.setattr(local, "_probe_passed", False)
-    monkeypatch.setattr(local, "_probe_failures", set())
+    monkeypatch.setattr(_probe, "_probe_passed", False)
+    monkeypatch.setattr(_probe, "_probe_failures", set())
     answers = iter(["bubblewrap failed to run: timed out", "bubblewrap failed to run: timed out", None])
-    monkeypatch.setattr(local, "_probe_bwrap_once", lambda: next(answers))
-    with caplog.at_level("WARNING", logger=local.__name__):
-        assert local.probe_bwrap() == "bubblewrap failed to run: timed out"
-        assert local.probe_bwrap() == "bubblewrap failed to run: timed out"
-        assert local.probe_bwrap() is None  # tried again, and now it works
-        assert local.probe_bwrap() is None  # a pass is kept: no fourth probe (the iterator is spent)
+    monkeypatch.setattr(_probe, "_probe_bwrap_once", lambda: next(answers))
+    with caplog.at_level("WARNING", logger=_probe.__name__):
+        assert _probe.probe_bwrap() == "bubblewrap failed to run: timed out"
+        assert _probe.probe_bwrap() == "bubblewrap failed to run: timed out"
+        assert _probe.probe_bwrap() is None  # tried again, and now it works
+        assert _probe.probe_bwrap() is None  # a pass is kept: no fourth probe (the iterator is spent)
     assert [r.getMessage() for r in caplog.records].count(
         "the local sandbox cannot start here: bubblewrap failed to run: timed out"
     ) == 1

@@ -31,7 +31,7 @@ from dspy.primitives.code_interpreter import CodeExecutionError
 from fleet_kernel.config import Limits, Policy, SandboxLimits, Settings
 from fleet_kernel.sandbox import SandboxCrashed, SandboxFactory, SandboxInterpreter, observer, open_sandbox, probe_bwrap
 from fleet_kernel.sandbox._pyfarm import NEUTRAL_ROOT
-from fleet_kernel.sandbox.local import _python_paths
+from fleet_kernel.sandbox._support import python_paths
 from fleet_kernel.workspace import Workspace
 
 BACKENDS = ("local", "pyodide")
@@ -223,7 +223,7 @@ json.dumps(found)"""
     out = run(interp, program)
     assert MARKER not in out
     found = json.loads(eval(out))
-    python = (*_python_paths(), NEUTRAL_ROOT)  # where it is on the host, and where the local sandbox mounts it
+    python = (*python_paths(), NEUTRAL_ROOT)  # where it is on the host, and where the local sandbox mounts it
     for path, result in found.items():
         if path == str(Path.home()) and result["python"].startswith("OK"):  # only the way to a bound Python install
             way = {Path(p).relative_to(path).parts[0] for p in python if Path(p).is_relative_to(path)}

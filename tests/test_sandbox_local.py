@@ -301,9 +301,9 @@ def test_unsafe_local_code_runs_under_the_rlimits_and_the_sandbox_user_limits(tm
 
 
 def test_local_without_bwrap_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from fleet_kernel.sandbox import local
+    from fleet_kernel.sandbox import _probe
 
-    monkeypatch.setattr(local, "probe_bwrap", lambda: "bubblewrap is not installed: apt-get install bubblewrap")
+    monkeypatch.setattr(_probe, "probe_bwrap", lambda: "bubblewrap is not installed: apt-get install bubblewrap")
     with pytest.raises(SandboxUnavailableError, match="apt-get install bubblewrap.*FLEET_SANDBOX=unsafe-local"):
         open_sandbox(make_settings(tmp_path), tmp_path / "ws")
 

@@ -19,7 +19,9 @@ from dspy.primitives.code_interpreter import CodeExecutionError
 
 from fleet_kernel.config import Limits, Policy, SandboxLimits, Settings, load_settings
 from fleet_kernel.sandbox import open_sandbox, pool, probe_bwrap
-from fleet_kernel.sandbox.pool import Pool, PooledSession
+from fleet_kernel.sandbox._protocol import SessionClosed
+from fleet_kernel.sandbox.pool import Phase, Pool, PooledSession
+from fleet_kernel.sandbox.runtime import MessageType
 
 pytestmark = pytest.mark.skipif(probe_bwrap() is not None, reason=f"local sandbox unavailable: {probe_bwrap()}")
 
@@ -136,15 +138,29 @@ def test_an_idle_sandbox_is_stopped_and_the_next_execution_has_the_workspace(tmp
         interpreter = factory()
         interpreter.execute("open('files/kept.txt', 'w').write('written before')\nx = 1")
         first = interpreter._session
+        assert isinstance(first, PooledSession)
         wait_for(first.saved.is_set)  # stopped once idle; its workspace was copied back
         assert not first.alive()
+        assert first.phase is Phase.IDLE_STOPPED
         assert (root / "files" / "kept.txt").read_text() == "written before"
         with pytest.raises(CodeExecutionError, match="without running code.*files in /workspace are kept"):
             interpreter.execute("print(x)")
+        assert first.phase is Phase.IDLE_STOPPED  # killed after its stop: a new session still waits for its copy-back
         assert interpreter.execute("print(open('files/kept.txt').read())") == "written before"
         interpreter.shutdown()
     finally:
         factory.close()
+
+
+def test_a_session_killed_before_it_starts_never_starts(tmp_path: Path, own_pool: Pool) -> None:
+    session = PooledSession(own_pool, workspace(tmp_path), SandboxLimits())
+    with pytest.raises(SessionClosed):  # nothing to send to yet
+        session.send({"type": MessageType.INTERRUPT})
+    session.kill()
+    assert session.phase is Phase.KILLED
+    with pytest.raises(SessionClosed):
+        session.start()
+    assert session.phase is Phase.KILLED and not session.alive()
 
 
 def test_the_pool_refills_while_sessions_keep_taking_workers(tmp_path: Path, own_pool: Pool) -> None:
@@ -211,7 +227,7 @@ SHUTDOWN_SCRIPT = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
     from fleet_kernel.config import Limits, Policy, SandboxLimits, Settings
-    from fleet_kernel.sandbox import local, open_sandbox, pool
+    from fleet_kernel.sandbox import _support, open_sandbox, pool
     policy = Policy(limits=Limits(exec_timeout_s=20), sandbox=SandboxLimits(pool_size=2))
     settings = Settings(home=Path(sys.argv[1]), database_url="sqlite://", sandbox="local", policy=policy)
     factory = open_sandbox(settings, Path(sys.argv[1]) / "ws")
@@ -220,7 +236,7 @@ SHUTDOWN_SCRIPT = textwrap.dedent("""
     deadline = time.monotonic() + 60
     while pool.POOL.ready() < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    print(json.dumps({"support": str(local._support_dir()), "ready": pool.POOL.ready()}), flush=True)
+    print(json.dumps({"support": str(_support.support_dir()), "ready": pool.POOL.ready()}), flush=True)
 """)
 
 

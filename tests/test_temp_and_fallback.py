@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from fleet_kernel.sandbox import local
+from fleet_kernel.sandbox import _probe
 
 NOBODY = 65534
 SUPPORT_PREFIX = "fleet-sandbox-"
-MAKE_SUPPORT = "from fleet_kernel.sandbox import local; print(local._support_dir(), flush=True)"
+MAKE_SUPPORT = "from fleet_kernel.sandbox import _support; print(_support.support_dir(), flush=True)"
 
 
 def _python(code: str, tmpdir: Path, **kwargs: object) -> subprocess.Popen[str]:
@@ -84,8 +84,8 @@ def _doctor_sandbox(env: dict[str, str], cwd: Path) -> subprocess.CompletedProce
 def _unreachable_tmpdir(tmp_path: Path) -> Path:
     if os.geteuid() != 0:
         pytest.skip("only root's sandboxes run as a uid of their own, which a 0700 folder keeps out")
-    if local.probe_bwrap() is not None:
-        pytest.skip(f"the local sandbox cannot run here: {local.probe_bwrap()}")
+    if _probe.probe_bwrap() is not None:
+        pytest.skip(f"the local sandbox cannot run here: {_probe.probe_bwrap()}")
     private = tmp_path / "private"
     (private / "tmp").mkdir(parents=True)
     private.chmod(0o700)

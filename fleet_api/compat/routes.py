@@ -60,11 +60,10 @@ MEMORY_KINDS = "^(observation|preference|hypothesis|procedure)$"
 _background: set[asyncio.Task[Any]] = set()  # durable cancellations still being written
 
 
-def _reference_error(exc: Exception, request: Request | None = None) -> JSONResponse:
+def _reference_error(exc: FleetError | RequestValidationError, request: Request | None = None) -> JSONResponse:
     """A Fleet failure as the reference reports it: 404, 409, 413 and 422 keep their meaning, the rest is 503."""
     if isinstance(exc, RequestValidationError):
         return JSONResponse({"detail": _plain(exc.errors())}, status_code=422)
-    assert isinstance(exc, FleetError)
     status = exc.status if exc.status in (400, 404, 409, 413, 422) else 503
     if isinstance(exc, ValidationError):
         status = 422
@@ -75,7 +74,7 @@ def _plain(errors: Any) -> list[dict[str, Any]]:
     return [{"type": e.get("type"), "loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in errors]
 
 
-def reference_route(render: Callable[[Exception, Request], Response]) -> type[APIRoute]:
+def reference_route(render: Callable[[FleetError | RequestValidationError, Request], Response]) -> type[APIRoute]:
     """A route class that answers its errors with ``render`` (each profile's envelope, given the request),
     leaving Fleet's handlers for Fleet's routes. Both profiles' routers are built from it."""
 

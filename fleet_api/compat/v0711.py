@@ -60,7 +60,7 @@ def _oversize(message: str) -> JSONResponse:
     return JSONResponse(wire.coded_error("attachment_invalid", message), status_code=400)
 
 
-def render_error(exc: Exception, request: Request | None = None) -> JSONResponse:
+def render_error(exc: FleetError | RequestValidationError, request: Request | None = None) -> JSONResponse:
     """0.7.11's ``{code, message}``: a route's own code, else the reference's default for the status
     (with Fleet's message, which says what to do); 413 is the reference's 400 (``attachment_invalid`` on
     the upload route), anything else 503."""
@@ -68,7 +68,6 @@ def render_error(exc: Exception, request: Request | None = None) -> JSONResponse
         skills = any("skill_selections" in map(str, e.get("loc", ())) for e in exc.errors())
         body = wire.coded_error("invalid_skill_selection", "Invalid Skill selection") if skills else None
         return JSONResponse(body or wire.coded_error("invalid_request", "Invalid request"), status_code=422)
-    assert isinstance(exc, FleetError)
     if isinstance(exc, ReferenceError):
         return JSONResponse(wire.coded_error(exc.code, exc.message), status_code=exc.status)
     if exc.status == 413 and request is not None and re.match(ATTACH_PATH, request.url.path):

@@ -32,10 +32,8 @@ def _may_be_header(text: str) -> bool:
     if not text.startswith(_OPENING):
         return False
     rest = text[len(_OPENING) :]
-    name = re.match(r"\w*", rest)
-    assert name is not None
-    tail = rest[name.end() :]
-    return (name.end() > 0 or not tail) and _CLOSING.startswith(tail)
+    tail = re.sub(r"^\w*", "", rest)  # after the field's name
+    return (len(tail) < len(rest) or not tail) and _CLOSING.startswith(tail)
 
 
 class _Stripped:

@@ -55,13 +55,13 @@ class _Connection:
     tools: list[MCPTool] = field(default_factory=list)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task[None] | None = None
+    task: asyncio.Task[None] = field(init=False)  # started by ``_connected`` as soon as the connection is made
     error: BaseException | None = None  # why it could not start, or why it ended
 
     @property
     def dead(self) -> bool:
         """Ended, or found closed by a call: the next call starts the server again."""
-        return self.task is not None and (self.task.done() or self.stop.is_set())
+        return self.task.done() or self.stop.is_set()
 
 
 class MCPServers:
@@ -149,7 +149,6 @@ class MCPServers:
     async def _call(self, server: str, tool: str, arguments: dict[str, Any], timeout: float) -> Any:  # noqa: ASYNC109 - bounds a wait on two tasks (the call, its server)
         conn = await self._connected(server)
         task = asyncio.ensure_future(conn.session.call_tool(tool, arguments))
-        assert conn.task is not None
         done, _ = await asyncio.wait({task, conn.task}, timeout=timeout, return_when="FIRST_COMPLETED")
         if task not in done:
             task.cancel()
@@ -175,7 +174,7 @@ class MCPServers:
         conns = list(self._connections.values())
         for conn in conns:
             conn.stop.set()
-        tasks = [c.task for c in conns if c.task is not None]
+        tasks = [c.task for c in conns]
         if tasks:
             await asyncio.wait(tasks, timeout=CLOSE_WAIT_S)
 
@@ -245,7 +244,8 @@ def _transport(spec: MCPServer) -> Any:
     from mcp.client.streamable_http import streamable_http_client  # noqa: PLC0415 - the optional mcp extra
     from mcp.shared._httpx_utils import create_mcp_http_client  # noqa: PLC0415 - the optional mcp extra
 
-    assert spec.url is not None
+    if spec.url is None:
+        raise ConfigError(f"[[mcp.servers]] {spec.name!r}: give either command (stdio) or url (streamable HTTP)")
     headers = spec.resolved(spec.headers, "headers")
     return streamable_http_client(spec.url, http_client=create_mcp_http_client(headers=headers))
 

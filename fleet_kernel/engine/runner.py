@@ -30,7 +30,7 @@ from fleet_kernel.engine.prepare import check_task, place_files, prepare_job, tu
 from fleet_kernel.engine.running import CANCEL_GRACE_S, RunningTurn
 from fleet_kernel.engine.session_config import session_settings
 from fleet_kernel.engine.sink import POLL_INTERVAL_S, EventHub, EventWriter, TurnEmitter, follow, follow_batches
-from fleet_kernel.errors import TurnDeadlineExceeded
+from fleet_kernel.errors import TurnCancelled, TurnDeadlineExceeded
 from fleet_kernel.events import (
     Event,
     TurnFailed,
@@ -94,7 +94,7 @@ class TurnRunner:
         self.settings = settings
         self.lm_factory = lm_factory
         self.hub = EventHub()
-        self._writer: EventWriter | None = None
+        self._open_writer: EventWriter | None = None  # from ``open`` until ``close``
         self._supervisor: asyncio.Task[None] | None = None
         self._running: dict[str, RunningTurn] = {}
         self._started = asyncio.Lock()
@@ -105,9 +105,9 @@ class TurnRunner:
     async def open(self) -> TurnRunner:
         """Start the event writer and the heartbeat, and mark turns left by dead processes interrupted."""
         async with self._started:
-            if self._writer is None:
+            if self._open_writer is None:
                 telemetry = Telemetry(self.settings)
-                self._writer = EventWriter(self.store, self.hub, on_broken=self._events_lost, telemetry=telemetry)
+                self._open_writer = EventWriter(self.store, self.hub, on_broken=self._events_lost, telemetry=telemetry)
                 self._end_interrupted(await self.store.reap_stale_turns())
                 self._supervisor = asyncio.get_running_loop().create_task(self._supervise(), name="fleet-heartbeat")
                 asyncio.get_running_loop().run_in_executor(None, sandbox_contract.prepare, self.settings)  # pool
@@ -124,9 +124,9 @@ class TurnRunner:
             self._supervisor.cancel()
             await asyncio.wait([self._supervisor])  # its store call ends before the store may close
             self._supervisor = None
-        if self._writer is not None:
-            await self._writer.close()
-            self._writer = None
+        if self._open_writer is not None:
+            await self._open_writer.close()
+            self._open_writer = None
         await asyncio.to_thread(self.host_tools.close)  # the MCP servers this process started
 
     async def reap(self) -> list[EndedTurn]:
@@ -139,7 +139,6 @@ class TurnRunner:
 
     def _end_interrupted(self, turns: Iterable[EndedTurn]) -> None:
         """Emit the one terminal event of each turn the store ended for its owner, at the seq reserved for it."""
-        assert self._writer is not None
         for turn in turns:
             emitter = TurnEmitter(self._writer, session_id=turn.session_id, turn_id=turn.turn_id, first_seq=turn.seq)
             emitter.emit(TurnFailed(error=turn.error))
@@ -147,7 +146,14 @@ class TurnRunner:
     @property
     def store_error(self) -> str | None:
         """Why this process's latest commit of events failed, until one succeeds again."""
-        return self._writer.last_error if self._writer is not None else None
+        return self._open_writer.last_error if self._open_writer is not None else None
+
+    @property
+    def _writer(self) -> EventWriter:
+        """The event writer ``open`` started; every turn's events go through it."""
+        if self._open_writer is None:
+            raise RuntimeError("the turn runner is not open: await runner.open() first (or it was closed)")
+        return self._open_writer
 
     def _events_lost(self, turn_id: str, error: dict[str, Any]) -> None:
         """The writer could not commit events of a turn: stop it, for nothing more of it can be shown."""
@@ -217,7 +223,6 @@ class TurnRunner:
         attachments = await turn_attachments(self.store, session_id, attachment_ids)
         host_tools = await asyncio.to_thread(self.host_tools.select, tools) if tools is not None else None
         await self.open()
-        assert self._writer is not None
         sandbox = await self.sandbox_name()
         # a slot under [sandbox] max_sandboxes, or SandboxBusyError (503) before anything is claimed
         admission = await asyncio.to_thread(sandbox_contract.admit, settings, settings.workspaces_dir / session_id)
@@ -238,10 +243,9 @@ class TurnRunner:
             self._end_interrupted([claim.interrupted])
         turn, created = claim
         handle = TurnHandle(self, turn, created)
-        if not created:
+        if claim.session is None:  # not created: the turn of this idempotency key, claimed before
             _release(admission)
             return handle
-        assert claim.session is not None
         settings = session_settings(settings, claim.session)  # its own models
         emitter = TurnEmitter(self._writer, session_id=session_id, turn_id=turn.turn_id, redactor=settings.redactor)
         choices = TurnChoices(skills=selected, output_schema=schema)
@@ -349,10 +353,8 @@ class TurnRunner:
                 running,
                 prepare_job(self.store, self.settings.workspaces_dir, self.host_tools, self.lm_factory, running),
             )
-            if job is None:  # cancelled while it was prepared (dspy still loading, say): it never runs
-                cause = running.cancel.error()
-                assert cause is not None
-                outcome = stopped(cause)
+            if isinstance(job, TurnCancelled):  # cancelled while it was prepared (dspy still loading, say)
+                outcome = stopped(job)  # it never runs
             else:
                 outcome = await self._execute(running, job)
                 await keep_summary(self.store, running, job)
@@ -380,7 +382,6 @@ class TurnRunner:
     async def _announced(self, turn_id: str) -> None:
         """Let ``turn.started`` reach the store and its watchers before the turn's heavy start-up
         (history, workspace, dspy, sandbox) competes with the event writer for this process."""
-        assert self._writer is not None
         try:
             await asyncio.wait_for(self._writer.wait_committed(turn_id, 1), ANNOUNCE_WAIT_S)
         except TimeoutError:
@@ -400,15 +401,19 @@ class TurnRunner:
         running.cancel.on_cancel(wake)
         return cancelled
 
-    async def _unless_cancelled(self, running: RunningTurn, work: Coroutine[Any, Any, TurnJob]) -> TurnJob | None:
-        """What ``work`` returns, or None as soon as the turn is cancelled (``work`` then ends unseen)."""
+    async def _unless_cancelled(
+        self, running: RunningTurn, work: Coroutine[Any, Any, TurnJob]
+    ) -> TurnJob | TurnCancelled:
+        """What ``work`` returns, or what the turn stops with as soon as it is cancelled (``work`` then
+        ends unseen)."""
         task = asyncio.ensure_future(work)
         waiters: set[asyncio.Future[Any]] = {task, self._cancelled(running)}
         await asyncio.wait(waiters, return_when="FIRST_COMPLETED")
-        if task.done() and not running.cancel.cancelled:
+        cause = running.cancel.error()
+        if cause is None:  # not cancelled, so the wait ended because the work is done
             return task.result()
         task.add_done_callback(_unseen)
-        return None
+        return cause
 
     async def _execute(self, running: RunningTurn, job: TurnJob) -> Outcome:
         # engine.turn imports dspy (~1.5 s), loaded off the event loop
@@ -436,7 +441,7 @@ class TurnRunner:
         await asyncio.wait(waiters, timeout=timeout, return_when="FIRST_COMPLETED")
         if done.done():
             return done.result()
-        running.cancel.cancel(  # a no-op when something else stopped the turn first
+        cause = running.cancel.cancelled_with(  # the first cause when something else stopped the turn first
             f"the turn ran past its {timeout:g} s deadline (limits.turn_timeout_s)", TurnDeadlineExceeded
         )
         with contextlib.suppress(TimeoutError):
@@ -446,13 +451,10 @@ class TurnRunner:
                 return await asyncio.wait_for(asyncio.shield(done), EXTRACT_GRACE_S)
         # The worker is stuck in a call it cannot leave (a slow provider); it will unwind on its own
         # and its late events are dropped because the turn is closed below.
-        cause = running.cancel.error()
-        assert cause is not None
         return stopped(cause)
 
     async def _finish(self, running: RunningTurn, outcome: Outcome, duration_ms: float) -> None:
         turn = running.turn
-        assert self._writer is not None
         committed = self._writer.terminal_committed(turn.turn_id)
         lost = self._writer.failure(turn.turn_id)
         if lost is not None:  # events were lost: the turn failed, and the writer records it with its last event

@@ -171,6 +171,10 @@ class KernelContext:
                 self.runner = await TurnRunner(self.store, settings).open()
             return self.runner
 
+    async def opened_store(self) -> Store:
+        """The store, opened with the runner if need be (``open``'s errors)."""
+        return (await self.open()).store
+
     async def close(self) -> None:
         if self.runner is not None:
             await self.runner.close()
@@ -182,13 +186,12 @@ class KernelContext:
 
     async def sessions(self) -> Sessions:
         """The sessions service over this kernel's store and its current settings (opened if need be)."""
-        await self.open()
+        runner = await self.open()
         await load_off_loop("fleet_kernel.engine.sessions")
         # the engine and SQLAlchemy (~1 s) load in the background warm-up
         from fleet_kernel.engine.sessions import Sessions
 
-        assert self.store is not None
-        return Sessions(self.store, self.settings)
+        return Sessions(runner.store, self.settings)
 
     async def ensure_session(self) -> str:
         """The kernel's session, created on its first turn (titled from that turn's task by the store)."""

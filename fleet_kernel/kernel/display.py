@@ -4,7 +4,8 @@
 - ``PlainLive`` (nbclient, nbconvert, frontends without widgets): a status ``display_data`` updated by
   ``update_display_data``, one display per iteration (reasoning and code), and the code's output as
   ``stream`` messages while it prints.
-- ``TextLive`` (``jupyter console``, ``%fleet output text``): everything as readable ``stream`` lines.
+- ``TextLive`` (``jupyter console``, ``%fleet output text``): everything as readable ``stream`` lines, as
+  ``render_text.TextStream`` says it (the one text renderer, which the transcript's ``text/plain`` is too).
 
 All three fold events into a ``TurnView`` (the one fold, ``fleet_kernel.view``) and render what changed
 in it, never the events themselves. They flush at most every ``FLUSH_INTERVAL_S`` (``TOKEN_FLUSH_S`` while
@@ -22,13 +23,13 @@ import html
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleet_kernel.errors import NotFoundError
-from fleet_kernel.events import ROOT_AGENT, Event
+from fleet_kernel.events import Event
 from fleet_kernel.markdown import NO_MATH, md_block
-from fleet_kernel.render import error_line, fence, head_html, iteration_note
+from fleet_kernel.render import head_html, iteration_note
+from fleet_kernel.render_text import TextStream, iteration_head_text, outcome_text
 from fleet_kernel.transcript import error_content, image_bundle, inline_images, transcript_bundle
 from fleet_kernel.view import IterationView, TurnView
 
@@ -151,153 +152,18 @@ class _Live:
         self._stop_timers()
 
 
-@dataclass
-class _Growing:
-    """A field a text view prints as its tokens stream in, then completes with the step's own text."""
-
-    printed: str = ""  # the field's text printed so far (before indentation)
-    open: bool = False  # its last line is still being printed
-    done: bool = False
-
-
-@dataclass
-class _Said:
-    """How much of one iteration a text view has printed."""
-
-    header: bool = False
-    thinking: str = ""  # "open": the provider's thinking streams (its line shows only that), "done"
-    reasoning: _Growing = field(default_factory=_Growing)
-    code: _Growing = field(default_factory=_Growing)
-    chunks: int = 0
-    dropped: bool = False
-    tools: int = 0
-    error: bool = False
-
-
 class TextLive(_Live):
     """Readable text lines as ``stream`` messages: for terminals, which ignore display updates."""
 
     def __init__(self, pub: Publisher, view: TurnView) -> None:
         super().__init__(pub, view)
-        self._chunks: list[tuple[str, str]] = [("stdout", "Fleet · ")]
-        self._started = self._outcome = False
-        self._agents = self._artifacts = 0
-        self._said: dict[int, _Said] = {}
-
-    def _say(self, text: str, name: str = "stdout") -> None:
-        if not text:
-            return
-        if self._chunks and self._chunks[-1][0] == name:
-            self._chunks[-1] = (name, self._chunks[-1][1] + text)
-        else:
-            self._chunks.append((name, text))
+        self._text = TextStream(view)
 
     def record(self, touched: IterationView | None) -> None:
-        view = self.view
-        if view.started and not self._started:
-            self._started = True
-            self._say(f"{view.model or 'no model'} · sandbox {view.sandbox} · up to {view.max_iters} iterations\n")
-        if touched is not None:
-            self._iteration(touched)
-        for agent in list(view.agents.values())[self._agents :]:
-            who = _who(agent.parent_agent_id or "root")
-            self._say(f"{who}child RLM {agent.agent_id} started: {agent.task}\n")
-        self._agents = len(view.agents)
-        for art in view.artifacts[self._artifacts :]:
-            self._say(f"artifact: {art['path']} ({art['size']:,} bytes)\n")
-        self._artifacts = len(view.artifacts)
-        if view.done and not self._outcome:
-            self._outcome = True
-            self._say(f"\n── {view.summary()}\n")
-
-    def _iteration(self, it: IterationView) -> None:
-        said = self._said.setdefault(id(it), _Said())
-        who = _who(it.agent_id)
-        if not said.header:
-            said.header = True
-            self._say(f"\n── {who}iteration {it.iteration}/{it.max_iters} " + "─" * 24 + "\n")
-        self._thinking(it, said, who)
-        self._reasoning(it, said.reasoning, who)
-        self._code(it, said, who)
-        for stream, text in it.chunks[said.chunks :]:
-            self._say(text, stream)
-        said.chunks = len(it.chunks)
-        if it.output_dropped and not said.dropped:
-            said.dropped = True
-            self._say("\n... (more output: the transcript and the store keep it)\n")
-        for tool in it.tools[said.tools :]:
-            self._say(f"{who}→ {tool}\n")
-        said.tools = len(it.tools)
-        if it.error and not said.error:
-            said.error = True
-            self._say(f"{who}error: {error_line(it)}\n", "stderr")
-
-    def _thinking(self, it: IterationView, said: _Said, who: str) -> None:
-        """``thinking…`` while the provider's thinking streams, then how long it was: a terminal cannot fold
-        text away, so the thinking itself is left to the transcript and ``lm.finished``."""
-        if said.thinking == "" and it.live_thinking:
-            said.thinking = "open"
-            self._say(f"{who}thinking… ")
-        if said.thinking == "open" and (it.thinking or it.shown_reasoning or it.shown_code):
-            said.thinking = "done"
-            chars = sum(len(text) for text in it.thinking) or len(it.live_thinking)
-            self._say(f"({chars:,} characters)\n")
-
-    def _reasoning(self, it: IterationView, grow: _Growing, who: str) -> None:
-        """``reasoning: ...`` as its tokens arrive, completed (or restated) by the step's own text."""
-        if grow.done:
-            return
-        head = f"{who}reasoning: "
-        if it.reasoning:
-            final = it.reasoning.strip()
-            grow.done = True
-            if grow.printed == final:
-                self._say("\n" if grow.open else "")
-            elif grow.open and final.startswith(grow.printed):
-                self._say(final[len(grow.printed) :] + "\n")
-            else:
-                self._say(("\n" if grow.open else "") + f"{head}{final}\n")
-            grow.open = False
-            return
-        live = it.live_reasoning
-        if not live or live == grow.printed:
-            return
-        if grow.open and live.startswith(grow.printed):
-            self._say(live[len(grow.printed) :])
-        else:  # the first tokens, or another call's: start the line (again)
-            self._say(("\n" if grow.open else "") + head + live)
-        grow.printed, grow.open = live, True
-
-    def _code(self, it: IterationView, said: _Said, who: str) -> None:
-        """``code:`` and the fenced code as its tokens arrive, then ``output:`` once the step's code is known."""
-        grow = said.code
-        if grow.done:
-            return
-        head = f"{who}code:\n    ```python\n    "
-        if it.code:
-            grow.done = True
-            tail = f"{who}output:\n"
-            if grow.open and it.code.startswith(grow.printed):
-                self._say(_indent_more(it.code[len(grow.printed) :].rstrip("\n")) + "\n    ```\n" + tail)
-            else:
-                self._say(("\n" if grow.open else "") + f"{who}code:\n{_indent(fence(it.code, 'python'))}\n{tail}")
-            grow.open = False
-            return
-        live = it.live_code
-        if not live or live == grow.printed:
-            return
-        if said.reasoning.open:  # the reasoning's tokens are over: end its line
-            self._say("\n")
-            said.reasoning.open = False
-        if grow.open and live.startswith(grow.printed):
-            self._say(_indent_more(live[len(grow.printed) :]))
-        else:
-            self._say(("\n" if grow.open else "") + head + _indent_more(live))
-        grow.printed, grow.open = live, True
+        self._text.record(touched)
 
     def flush(self) -> None:
-        chunks, self._chunks = self._chunks, []
-        for name, text in chunks:
+        for name, text in self._text.take():
             self.pub.stream(name, text)
 
 
@@ -351,11 +217,7 @@ class PlainLive(_Live):
     def _iteration_bundle(self, index: int) -> dict[str, str]:
         it = self.view.iterations[index]
         note = iteration_note(it)
-        text = (
-            f"── {it.label}{note}\n"
-            + (f"{it.shown_reasoning}\n" if it.shown_reasoning else "")
-            + (fence(it.shown_code, "python") if it.shown_code else "")
-        )
+        text = iteration_head_text(it)
         body = (
             f'<div class="{NO_MATH}"><b>{html.escape(it.label)}</b>{html.escape(note)}{head_html(it, live=True)}</div>'
         )
@@ -438,8 +300,8 @@ async def run_and_show(
     try:
         session_id = await ctx.ensure_session()
         await load_off_loop("fleet_kernel.sandbox")  # the runner names the sandbox; that package loads dspy
-        assert ctx.runner is not None
-        handle = await ctx.runner.start(session_id, task, **start)
+        runner = await ctx.open()  # opened by ensure_session already
+        handle = await runner.start(session_id, task, **start)
     except BaseException:
         live.close()
         if mode != "text":
@@ -452,9 +314,8 @@ async def run_and_show(
         await live.finish()
     finally:
         live.close()
-    assert ctx.store is not None
     error = await finish_turn(
-        pub, ctx.store, view, execution_count, text_mode=mode == "text", report_error=report_error
+        pub, runner.store, view, execution_count, text_mode=mode == "text", report_error=report_error
     )
     if mode == "widgets" and view.status == "completed":
         show_feedback_bar(ctx, pub, session_id, view.turn_id)
@@ -473,9 +334,7 @@ def show_feedback_bar(ctx: KernelContext, pub: Publisher, session_id: str, turn_
         await load_off_loop("fleet_kernel.evals.feedback")
         from fleet_kernel.evals.feedback import mark  # the evaluation package loads with the first mark
 
-        await ctx.open()
-        assert ctx.store is not None
-        return await mark(ctx.store, session_id, turn_id, rating, note)
+        return await mark(await ctx.opened_store(), session_id, turn_id, rating, note)
 
     bar = FeedbackBar(turn_id, lambda rating, note: asyncio.run_coroutine_threadsafe(record(rating, note), loop))
     pub.display(bar.bundle())
@@ -525,25 +384,9 @@ async def finish_turn(
         pub.display(*image_bundle(art["path"], art["mime"], blob))
     data, metadata = transcript_bundle(view)
     if text_mode:  # the terminal already printed the transcript and its summary line by line
-        outcome = view.answer if view.status == "completed" else view.outcome_text()
-        if view.extraction_note():
-            outcome = f"{view.extraction_note()}\n{outcome}"
-        data["text/plain"] = f"{outcome}\n"
+        data["text/plain"] = outcome_text(view)
     pub.send("execute_result", {"execution_count": execution_count, "data": data, "metadata": metadata})
     error = error_content(view)
     if error is not None and report_error:
         pub.send("error", error)
     return error
-
-
-def _who(agent_id: str) -> str:
-    return "" if agent_id == ROOT_AGENT else f"[{agent_id}] "
-
-
-def _indent(text: str) -> str:
-    return "\n".join("    " + line for line in text.splitlines())
-
-
-def _indent_more(text: str) -> str:
-    """A piece of code printed after an indented line's start: each new line indented too."""
-    return text.replace("\n", "\n    ")

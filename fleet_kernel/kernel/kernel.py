@@ -14,7 +14,7 @@ import contextlib
 import logging
 import signal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import comm
 from ipykernel.kernelbase import Kernel
@@ -24,6 +24,9 @@ from fleet_kernel.cancel import CancelToken
 from fleet_kernel.errors import FleetError
 from fleet_kernel.kernel import commands, spec
 from fleet_kernel.kernel.context import KernelContext, load_off_loop, route_output_to_log, skip_unused_imports
+
+if TYPE_CHECKING:
+    from jupyter_client.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,13 @@ class FleetKernel(Kernel):
             log.warning("ipywidgets is unavailable", exc_info=True)
 
     @property
+    def jupyter_session(self) -> Session:
+        """The Jupyter session (message signing) the kernel app gives the kernel before its first message."""
+        if self.session is None:
+            raise RuntimeError("the kernel has no Jupyter session: start it through its app (python -m fleet_kernel)")
+        return self.session
+
+    @property
     def kernel_info(self) -> dict[str, Any]:
         info = dict(super().kernel_info)
         # No debugger, and no subshells: one turn at a time, comms on the main shell.
@@ -127,8 +137,7 @@ class FleetKernel(Kernel):
     async def interrupt_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         """Message-mode interrupt (control thread): cancel the turn, signal nobody."""
         self._cancel("interrupted")
-        assert self.session is not None
-        self.session.send(stream, "interrupt_reply", {"status": "ok"}, parent, ident=ident)
+        self.jupyter_session.send(stream, "interrupt_reply", {"status": "ok"}, parent, ident=ident)
 
     def _cancel(self, reason: str) -> None:
         """Thread-safe: cancel the running turn, or the one about to start."""
@@ -207,8 +216,7 @@ class FleetKernel(Kernel):
 
     def _fail(self, parent: dict[str, Any], ename: str, evalue: str) -> dict[str, Any]:
         content = {"ename": ename, "evalue": evalue, "traceback": [f"\x1b[0;31m{ename}\x1b[0m: {evalue}"]}
-        assert self.session is not None
-        self.session.send(self.iopub_socket, "error", content, parent=parent, ident=self._topic("error"))
+        self.jupyter_session.send(self.iopub_socket, "error", content, parent=parent, ident=self._topic("error"))
         return {"status": "error", "execution_count": self.execution_count, **content}
 
     # ------------------------------------------------------------------ the other requests
@@ -251,12 +259,11 @@ class FleetKernel(Kernel):
             log.info("a terminal frontend asked for %s history entries: text output", n)
             self.ctx.console_seen = True
         try:
-            await asyncio.wait_for(asyncio.shield(self.ctx.open()), HISTORY_OPEN_WAIT_S)
+            runner = await asyncio.wait_for(asyncio.shield(self.ctx.open()), HISTORY_OPEN_WAIT_S)
             from fleet_kernel.kernel.history import history  # SQLAlchemy: loaded by the open store
 
-            assert self.ctx.store is not None
             entries = await history(
-                self.ctx.store,
+                runner.store,
                 self.ctx.session_id,
                 hist_access_type,
                 n=n,

@@ -93,7 +93,7 @@ def _output_html(it: IterationView) -> str:
             )
         parts.append(output_html(clip(text, LIVE_OUTPUT_CHARS + 200, it.output_dropped)))
     if it.error:
-        parts.append(error_html(it))
+        parts.append(error_html(it.error))
     return "\n".join(parts)
 
 

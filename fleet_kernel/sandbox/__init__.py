@@ -23,9 +23,10 @@ from fleet_kernel.sandbox.contract import open_backend as _open_backend
 if TYPE_CHECKING:
     from fleet_kernel.cancel import CancelToken
     from fleet_kernel.config import Settings
+    from fleet_kernel.sandbox._probe import probe_bwrap
     from fleet_kernel.sandbox.base import InterpreterFactory, SandboxCrashed, SandboxObserver, observer
-    from fleet_kernel.sandbox.interpreter import SandboxFactory, SandboxInterpreter
-    from fleet_kernel.sandbox.local import probe_bwrap
+    from fleet_kernel.sandbox.factory import SandboxFactory
+    from fleet_kernel.sandbox.interpreter import SandboxInterpreter
 
 # Imported on first use (dspy, the backends), so importing the package or choosing a backend stays cheap.
 _LAZY = {
@@ -33,9 +34,9 @@ _LAZY = {
     "SandboxCrashed": "base",
     "SandboxObserver": "base",
     "observer": "base",
-    "SandboxFactory": "interpreter",
+    "SandboxFactory": "factory",
     "SandboxInterpreter": "interpreter",
-    "probe_bwrap": "local",
+    "probe_bwrap": "_probe",
 }
 
 

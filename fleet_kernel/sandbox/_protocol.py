@@ -1,6 +1,7 @@
-"""The host's side of the sandbox byte stream: errors and bounded line reading, free of heavy imports.
+"""The host's side of the sandbox protocol: what a session is, its errors, and bounded line reading.
 
-Kept apart from ``interpreter.py`` (which needs dspy) so that choosing and probing a backend stays cheap.
+Free of heavy imports, kept apart from ``interpreter.py`` (which needs dspy), so that choosing and probing
+a backend stays cheap.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from fleet_kernel.sandbox.runtime import HostMessage, MessageType
 
@@ -28,6 +29,25 @@ class SessionClosed(Exception):
 
 class ProtocolError(Exception):
     """The sandbox sent something that is not a protocol message."""
+
+
+class SandboxSession(Protocol):
+    """One running sandbox speaking the ``runtime.py`` protocol; backends implement this."""
+
+    def start(self) -> None:
+        """Start the sandbox and wait for its ``ready`` message; raise ``SessionClosed`` if it cannot start."""
+
+    def send(self, message: HostMessage) -> None:
+        """Send one message (thread-safe); raise ``SessionClosed`` when the sandbox is gone."""
+
+    def receive(self, timeout: float) -> dict[str, Any] | None:
+        """Next message, or ``None`` after ``timeout``; raise ``SessionClosed``/``ProtocolError``."""
+
+    def interrupt(self) -> None:
+        """Ask the running code to stop (``KeyboardInterrupt``); never blocks."""
+
+    def kill(self) -> None:
+        """Stop the sandbox now and release its resources; idempotent."""
 
 
 class PipeSession:
@@ -60,7 +80,8 @@ class PipeSession:
 
     def _attach(self, process: subprocess.Popen[bytes], *, wait: bool = True) -> None:
         """Take the new process's pipes and (``wait``) wait for its ``ready`` message."""
-        assert process.stdout is not None
+        if process.stdout is None:
+            raise ValueError("a sandbox process is started with stdout=PIPE: the protocol comes through it")
         self._process, self._stdout_fd = process, process.stdout.fileno()
         threading.Thread(target=self._read_stderr, args=(process.stderr,), daemon=True).start()
         if wait:

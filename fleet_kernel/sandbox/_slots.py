@@ -63,6 +63,17 @@ def _lock(path: Path) -> int | None:
     return fd
 
 
+def _lock_fresh(path: Path) -> int:
+    """A descriptor holding ``path``'s exclusive lock, for a new name nobody else knows (so it never waits)."""
+    fd = os.open(path, _FLAGS, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
 class Slot:
     """One held slot; ``release`` frees it (or hands it back to its turn's reservation). Idempotent."""
 
@@ -103,8 +114,7 @@ def _waiting() -> Iterator[None]:
     """Be seen waiting (``someone_waits``) while the block runs: locked first, then given its visible name."""
     base = folder() / "waiting"
     name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    fd = _lock(base / f".{name}")
-    assert fd is not None  # a fresh name: nobody else holds it
+    fd = _lock_fresh(base / f".{name}")
     os.rename(base / f".{name}", base / name)
     try:
         yield

@@ -31,7 +31,7 @@ from fleet_kernel.cancel import CancelToken
 from fleet_kernel.config import Settings
 from fleet_kernel.errors import FleetError, SandboxUnavailableError
 from fleet_kernel.sandbox.contract import describe
-from fleet_kernel.sandbox.interpreter import SandboxFactory
+from fleet_kernel.sandbox.factory import SandboxFactory
 
 try:
     import daytona as sdk

@@ -1,49 +1,44 @@
 """Host side of every sandbox backend: dspy's ``CodeInterpreter`` over a ``SandboxSession``.
 
 A backend only supplies sessions (a process, a Pyodide worker, a remote sandbox) that carry the
-``runtime.py`` protocol. This module turns that into what ``dspy.RLM`` needs: lazy start, changed
-variables only, host tools on context-carrying threads, output streamed to the current
-``SandboxObserver`` on the calling thread, and failures sorted by who can fix them: code errors,
-timeouts and crashed workers are ``CodeExecutionError`` (the model reads them and goes on; a crashed
-worker is restarted), only a broken protocol is terminal (``SandboxCrashed``).
+``runtime.py`` protocol. This module turns that into what ``dspy.RLM`` needs: lazy start, one step's
+execution (the messages relayed until ``done``, a stop when the turn is cancelled or the code runs too
+long), and failures sorted by who can fix them: code errors, timeouts and crashed workers are
+``CodeExecutionError`` (the model reads them and goes on; a crashed worker is restarted), only a broken
+protocol is terminal (``SandboxCrashed``). What crosses into the sandbox is ``_values``'s, host tool
+calls ``_tool_calls``'s, the output shown while code runs ``_output``'s; ``factory`` makes interpreters.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
-import hashlib
 import inspect
 import itertools
-import json
-import keyword
-import logging
 import re
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreterError, FinalOutput
 from dspy.utils.callback import BaseCallback
 from dspy.utils.callback import with_callbacks as _with_callbacks
-from pydantic_core import to_jsonable_python
 
 from fleet_kernel.cancel import CancelToken
 from fleet_kernel.errors import TurnCancelled
-from fleet_kernel.sandbox._protocol import ProtocolError, SessionClosed
-from fleet_kernel.sandbox.base import SandboxCrashed, current_observer, run_with_context
-from fleet_kernel.sandbox.runtime import DoneKind, Execute, HostMessage, MessageType, ToolError, ToolResult
+from fleet_kernel.sandbox._output import Output
+from fleet_kernel.sandbox._protocol import ProtocolError, SandboxSession, SessionClosed
+from fleet_kernel.sandbox._tool_calls import ToolCalls, by_name
+from fleet_kernel.sandbox._values import HeldVariables
+from fleet_kernel.sandbox.base import SandboxCrashed, current_observer
+from fleet_kernel.sandbox.runtime import DoneKind, Execute, MessageType
 from fleet_kernel.telemetry import metrics
 
-logger = logging.getLogger(__name__)
 _call_ids = itertools.count(1)
 
 INTERRUPT_GRACE_S = 2.0  # after an interrupt, how long the code may take to stop before the worker is killed
 POLL_S = 0.1  # how often a waiting execute looks at the cancel token and the clock
-OUTPUT_SLACK = 1024  # room past the output cap for the runtime's own truncation notice
-MAX_TOOL_CALLS = 64  # host tool calls of one execution running at once (one thread each); code can forge more
 _STATE_LOST = "variables, imports and functions from earlier steps are gone (files in /workspace are kept)"
 
 
@@ -61,67 +56,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 def with_callbacks(method: F) -> F:
     """dspy's ``with_callbacks`` (untyped), keeping the method's signature for the type checker."""
     return cast(F, _with_callbacks(method))
-
-
-class SandboxSession(Protocol):
-    """One running sandbox speaking the ``runtime.py`` protocol; backends implement this."""
-
-    def start(self) -> None:
-        """Start the sandbox and wait for its ``ready`` message; raise ``SessionClosed`` if it cannot start."""
-
-    def send(self, message: HostMessage) -> None:
-        """Send one message (thread-safe); raise ``SessionClosed`` when the sandbox is gone."""
-
-    def receive(self, timeout: float) -> dict[str, Any] | None:
-        """Next message, or ``None`` after ``timeout``; raise ``SessionClosed``/``ProtocolError``."""
-
-    def interrupt(self) -> None:
-        """Ask the running code to stop (``KeyboardInterrupt``); never blocks."""
-
-    def kill(self) -> None:
-        """Stop the sandbox now and release its resources; idempotent."""
-
-
-def _to_json(value: Any) -> Any:
-    """Values that cross the boundary must be JSON; convert pydantic models and the like, else repr."""
-    if isinstance(value, str):
-        return value  # a large input is not serialised just to learn that it can be
-    try:
-        json.dumps(value)
-        return value
-    except (TypeError, ValueError):
-        return to_jsonable_python(value, fallback=repr)
-
-
-def _digest(value: Any) -> bytes:
-    return hashlib.blake2b(json.dumps(value).encode(), digest_size=16).digest()
-
-
-def _by_name(tool: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
-    """Positional arguments passed by name when the tool names them: dspy wraps user tools as
-    ``invoke(**kwargs)`` (with the function's signature), so ``load_skill('x')`` must arrive as ``name='x'``."""
-    try:
-        signature = inspect.signature(tool)
-    except (TypeError, ValueError):
-        return args, kwargs
-    if any(p.kind in (p.VAR_POSITIONAL, p.POSITIONAL_ONLY) for p in signature.parameters.values()):
-        return args, kwargs
-    try:
-        return [], dict(signature.bind(*args, **kwargs).arguments)
-    except TypeError:
-        return args, kwargs  # the call reports the mismatch itself
-
-
-class _InFlight:
-    """Host tool calls of one execution that are still running."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.count = 0
-
-    def add(self, delta: int) -> None:
-        with self._lock:
-            self.count += delta
 
 
 _WORKSPACE_RELATIVE = re.compile(r"No such file or directory: '(workspace/[^']*)'")
@@ -166,7 +100,7 @@ class SandboxInterpreter:
         self._on_shutdown = on_shutdown
         self._session: SandboxSession | None = None
         self._starting: SandboxSession | None = None  # a session still starting (booting, adopting, queued)
-        self._sent: dict[str, tuple[Any, bytes | None]] = {}  # variable -> (value, digest) the sandbox holds
+        self._held = HeldVariables()  # what the running sandbox holds
         self._busy = threading.Lock()
         self._ids = itertools.count(1)
         self._fatal: BaseException | None = None  # a tool was cancelled: stop the code, re-raise this
@@ -205,7 +139,8 @@ class SandboxInterpreter:
         finally:
             self._starting = None
         metrics.observe_sandbox_start(self._backend, time.perf_counter() - began)
-        self._session, self._sent = session, {}
+        self._session = session
+        self._held.clear()
 
     @with_callbacks
     def shutdown(self) -> None:
@@ -232,7 +167,8 @@ class SandboxInterpreter:
             session.interrupt()
 
     def _drop_session(self) -> None:
-        session, self._session, self._sent = self._session, None, {}
+        session, self._session = self._session, None
+        self._held.clear()
         if session is not None:
             session.kill()
 
@@ -269,10 +205,12 @@ class SandboxInterpreter:
         if not self._busy.acquire(blocking=False):
             raise CodeInterpreterError("This sandbox is already running code.")
         try:
-            if self._session is None:
-                self.start()
             session = self._session
-            assert session is not None
+            if session is None:
+                self.start()  # through dspy's callbacks, as a start of RLM's own
+                session = self._session
+                if session is None:  # shut down from another thread (the factory closed) while it started
+                    raise CodeInterpreterError("The sandbox was shut down while it started.")
             exec_id = next(self._ids)
             request: Execute = {
                 "type": MessageType.EXECUTE,
@@ -280,7 +218,7 @@ class SandboxInterpreter:
                 "code": code,
                 "tools": sorted(self._tools),
                 "output_fields": self.output_fields,
-                "variables": self._changed(variables or {}),
+                "variables": self._held.changed(variables or {}, self._tools),
             }
             try:
                 session.send(request)
@@ -301,44 +239,16 @@ class SandboxInterpreter:
         finally:
             self._busy.release()
 
-    def _changed(self, variables: dict[str, Any]) -> dict[str, Any]:
-        """Only what the sandbox does not already hold; RLM re-sends every input on every step.
-
-        A ``str`` or ``bytes`` is hashed only when another value comes under its name (a large input
-        is sent without being hashed); a mutable value is hashed when sent, so a change in place shows.
-        """
-        changed: dict[str, Any] = {}
-        for name, value in variables.items():
-            if not name.isidentifier() or keyword.iskeyword(name) or name == "SUBMIT" or name in self._tools:
-                raise CodeInterpreterError(f"Cannot inject a variable named {name!r}.")
-            held = self._sent.get(name)
-            immutable = isinstance(value, (str, bytes, int, float, bool))
-            if held is not None and held[0] is value and immutable:
-                continue
-            value = _to_json(value)
-            if held is None and immutable:
-                changed[name] = value
-                self._sent[name] = (variables[name], None)
-                continue
-            digest = _digest(value)
-            before = None if held is None else held[1] if held[1] is not None else _digest(_to_json(held[0]))
-            if before != digest:
-                changed[name] = value
-            self._sent[name] = (variables[name], digest)
-        return changed
-
     def _pump(self, session: SandboxSession, exec_id: int) -> Any:
         """Relay messages on the calling thread until ``done``: output to the observer, tool calls to threads."""
-        observer = current_observer()
-        in_flight = _InFlight()
-        chunks: list[str] = []
-        shown = 0  # characters of output passed on; the runtime caps them, code writing to the channel may not
+        output = Output(current_observer(), self._max_output)
+        calls = ToolCalls(session, self.invoke_tool, self._set_fatal)
         stop: Stop | None = None  # set once we asked the code to stop
         stopped_at = last_interrupt = 0.0
         used, last = 0.0, time.monotonic()
         while True:
             now = time.monotonic()
-            if in_flight.count == 0:  # time spent in host tools (LM calls) is not the code's
+            if calls.running == 0:  # time spent in host tools (LM calls) is not the code's
                 used += now - last
             last = now
             if stop is None:
@@ -348,7 +258,7 @@ class SandboxInterpreter:
                     stopped_at = last_interrupt = now
             elif now - stopped_at > INTERRUPT_GRACE_S:
                 self._drop_session()
-                raise self._stop_error(stop, "".join(chunks), None)
+                raise self._stop_error(stop, output.text(), None)
             elif now - last_interrupt > 0.5:  # code may have swallowed one KeyboardInterrupt
                 session.interrupt()
                 last_interrupt = now
@@ -360,9 +270,8 @@ class SandboxInterpreter:
                     raise CodeInterpreterError("The sandbox was shut down while code was running.") from exc
                 if stop in (Stop.CANCEL, Stop.FATAL):
                     raise self._stop_error(stop, "", None) from exc
-                output = "".join(chunks)
                 raise CodeExecutionError(
-                    f"{output}\nThe sandbox process {exc}. It was restarted: {_STATE_LOST}.".lstrip()
+                    f"{output.text()}\nThe sandbox process {exc}. It was restarted: {_STATE_LOST}.".lstrip()
                 ) from exc
             except ProtocolError as exc:
                 self._crashed = f"The sandbox broke protocol: {exc}"
@@ -372,64 +281,28 @@ class SandboxInterpreter:
                 continue
             kind = message.get("type")
             if kind == MessageType.OUT:
-                shown = self._show(observer, chunks, shown, message.get("stream"), message.get("text"))
+                output.show(message.get("stream"), message.get("text"))
             elif kind == MessageType.TOOL_CALL:
-                self._start_tool(session, message, in_flight)
+                calls.start(message)
             elif kind == MessageType.DONE and message.get("id") == exec_id:
-                return self._finish(message, stop, observer, chunks, shown)
+                return self._finish(message, stop, output)
 
-    def _finish(self, done: dict[str, Any], stop: Stop | None, observer: Any, chunks: list[str], shown: int) -> Any:
+    def _finish(self, done: dict[str, Any], stop: Stop | None, output: Output) -> Any:
         """The execution's outcome from its ``done``: the output it still carries is shown first; when the code
         was asked to stop, the stop's error."""
         tail = done.get("tail")
         for chunk in tail if isinstance(tail, list) else ():  # written by the sandbox: checked
             if isinstance(chunk, list) and len(chunk) == 2:
-                shown = self._show(observer, chunks, shown, *chunk)
+                output.show(*chunk)
         if stop is None:  # factory.interrupt() or a cancelled tool got there before the loop looked
             stop = self._stop_reason()
         if stop and not (stop is Stop.TIMEOUT and done.get("kind") != DoneKind.INTERRUPTED):
             raise self._stop_error(stop, done.get("output") or "", done.get("error"))
         return self._result(done)
 
-    def _start_tool(self, session: SandboxSession, call: dict[str, Any], in_flight: _InFlight) -> None:
-        """Run a host tool the code called on a thread of its own; past ``MAX_TOOL_CALLS`` at once, refuse it."""
-        if in_flight.count >= MAX_TOOL_CALLS:
-            with contextlib.suppress(SessionClosed):
-                session.send(
-                    {
-                        "type": MessageType.TOOL_ERROR,
-                        "id": call.get("id"),
-                        "error": {
-                            "type": "RuntimeError",
-                            "message": f"more than {MAX_TOOL_CALLS} tool calls at once; wait for some",
-                        },
-                    }
-                )
-            return
-        in_flight.add(1)
-        threading.Thread(
-            target=run_with_context(self._run_tool, session, call, in_flight),
-            daemon=True,
-            name=f"fleet-tool-{call.get('name')}",
-        ).start()
-
-    def _show(self, observer: Any, chunks: list[str], shown: int, stream: Any, text: Any) -> int:
-        """Pass one chunk of output on (capped: code writing to the channel may send more); returns
-        the characters passed on so far."""
-        text, cap = str(text or ""), self._max_output
-        if cap is not None:
-            if shown > cap + OUTPUT_SLACK:
-                return shown
-            if shown + len(text) > cap + OUTPUT_SLACK:
-                text = f"{text[: cap + OUTPUT_SLACK - shown]}\n[output truncated: more than {cap} characters]\n"
-            shown += len(text)
-        chunks.append(text)
-        if observer is not None:
-            try:
-                observer.on_output(str(stream or "stdout"), text)
-            except Exception:
-                logger.exception("sandbox observer failed in on_output")
-        return shown
+    def _set_fatal(self, exc: BaseException) -> None:
+        """A host tool was stopped by ``exc`` (a cancellation): the code is stopped and ``exc`` re-raised."""
+        self._fatal = exc
 
     def _stop_reason(self) -> Stop | None:
         """Why the code must stop now, short of the timeout: a cancelled turn, or a host tool's fatal error."""
@@ -483,7 +356,7 @@ class SandboxInterpreter:
         if tool is None:
             raise NameError(f"{tool_name!r} is not a tool of this sandbox")
         if args:
-            args, kwargs = _by_name(tool, args, kwargs)
+            args, kwargs = by_name(tool, args, kwargs)
         result = tool(*args, **kwargs)
         if inspect.isawaitable(result):
 
@@ -492,115 +365,3 @@ class SandboxInterpreter:
 
             result = asyncio.run(wait())
         return result
-
-    def _run_tool(self, session: SandboxSession, call: dict[str, Any], in_flight: _InFlight) -> None:
-        name, args, kwargs = str(call.get("name")), list(call.get("args") or []), dict(call.get("kwargs") or {})
-        observer = current_observer()
-        tool_scope = getattr(observer, "tool_scope", None)
-        if name.startswith("__dspy"):  # dspy's bridge to the host (a child RLM): not a tool of the user's
-            observer = None
-        call_id = observer.on_tool_start(name, tuple(args), kwargs) if observer is not None else ""
-        ok, outcome = True, None
-        reply: ToolResult | ToolError
-        try:
-            with tool_scope() if tool_scope is not None else contextlib.nullcontext():
-                outcome = self.invoke_tool(name, args, kwargs)
-            reply = {"type": MessageType.TOOL_RESULT, "id": call["id"], "value": _to_json(outcome)}
-        except Exception as exc:
-            ok, outcome = False, exc
-            reply = {
-                "type": MessageType.TOOL_ERROR,
-                "id": call["id"],
-                "error": {"type": type(exc).__name__, "message": str(exc)},
-            }
-        except BaseException as exc:  # cancellation: unblock the code, then stop it and re-raise on the caller
-            ok, outcome, self._fatal = False, exc, exc
-            reply = {
-                "type": MessageType.TOOL_ERROR,
-                "id": call["id"],
-                "error": {"type": "RuntimeError", "message": "cancelled"},
-            }
-        finally:
-            in_flight.add(-1)
-        if observer is not None:
-            try:
-                observer.on_tool_end(call_id, ok, outcome)
-            except Exception:
-                logger.exception("sandbox observer failed in on_tool_end")
-        with contextlib.suppress(SessionClosed):  # the sandbox died meanwhile; execute reports that
-            session.send(reply)
-
-
-class SandboxFactory:
-    """A zero-argument interpreter factory for ``dspy.RLM`` that can interrupt and close what it made.
-
-    ``cancel`` is the turn's token: once it is cancelled, running code is interrupted and every
-    ``execute`` raises its ``TurnCancelled``.
-    """
-
-    def __init__(
-        self,
-        new_session: Callable[[], SandboxSession],
-        *,
-        backend: str,
-        execution_instructions: str,
-        exec_timeout_s: float,
-        cancel: CancelToken | None = None,
-        on_close: Callable[[], None] | None = None,
-        max_output_bytes: int | None = None,
-    ) -> None:
-        self.backend = backend
-        self.execution_instructions = execution_instructions
-        self.cancel = cancel if cancel is not None else CancelToken()
-        self._new_session = new_session
-        self._exec_timeout_s = exec_timeout_s
-        self._max_output_bytes = max_output_bytes
-        self._on_close = on_close
-        self._interpreters: set[SandboxInterpreter] = set()
-        self._lock = threading.Lock()
-        self._closed = False
-        self.cancel.on_cancel(self._interrupt_all)
-
-    def __call__(self) -> SandboxInterpreter:
-        interpreter = SandboxInterpreter(
-            self._new_session,
-            exec_timeout_s=self._exec_timeout_s,
-            cancel=self.cancel,
-            on_shutdown=self._forget,
-            max_output_bytes=self._max_output_bytes,
-            backend=self.backend,
-        )
-        with self._lock:
-            if self._closed:
-                raise CodeInterpreterError(f"The {self.backend} sandbox has been closed.")
-            self._interpreters.add(interpreter)
-        return interpreter
-
-    def interrupt(self, reason: str = "cancelled") -> None:
-        """Cancel the token: stop running code in every interpreter; later ``execute`` calls raise ``TurnCancelled``."""
-        self.cancel.cancel(reason)
-
-    def _interrupt_all(self) -> None:
-        with self._lock:
-            interpreters = list(self._interpreters)
-        for interpreter in interpreters:
-            interpreter.interrupt()
-
-    def close(self) -> None:
-        """Shut down every interpreter made here and release the backend's resources."""
-        with self._lock:
-            self._closed = True
-            interpreters = list(self._interpreters)
-        for interpreter in interpreters:
-            interpreter.shutdown()
-        if self._on_close is not None:
-            self._on_close()
-
-    @property
-    def interpreters(self) -> list[SandboxInterpreter]:
-        with self._lock:
-            return list(self._interpreters)
-
-    def _forget(self, interpreter: SandboxInterpreter) -> None:
-        with self._lock:
-            self._interpreters.discard(interpreter)

@@ -6,8 +6,9 @@ and copies changes back), uid 65534 without capabilities (mapped to the host use
 own when the host is root), a seccomp filter, rlimits and, where the hierarchy is writable, a cgroup
 for memory and process count.
 ``unsafe-local`` runs the same runtime as a plain subprocess of the host user: explicit opt-in only.
-This module starts and stops those processes (``ProcessSession``) and probes bubblewrap; the backend
-objects that turns use, over this and the pool (``pool.py``), are ``local_backend.py``'s.
+This module starts and stops those processes (``ProcessSession``); their command line is ``_argv.py``'s,
+the files bound into them ``_support.py``'s, and whether bubblewrap runs here at all ``_probe.py``'s. The
+backend objects that turns use, over this and the pool (``pool.py``), are ``local_backend.py``'s.
 """
 
 from __future__ import annotations
@@ -15,437 +16,32 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
-import functools
 import json
 import logging
 import os
-import py_compile
-import re
 import select
-import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import weakref
 from pathlib import Path
 from typing import Literal
 
 from fleet_kernel.config import SandboxLimits
-from fleet_kernel.sandbox import _confine, _pyfarm, _slots
+from fleet_kernel.sandbox import _confine, _slots
+from fleet_kernel.sandbox._argv import sandbox_argv, tuning_env
 from fleet_kernel.sandbox._protocol import PipeSession, SessionClosed
+from fleet_kernel.sandbox._support import SANDBOX_RUNTIME, support_dir
 from fleet_kernel.workspace import Unsaved, note_unsaved
 
 logger = logging.getLogger(__name__)
 
-RUNTIME = Path(__file__).with_name("runtime.py")
-STAGE = Path(__file__).with_name("_stage.py")
 STOP_TIMEOUT_S = 60.0  # for the copy-back of a stopped sandbox's workspace
-SANDBOX_RUNTIME = "/run/fleet/runtime.pyc"
 START_TIMEOUT_S = 10.0
 SLOT_WAIT_S = 30.0  # a sandbox a turn starts beyond its reserved one (a child RLM's) waits this long for a slot
-_ETC_BINDS = ("fonts",)  # fontconfig, for matplotlib and friends
 _LIVE: weakref.WeakSet[ProcessSession] = weakref.WeakSet()  # killed at exit, so no cgroup outlives us
-
-
-@functools.cache
-def _bwrap_path() -> str | None:
-    return shutil.which("bwrap")
-
-
-@functools.cache
-def _supports_disable_userns() -> bool:
-    bwrap = _bwrap_path()
-    if bwrap is None:
-        return False
-    help_text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, check=False).stdout  # noqa: S603 - bwrap --help
-    return "--disable-userns" in help_text
-
-
-def _tuning_env() -> dict[str, str]:
-    """Fewer reserved arenas and BLAS threads: both cost address space, which RLIMIT_AS counts."""
-    threads = str(min(4, os.cpu_count() or 1))
-    return {
-        "MALLOC_ARENA_MAX": "2",
-        "OPENBLAS_NUM_THREADS": threads,
-        "OMP_NUM_THREADS": threads,
-        "MKL_NUM_THREADS": threads,
-    }
-
-
-def _env_args() -> list[str]:
-    env = {**_tuning_env(), "XDG_CACHE_HOME": "/tmp/.cache", "MPLCONFIGDIR": "/tmp/.matplotlib"}  # not /workspace  # noqa: S108 - the sandbox's own private /tmp
-    return [arg for name, value in env.items() for arg in ("--setenv", name, value)]
-
-
-def _python_paths() -> list[str]:
-    """Directories the worker's Python needs (interpreter prefix, venv), outside /usr, outermost first."""
-    candidates = {
-        sys.prefix,
-        sys.base_prefix,
-        sys.exec_prefix,
-        sys.base_exec_prefix,
-        str(Path(os.path.realpath(sys.executable)).parent.parent),
-    }
-    paths: set[str] = set()
-    for path in candidates:
-        paths |= {os.path.abspath(path), os.path.realpath(path)}
-    kept: list[str] = []
-    for path in sorted(paths, key=len):
-        if path in ("/", str(Path.home())) or path.startswith("/usr/") or path == "/usr":
-            continue  # never expose the whole root or home; /usr is bound anyway
-        if not any(path.startswith(outer.rstrip("/") + "/") for outer in kept):
-            kept.append(path)
-    return kept
-
-
-_support: list[Path] = []  # this process's support directory, once made
-_held: list[int] = []  # the descriptors holding each support folder's owner lock
-SUPPORT_PREFIX = "fleet-sandbox-"
-OWNER_LOCK = ".owner"
-_SUPPORT_NAME = re.compile(rf"{SUPPORT_PREFIX}(\d+)-\w+")
-
-
-def _support_dir() -> Path:
-    """Per-process files bound into the sandbox: the compiled runtime (saves ~10 ms a start) and ``etc/``.
-
-    Made again if it vanished (tmp cleaners age out files of long-running servers).
-    """
-    if _support and (_support[-1] / "runtime.pyc").exists():
-        return _support[-1]
-    if not _support:
-        sweep_support_dirs()
-    path = Path(tempfile.mkdtemp(prefix=f"{SUPPORT_PREFIX}{os.getpid()}-"))
-    atexit.register(shutil.rmtree, path, True)
-    _hold(path)
-    py_compile.compile(str(RUNTIME), cfile=str(path / "runtime.pyc"), dfile=SANDBOX_RUNTIME, doraise=True)
-    _write_etc(path / "etc")
-    for mount_point in ("workspace", *(f"ro/{n}" for n in range(len(_python_paths())))):
-        (path / mount_point).mkdir(parents=True)  # only ever mounted on in a sandbox's own mount namespace
-    path.chmod(0o755)
-    _support.append(path)
-    return path
-
-
-def _hold(path: Path) -> None:
-    """Lock ``path/.owner`` for the life of this process: the OS drops the lock when the process dies, however."""
-    fd = os.open(path / OWNER_LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    _held.append(fd)  # never closed: closing would release the lock
-
-
-def sweep_support_dirs() -> list[Path]:
-    """Remove the support folders that killed processes of this user left in the temp folder; returns them.
-
-    A folder is stale when the process named in it (``fleet-sandbox-<pid>-...``) is gone and nobody holds its
-    ``.owner`` lock (a process of the same pid in another PID namespace that shares the temp folder still does).
-    """
-    removed = []
-    with contextlib.suppress(OSError), os.scandir(tempfile.gettempdir()) as entries:
-        for entry in entries:
-            match = _SUPPORT_NAME.fullmatch(entry.name)
-            if match is None or _alive(int(match[1])):
-                continue
-            with contextlib.suppress(OSError):
-                st = entry.stat(follow_symlinks=False)
-                if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not _locked(Path(entry.path)):
-                    shutil.rmtree(entry.path)
-                    removed.append(Path(entry.path))
-    if removed:
-        logger.info("removed %d support folders of dead Fleet processes from %s", len(removed), tempfile.gettempdir())
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process of that pid: alive
-        return True
-    return True
-
-
-def _locked(path: Path) -> bool:
-    """True when a live process holds ``path/.owner`` (a folder without one is not ours to judge: kept)."""
-    try:
-        fd = os.open(path / OWNER_LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
-def _write_etc(path: Path) -> None:
-    """A tiny /etc: who uid 65534 is, localhost, and the loader cache; nothing of the host's."""
-    path.mkdir()
-    files = {
-        "passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:65534:65534:sandbox:/workspace:/bin/sh\n",
-        "group": "root:x:0:\nsandbox:x:65534:\n",
-        "hosts": "127.0.0.1 localhost sandbox\n::1 localhost\n",
-    }
-    for name, text in files.items():
-        (path / name).write_text(text)
-    with contextlib.suppress(OSError):
-        shutil.copyfile("/etc/ld.so.cache", path / "ld.so.cache")
-    for name in _ETC_BINDS:
-        (path / name).mkdir()  # mount points for the host's own (harmless) config, bound read-only
-
-
-def bwrap_argv(
-    limits: SandboxLimits, command: list[str], *, seccomp_fd: int | None, farm: _pyfarm.Farm | None = None
-) -> list[str]:
-    """The bubblewrap command line around ``command`` (which runs as uid 65534 in /workspace).
-
-    Run by ``_stage.py``, which has mounted the workspace copy and the Python install in the support folder.
-    """
-    mib = 1024 * 1024
-    argv = [
-        _bwrap_path() or "bwrap",
-        "--unshare-all",
-        "--unshare-user",
-        "--die-with-parent",
-        "--new-session",
-        "--clearenv",
-        "--setenv",
-        "PATH",
-        "/usr/local/bin:/usr/bin:/bin",
-        "--setenv",
-        "HOME",
-        "/workspace",
-        "--setenv",
-        "LANG",
-        "C.UTF-8",
-        *_env_args(),
-        "--hostname",
-        "sandbox",
-        "--uid",
-        "65534",
-        "--gid",
-        "65534",
-        "--cap-drop",
-        "ALL",
-        "--ro-bind",
-        "/usr",
-        "/usr",
-    ]
-    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-        path = Path("/", name)
-        if path.is_symlink():
-            argv += ["--symlink", os.readlink(path), str(path)]
-        elif path.is_dir():
-            argv += ["--ro-bind", str(path), str(path)]
-    support = _support_dir()
-    argv += ["--ro-bind", str(support / "etc"), "/etc", "--ro-bind", str(support / "runtime.pyc"), SANDBOX_RUNTIME]
-    for name in _ETC_BINDS:
-        argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-    argv += [
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--size",
-        str(64 * mib),
-        "--tmpfs",
-        "/dev/shm",  # noqa: S108 - a private tmpfs in the sandbox
-        "--size",
-        str(max(64, limits.memory_mb // 4) * mib),
-        "--tmpfs",
-        "/tmp",  # noqa: S108 - a private tmpfs in the sandbox
-        "--bind",
-        str(support / "workspace"),
-        "/workspace",
-        "--chdir",
-        "/workspace",
-    ]
-    for n, prefix in enumerate(_python_paths()):  # after /tmp's tmpfs, which would hide a venv under /tmp
-        argv += ["--ro-bind", str(support / "ro" / str(n)), farm.targets[n] if farm else prefix]
-    if farm is not None:  # an interpreter built with an absolute RUNPATH still finds its libpython
-        libs = [
-            f"{target}/lib"
-            for prefix, target in zip(farm.prefixes, farm.targets, strict=True)
-            if any(Path(prefix, "lib").glob("libpython*"))
-        ]
-        if libs:
-            argv += ["--setenv", "LD_LIBRARY_PATH", ":".join(libs)]
-    argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
-    if _supports_disable_userns():
-        argv.append("--disable-userns")
-    if seccomp_fd is not None:
-        argv += ["--seccomp", str(seccomp_fd)]
-    return [*argv, "--", *command]
-
-
-def sandbox_argv(
-    workspace: Path | None,
-    limits: SandboxLimits,
-    command: list[str],
-    *,
-    seccomp_fd: int | None,
-    join_fds: list[int],
-    adopt_fd: int | None = None,
-    saved_fd: int | None = None,
-    rlimits: list[tuple[int, tuple[int, int]]] | None = None,
-) -> list[str]:
-    """``_stage.py`` (quota'd workspace copy, neutral mounts, own uid as root) around bubblewrap around ``command``.
-
-    Without ``workspace``, ``adopt_fd`` is the stage's end of a socket that names the workspace later (pool.py).
-    The stage sets ``rlimits`` on itself first thing: set in a ``preexec_fn`` instead, they would make
-    ``Popen`` take the import lock and logging's lock around the fork (``PyOS_BeforeFork``), which deadlocks
-    a pool thread against another thread that imports while a handler is collected.
-    """
-    support = _support_dir()
-    farm = _pyfarm.python_farm(_python_paths())
-    if farm is not None and command[:1] == [sys.executable]:
-        command = [farm.neutral(sys.executable), *command[1:]]
-    where = ["--workspace", str(workspace.absolute())] if workspace is not None else ["--adopt-fd", str(adopt_fd)]
-    argv = [
-        sys.executable,
-        "-I",
-        "-B",
-        "-S",  # the stage is stdlib only: no site-packages to scan (~15 ms of CPU a start, in a venv)
-        str(STAGE),
-        *where,
-        "--mount",
-        str(support / "workspace"),
-        "--size",
-        str(limits.workspace_mb * 1024 * 1024),
-        "--inodes",
-        str(limits.workspace_files + 1),
-    ]  # + the root folder
-    for n, prefix in enumerate(_python_paths()):
-        argv += ["--expose", f"{farm.sources[n] if farm else prefix}={support / 'ro' / str(n)}"]
-    for fd in join_fds:
-        argv += ["--join-fd", str(fd)]
-    if seccomp_fd is not None:
-        argv += ["--keep-fd", str(seccomp_fd)]
-    if saved_fd is not None:
-        argv += ["--saved-fd", str(saved_fd)]
-    for which, (soft, hard) in rlimits or []:
-        argv += ["--rlimit", f"{which}:{soft}:{hard}"]
-    return [*argv, "--", *bwrap_argv(limits, command, seccomp_fd=seccomp_fd, farm=farm)]
-
-
-def _userns_hint() -> str:
-    apparmor = "kernel.apparmor_restrict_unprivileged_userns"
-    checks = {
-        "/proc/sys/kernel/unprivileged_userns_clone": ("0", "sysctl -w kernel.unprivileged_userns_clone=1"),
-        "/proc/sys/user/max_user_namespaces": ("0", "sysctl -w user.max_user_namespaces=15000"),
-        "/proc/sys/" + apparmor.replace(".", "/"): (
-            "1",
-            f"install the bwrap AppArmor profile, or sysctl -w {apparmor}=0",
-        ),
-    }
-    for path, (blocked, fix) in checks.items():
-        with contextlib.suppress(OSError):
-            if Path(path).read_text().strip() == blocked:
-                return f"unprivileged user namespaces are disabled: {fix}"
-    return (
-        "bubblewrap cannot create namespaces here (inside a container, run it with --privileged or a seccomp "
-        "profile that allows unshare/clone of user namespaces)"
-    )
-
-
-# what probe_bwrap says when bubblewrap cannot run on this machine at all (not a fault to report)
-CANNOT_RUN_HERE = (
-    "bubblewrap needs Linux",
-    "bubblewrap is not installed",
-    "unprivileged user namespaces are disabled",
-    "bubblewrap cannot create namespaces here",
-)
-_probe_lock = threading.Lock()
-_probe_passed = False
-_probe_failures: set[str] = set()  # reasons already logged
-
-
-def probe_bwrap() -> str | None:
-    """None when the ``local`` sandbox works here; else why not and what to install or set.
-
-    One probe at a time (a kernel's warm-up and its first turn ask together), and only a pass is kept: a
-    probe that timed out on a loaded machine is tried again by the next turn instead of moving every later
-    turn to another backend.
-    """
-    global _probe_passed
-    if _probe_passed:
-        return None
-    with _probe_lock:
-        if not _probe_passed:
-            reason = _probe_bwrap_once()
-            if reason is not None:
-                if reason not in _probe_failures:  # once per reason: a machine without it asks every turn
-                    _probe_failures.add(reason)
-                    logger.warning("the local sandbox cannot start here: %s", reason)
-                return reason
-            _probe_passed = True
-    return None
-
-
-def _probe_bwrap_once() -> str | None:
-    if not sys.platform.startswith("linux"):
-        return f"bubblewrap needs Linux (this is {sys.platform})"
-    if _bwrap_path() is None:
-        return "bubblewrap is not installed: apt-get install bubblewrap (or dnf/pacman install bubblewrap)"
-    seccomp = _confine.seccomp_fd()
-    with tempfile.TemporaryDirectory(prefix="fleet-probe-") as workspace:
-        command = [sys.executable, "-I", "-S", "-c", "pass"]
-        argv = sandbox_argv(Path(workspace), SandboxLimits(), command, seccomp_fd=seccomp, join_fds=[])
-        try:
-            done = subprocess.run(  # noqa: S603 - the sandbox argv built here
-                argv,
-                capture_output=True,
-                text=True,
-                timeout=20,
-                check=False,
-                pass_fds=() if seccomp is None else (seccomp,),
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"bubblewrap failed to run: {exc}"
-        finally:
-            if seccomp is not None:
-                os.close(seccomp)
-    if done.returncode == 0:
-        return None
-    error = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit status {done.returncode}"
-    if (unreachable := _temp_unreachable()) is not None:
-        return f"{unreachable} (bwrap: {error})"
-    if any(s in error for s in ("namespace", "uid map", "Operation not permitted", "setting up")):
-        return f"{_userns_hint()} (bwrap: {error})"
-    return f"bubblewrap cannot start the sandbox: {error}"
-
-
-def _temp_unreachable() -> str | None:
-    """Why the sandbox's own uid (root's sandboxes run as one) cannot reach the support folder; else None.
-
-    The support folder is in the temp folder: a ``TMPDIR`` below a folder others may not enter (``/root``)
-    stops every sandbox, whatever bubblewrap can do.
-    """
-    if os.geteuid() != 0:
-        return None  # the sandbox's uid is this user's own, mapped: it enters what the user enters
-    temp = Path(tempfile.gettempdir()).resolve()
-    for folder in (*reversed(temp.parents), temp):
-        with contextlib.suppress(OSError):
-            mode = folder.stat().st_mode
-            if not mode & stat.S_IXOTH:
-                return (
-                    f"the sandbox's user cannot enter {folder} (mode {stat.filemode(mode)}), which holds the temp "
-                    f"folder {temp} where Fleet keeps the sandbox's files: set TMPDIR to a folder every user may "
-                    f"enter, such as /tmp, or `chmod o+x {folder}`"
-                )
-    return None
-
-
-def cannot_run_here(reason: str) -> bool:
-    """True when ``reason`` (from ``probe_bwrap``) means bubblewrap cannot run on this machine at all, so the
-    default backend may be another one; any other failure is this machine's to fix, and is reported."""
-    return reason.startswith(CANNOT_RUN_HERE)
 
 
 def _kernel_counts_nproc_per_userns() -> bool:
@@ -572,12 +168,12 @@ class ProcessSession(PipeSession):
             env, cwd, preexec = {}, None, None  # _stage.py sets the rlimits, and joins the cgroup after its copy
         else:
             prefix, preexec = _confine.child_start(join_fds, rlimits)
-            argv = [*prefix, sys.executable, "-I", "-B", str(_support_dir() / "runtime.pyc"), *options]
+            argv = [*prefix, sys.executable, "-I", "-B", str(support_dir() / "runtime.pyc"), *options]
             env = {
                 "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                 "HOME": str(self._workspace),
                 "LANG": "C.UTF-8",
-                **_tuning_env(),
+                **tuning_env(),
             }
             cwd = str(self._workspace)
         passed = [*([] if seccomp is None else [seccomp]), *(join_fds if preexec is None else [])]

@@ -1,7 +1,7 @@
 """The ``local`` and ``unsafe-local`` backends: processes of ``local.py``, ready ones from ``pool.py``.
 
 Above both modules (the pool starts ``local``'s processes; the backends use the two), so no import runs
-back. The bubblewrap probe is read through ``local``, where its one result per process is kept.
+back. The bubblewrap probe is ``_probe``'s, where its one result per process is kept.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from fleet_kernel.config import Settings
 from fleet_kernel.errors import SandboxBusyError, SandboxUnavailableError
-from fleet_kernel.sandbox import _slots, local, pool
+from fleet_kernel.sandbox import _probe, _slots, local, pool
 from fleet_kernel.sandbox.contract import describe
 from fleet_kernel.workspace import Workspace
 
@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from fleet_kernel.cancel import CancelToken
-    from fleet_kernel.sandbox.interpreter import SandboxFactory, SandboxSession
+    from fleet_kernel.sandbox._protocol import SandboxSession
+    from fleet_kernel.sandbox.factory import SandboxFactory
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +52,12 @@ class LocalBackend:
         self.isolated = isolated
 
     def status(self, settings: Settings) -> str | None:  # noqa: ARG002 - the backend contract's signature
-        return local.probe_bwrap() if self.isolated else None
+        return _probe.probe_bwrap() if self.isolated else None
 
     def absent(self, settings: Settings) -> str | None:
         """Why bubblewrap cannot run here at all (the default backend then moves on); None otherwise."""
         reason = self.status(settings)
-        return reason if reason is not None and local.cannot_run_here(reason) else None
+        return reason if reason is not None and _probe.cannot_run_here(reason) else None
 
     def instructions(self, settings: Settings, workspace: Path) -> str:
         version = ".".join(map(str, sys.version_info[:2]))
@@ -74,10 +75,10 @@ class LocalBackend:
         )
 
     def open(self, settings: Settings, workspace: Path, *, cancel: CancelToken | None = None) -> SandboxFactory:
-        from fleet_kernel.sandbox.interpreter import SandboxFactory  # noqa: PLC0415 - the interpreter imports dspy
+        from fleet_kernel.sandbox.factory import SandboxFactory  # noqa: PLC0415 - the interpreter imports dspy
 
         limits, exec_timeout_s = settings.policy.sandbox, settings.limits.exec_timeout_s
-        if self.isolated and (reason := local.probe_bwrap()) is not None:
+        if self.isolated and (reason := _probe.probe_bwrap()) is not None:
             raise SandboxUnavailableError(
                 f"The local sandbox cannot run: {reason}; or set FLEET_SANDBOX=unsafe-local to run without isolation."
             )
@@ -126,7 +127,7 @@ class LocalBackend:
     def prepare(self, settings: Settings) -> None:
         """Fill the pool of pre-started sandboxes now, before the first turn needs one (a server starting)."""
         limits = settings.policy.sandbox
-        if self.isolated and limits.pool > 0 and local.probe_bwrap() is None:
+        if self.isolated and limits.pool > 0 and _probe.probe_bwrap() is None:
             pool.POOL.configure(limits, limits.pool, limits.idle_stop_s)
 
 

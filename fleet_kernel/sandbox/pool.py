@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import enum
 import logging
 import threading
 import time
@@ -33,7 +34,8 @@ from typing import Any
 from fleet_kernel.config import SandboxLimits
 from fleet_kernel.sandbox import _confine, _slots
 from fleet_kernel.sandbox._protocol import SessionClosed
-from fleet_kernel.sandbox.local import STOP_TIMEOUT_S, ProcessSession, SlotsFull, _support_dir
+from fleet_kernel.sandbox._support import support_dir
+from fleet_kernel.sandbox.local import STOP_TIMEOUT_S, ProcessSession, SlotsFull
 from fleet_kernel.sandbox.runtime import HostMessage, MessageType
 
 logger = logging.getLogger(__name__)
@@ -83,7 +85,7 @@ class Pool:
             self._limits, self.size, self.idle_stop_s = limits, size, idle_stop_s
             self._filtered = _filtered()
             if self._thread is None:
-                _support_dir()  # made (and its removal at exit registered) first, so the pool is closed before
+                support_dir()  # made (and its removal at exit registered) first, so the pool is closed before
                 atexit.register(self.close)
                 self._thread = threading.Thread(target=self._run, name="fleet-sandbox-pool", daemon=True)
                 self._thread.start()
@@ -212,7 +214,7 @@ class Pool:
         """Wait while an idle stop of ``workspace``'s sandbox is copying it back: a session starting on
         it then sees the files the stopped one wrote (the stop runs on the pool thread)."""
         with self._wake:
-            stopping = [s for s in self._bound if s._idle_stopped and s._workspace == workspace]
+            stopping = [s for s in self._bound if s.phase is Phase.IDLE_STOPPED and s.workspace == workspace]
         for session in stopping:
             session.saved.wait(STOP_TIMEOUT_S)
 
@@ -246,66 +248,82 @@ class Pool:
 POOL = Pool()
 
 
+class Phase(enum.Enum):
+    """Where a ``PooledSession`` is in its life."""
+
+    NEW = "new"  # made, or starting: ``start`` takes a ready worker or starts one cold
+    IDLE = "idle"  # started, running no code: ``stop_if_idle`` stops it after ``idle_stop_s``
+    RUNNING = "running"  # an execution was sent and its ``done`` not yet received
+    IDLE_STOPPED = "idle stopped"  # stopped for idling: ``saved`` is set once its workspace is copied back
+    KILLED = "killed"  # ``kill`` was called (a start in progress gives up); from any phase but IDLE_STOPPED
+
+
 class PooledSession:
     """The ``SandboxSession`` an interpreter gets: a pooled worker adopting ``workspace``, or a cold one.
 
     Stopped when idle (``stop_if_idle``); the next ``send`` then raises ``SessionClosed`` saying so,
     and the interpreter starts a new session, which adopts the files the stopped one copied back.
+    Its ``phase`` changes under ``_lock``: NEW -> IDLE <-> RUNNING, then IDLE_STOPPED or KILLED.
     """
 
     def __init__(self, pool: Pool, workspace: Path, limits: SandboxLimits) -> None:
-        self._pool, self._workspace, self._limits = pool, workspace, limits
+        self._pool, self.workspace, self._limits = pool, workspace, limits
         self._worker: ProcessSession | None = None
-        self._lock = threading.Lock()
-        self._running = False  # an execution was sent and its ``done`` not yet received
+        self._lock = threading.RLock()  # reentrant: a SIGINT handler's cancel may kill it on a thread inside send
+        self.phase = Phase.NEW
         self._last_use = time.monotonic()
-        self._idle_stopped = False
-        self._killed = False  # ``kill`` was called: a start in progress gives up
         self.saved = threading.Event()  # an idle stop has copied the workspace back
         self.pooled = False  # the worker came ready from the pool
 
     def start(self) -> None:
-        self._pool.wait_saved(self._workspace)  # files an idle stop is still copying back come in too
+        self._pool.wait_saved(self.workspace)  # files an idle stop is still copying back come in too
         worker = self._worker = self._pool.take(self._limits)  # set at once, so ``kill`` reaches it
         if worker is not None:
             try:
                 self._check_killed()
-                worker.adopt(self._workspace)
+                worker.adopt(self.workspace)
                 self.pooled = True
             except SessionClosed as exc:
-                if self._killed:
+                if self.phase is Phase.KILLED:
                     raise
                 logger.warning("a pooled sandbox could not take the workspace; starting one: %s", exc)
                 worker = None
         if worker is None:
             self._check_killed()
-            worker = self._worker = ProcessSession(self._workspace, self._limits, isolated=True)
+            worker = self._worker = ProcessSession(self.workspace, self._limits, isolated=True)
             worker.start()
-        self._check_killed()
-        self._last_use = time.monotonic()
+        with self._lock:
+            self._check_killed()
+            self.phase, self._last_use = Phase.IDLE, time.monotonic()
         self._pool.bind(self)
 
     def _check_killed(self) -> None:
-        if self._killed:  # the caller kills the worker it finds on this session
+        if self.phase is Phase.KILLED:  # the caller kills the worker it finds on this session
             raise SessionClosed("was stopped while it started")
+
+    def _started(self) -> ProcessSession:
+        """The worker ``start`` bound; raises ``SessionClosed`` before that (the interpreter then starts anew)."""
+        worker = self._worker
+        if worker is None:
+            raise SessionClosed("was not started")
+        return worker
 
     def send(self, message: HostMessage) -> None:
         with self._lock:
-            if self._idle_stopped:
+            if self.phase is Phase.IDLE_STOPPED:
                 raise SessionClosed(f"was stopped after {self._pool.idle_stop_s:g} s without running code")
-            if message.get("type") == MessageType.EXECUTE:
-                self._running = True
+            if message.get("type") == MessageType.EXECUTE and self.phase is Phase.IDLE:
+                self.phase = Phase.RUNNING
             self._last_use = time.monotonic()
-            worker = self._worker
-        assert worker is not None
-        worker.send(message)
+        self._started().send(message)
 
     def receive(self, timeout: float) -> dict[str, Any] | None:
-        assert self._worker is not None
-        message = self._worker.receive(timeout)
+        message = self._started().receive(timeout)
         if message is not None and message.get("type") == MessageType.DONE:
             with self._lock:
-                self._running, self._last_use = False, time.monotonic()
+                if self.phase is Phase.RUNNING:
+                    self.phase = Phase.IDLE
+                self._last_use = time.monotonic()
         return message
 
     def interrupt(self) -> None:
@@ -313,7 +331,9 @@ class PooledSession:
             self._worker.interrupt()
 
     def kill(self) -> None:
-        self._killed = True
+        with self._lock:
+            if self.phase is not Phase.IDLE_STOPPED:  # stopped already; ``wait_saved`` still waits for its copy-back
+                self.phase = Phase.KILLED
         if self._worker is not None:
             self._worker.kill()
 
@@ -330,12 +350,13 @@ class PooledSession:
     def stop_if_idle(self, now: float, idle_s: float) -> None:
         """Stop the sandbox (copying its workspace back) when it has run no code for ``idle_s``."""
         with self._lock:
-            if self._running or self._idle_stopped or self._worker is None or now - self._last_use < idle_s:
+            worker = self._worker
+            if self.phase is not Phase.IDLE or worker is None or now - self._last_use < idle_s:
                 return
-            self._idle_stopped = True
-        logger.info("stopping a sandbox idle for %g s (%s)", idle_s, self._workspace)
+            self.phase = Phase.IDLE_STOPPED
+        logger.info("stopping a sandbox idle for %g s (%s)", idle_s, self.workspace)
         try:
-            self._worker.kill()
+            worker.kill()
         finally:
             self.saved.set()
 

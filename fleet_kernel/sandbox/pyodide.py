@@ -30,7 +30,7 @@ from fleet_kernel.config import SandboxLimits, Settings
 from fleet_kernel.errors import SandboxUnavailableError
 from fleet_kernel.sandbox._protocol import MAX_MESSAGE_BYTES, PipeSession, SessionClosed
 from fleet_kernel.sandbox.contract import describe
-from fleet_kernel.sandbox.interpreter import SandboxFactory
+from fleet_kernel.sandbox.factory import SandboxFactory
 from fleet_kernel.sandbox.runtime import MessageType
 from fleet_kernel.workspace import ARTIFACTS_DIR, FULL_ERRNOS, MEMORY_DIR, Unsaved, Workspace, note_unsaved, usage
 

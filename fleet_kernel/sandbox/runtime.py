@@ -566,7 +566,7 @@ class Runtime:
             "kwargs": json.loads(json.dumps(kwargs, default=_tool_default)),
         }
         if self._receive is not None:
-            reply: Message | None = self._wait_inline(request)
+            reply: Message | None = self._wait_inline(self._receive, request)
         else:
             waiter: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
             self._pending[call_id] = waiter
@@ -581,11 +581,10 @@ class Runtime:
             raise _tool_exception(reply.get("error") or {})
         return _tool_value(reply.get("value"))
 
-    def _wait_inline(self, request: Message) -> Message:
-        assert self._receive is not None
+    def _wait_inline(self, receive: Callable[[], Message], request: Message) -> Message:
         self._send(request)
         while True:
-            message = self._receive()
+            message = receive()
             if message.get("type") == MessageType.INTERRUPT:
                 raise KeyboardInterrupt
             if message.get("type") in TOOL_REPLIES and message.get("id") == request["id"]:

@@ -23,7 +23,7 @@ from fleet_kernel.store.sessions import session_of
 class Claim(tuple[TurnRow, bool]):
     """What ``claim_turn`` did: the pair ``(turn, created)``; in ``interrupted`` the session's
     abandoned turn it ended to make room, whose terminal event the caller emits, and in ``session``
-    the session as the new turn found it (``None`` when the turn existed)."""
+    the session as the new turn found it (``None`` exactly when the turn existed: not created)."""
 
     interrupted: EndedTurn | None
     session: SessionRow | None

@@ -144,7 +144,8 @@ class TraceBuilder:
         if isinstance(data, TurnStarted):
             self._turn_started(event, data)
             return
-        if self._root is None:  # a replay that starts mid-turn: nothing to hang spans on
+        root = self._root
+        if root is None:  # a replay that starts mid-turn: nothing to hang spans on
             return
         agent = self._agents.get(event.agent_id) or self._agents[ROOT_AGENT]
         end = _ns(event.ts)
@@ -200,7 +201,7 @@ class TraceBuilder:
                 "fleet.artifact", {"path": data.path, "mime": data.mime, "size": data.size}, timestamp=end
             )
         elif isinstance(data, TurnCompleted | TurnFailed | TurnCancelledData):
-            self._turn_ended(data, end)
+            self._turn_ended(root, data, end)
 
     def _turn_started(self, event: Event, data: TurnStarted) -> None:
         attributes: dict[str, Any] = {
@@ -266,9 +267,7 @@ class TraceBuilder:
         span = self._start(f"invoke_agent {data.agent_id}", parent.innermost(), event.ts, attributes)
         self._agents[data.agent_id] = _Agent(span)
 
-    def _turn_ended(self, data: TurnCompleted | TurnFailed | TurnCancelledData, end: int) -> None:
-        root = self._root
-        assert root is not None
+    def _turn_ended(self, root: Span, data: TurnCompleted | TurnFailed | TurnCancelledData, end: int) -> None:
         for agent_id, agent in reversed(list(self._agents.items())):
             self._end_agent_work(agent, end)
             if agent_id != ROOT_AGENT:

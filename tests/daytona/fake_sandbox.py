@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from fleet_kernel.sandbox.local import _python_paths
+from fleet_kernel.sandbox._support import python_paths
 
 WORKER = Path(__file__).with_name("fake_worker.py")
 HOME = "/home/daytona"
@@ -113,7 +113,7 @@ class FakeSandbox:
         for mount in self.mounts:
             mount.source.mkdir(parents=True, exist_ok=True)
             args += ["--bind", str(mount.source), mount.path]
-        for prefix in [*_python_paths(), str(WORKER.parent)]:  # the host's Python and the worker script,
+        for prefix in [*python_paths(), str(WORKER.parent)]:  # the host's Python and the worker script,
             args += ["--ro-bind", prefix, prefix]  # even where they live under an overridden /tmp
         (self.host_path(cwd)).mkdir(parents=True, exist_ok=True)
         return [*args, "--chdir", cwd, *argv], None

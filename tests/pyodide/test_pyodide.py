@@ -279,9 +279,9 @@ def test_missing_cache_says_how_to_prefetch(tmp_path: Path, monkeypatch: pytest.
 
 def test_pyodide_is_the_fallback_where_bubblewrap_cannot_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fleet_kernel import sandbox
-    from fleet_kernel.sandbox import local
+    from fleet_kernel.sandbox import _probe
 
-    monkeypatch.setattr(local, "probe_bwrap", lambda: "bubblewrap is not installed")
+    monkeypatch.setattr(_probe, "probe_bwrap", lambda: "bubblewrap is not installed")
     settings = Settings(home=tmp_path / "home", database_url="sqlite://")
     factory = sandbox.open_sandbox(settings, tmp_path / "workspace")
     try:

@@ -93,7 +93,7 @@ async def cmd_feedback(ctx: KernelContext, args: list[str]) -> Reply:
     if ctx.session_id is None:
         raise usage_error("no turn to mark yet: run a turn first, or %fleet session use <id>")
     sessions = await ctx.sessions()
-    assert ctx.store is not None
+    store = await ctx.opened_store()
     if turn_id is None:
         turns = await sessions.turns(ctx.session_id)
         if not turns:
@@ -104,7 +104,7 @@ async def cmd_feedback(ctx: KernelContext, args: list[str]) -> Reply:
         return Reply(f"Turn {turn_id} is marked {row.rating}" + (f": {row.note}" if row.note else "."))
     if args[0] == "add":
         target = Path(args[1]).expanduser()  # noqa: ASYNC240 - expanduser reads $HOME, no I/O
-        await feedback.add_to_dataset(ctx.store, ctx.session_id, turn_id, target)
+        await feedback.add_to_dataset(store, ctx.session_id, turn_id, target)
         return Reply(f"Added turn {turn_id} to {target.resolve()}, its answer as the expected one.")
-    row = await feedback.mark(ctx.store, ctx.session_id, turn_id, args[0], " ".join(args[1:]))
+    row = await feedback.mark(store, ctx.session_id, turn_id, args[0], " ".join(args[1:]))
     return Reply(f"Marked turn {turn_id} {row.rating}" + (f": {row.note}" if row.note else "."))

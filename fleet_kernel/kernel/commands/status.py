@@ -18,8 +18,7 @@ from fleet_kernel.sandbox import contract as sandbox_contract
     aliases=("usage",),
 )
 async def cmd_status(ctx: KernelContext, args: list[str]) -> Reply:
-    await ctx.open()
-    assert ctx.store is not None
+    store = await ctx.opened_store()
     settings = ctx.settings
     sandbox = settings.sandbox or f"{await asyncio.to_thread(sandbox_contract.choose, settings)} (the default here)"
     lines = [
@@ -28,7 +27,7 @@ async def cmd_status(ctx: KernelContext, args: list[str]) -> Reply:
         f"sandbox: {sandbox}",
         f"output: {ctx.output_mode()}",
         f"skills: {', '.join(ctx.skills) or '(none preselected; %fleet skill use <name>)'}",
-        f"store: {ctx.store.safe_url}",
+        f"store: {store.safe_url}",
         f"home: {settings.home}",
         f"engine loaded: {'yes' if ctx.warm.is_set() else 'loading'}",
     ]
