@@ -23,10 +23,7 @@ from fleet_kernel.redact import LOG_FORMAT, RedactingFormatter, Redactor, env_se
 
 if TYPE_CHECKING:
     from fleet_kernel.config import OutputMode, Settings
-    from fleet_kernel.engine.runner import (
-        TurnHandle,
-        TurnRunner,
-    )  # the engine and SQLAlchemy (~1 s) load in the background warm-up
+    from fleet_kernel.engine.runner import TurnHandle, TurnRunner  # the engine: the background warm-up loads it
     from fleet_kernel.engine.sessions import Sessions  # the engine and SQLAlchemy (~1 s) load in the background warm-up
     from fleet_kernel.store import Store  # SQLAlchemy (~1 s) loads in the background warm-up
 

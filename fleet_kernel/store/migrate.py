@@ -70,7 +70,11 @@ def head_revision() -> str | None:
 def _revision_lines(script: Path) -> tuple[str, tuple[str, ...]] | None:
     """``(revision, down revisions)`` of one migration script as literals, or None if they are not literals."""
     values: dict[str, object] = {}
-    for node in ast.parse(script.read_text(encoding="utf-8"), str(script)).body:
+    try:
+        body = ast.parse(script.read_text(encoding="utf-8"), str(script)).body
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target, value = node.targets[0], node.value
         elif isinstance(node, ast.AnnAssign) and node.value is not None:
@@ -80,7 +84,7 @@ def _revision_lines(script: Path) -> tuple[str, tuple[str, ...]] | None:
         if isinstance(target, ast.Name) and target.id in ("revision", "down_revision"):
             try:
                 values[target.id] = ast.literal_eval(value)
-            except ValueError:
+            except (ValueError, TypeError, SyntaxError):
                 return None
     revision, down = values.get("revision"), values.get("down_revision")
     if not isinstance(revision, str):
