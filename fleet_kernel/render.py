@@ -1,5 +1,5 @@
-"""HTML and text fragments of one iteration, written once for the transcript, the widget and plain displays
-(the text around them, whole or as it grows, is ``render_text``'s).
+"""HTML and text fragments of one iteration (and a turn's status line), written once for the transcript, the
+widget and plain displays (the text around them, whole or as it grows, is ``render_text``'s).
 
 Every model-written string is escaped here; code is highlighted with Pygments. Code and output are set in
 monospace and wrap at spaces, even where the host page styles ``pre`` (nbconvert's HTML does).
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import re
+import time
 from typing import Any
 
 from fleet_kernel.view import IterationView, TurnView
@@ -130,3 +131,21 @@ def iteration_html(it: IterationView, *, output_limit: int = SHOW_OUTPUT_CHARS) 
     if it.error:
         parts.append(error_html(it.error))
     return "\n".join(parts)
+
+
+def status_line(view: TurnView, started: float) -> str:
+    """``iteration i/max · LM calls · tokens · cost · elapsed``, plus the outcome once known."""
+    if not view.turn_id:
+        return "starting the turn…"
+    current = view.current
+    iteration = f"iteration {current.iteration}/{current.max_iters}" if current else "waiting for the model"
+    elapsed = view.duration_ms / 1000 if view.duration_ms is not None else time.monotonic() - started
+    parts = [
+        iteration,
+        f"{view.lm_calls} LM calls",
+        f"{view.tokens:,} tokens",
+        f"${view.cost_usd:.4f}",
+        f"{elapsed:.1f} s",
+    ]
+    state = "running" if not view.done else view.status
+    return f"{state} · " + " · ".join(parts)

@@ -287,3 +287,48 @@ async def test_callers_cancelled_mid_query_do_not_hang_shutdown(store: Store, tm
         proc.kill()
         pytest.fail("the event loop never shut down after callers were cancelled mid-query")
     assert proc.returncode == 0 and out.decode().strip() == "shut down", err.decode()[-2000:]
+
+
+def test_the_head_read_from_the_scripts_is_alembic_s_and_opening_a_store_leaves_alembic_unloaded(
+    tmp_path: Path,
+) -> None:
+    from alembic.script import ScriptDirectory
+
+    assert (
+        migrate.head_revision() == ScriptDirectory.from_config(migrate.alembic_config("sqlite://")).get_current_head()
+    )
+    # a store at head opens without Alembic (a fresh process, so nothing else has loaded it)
+    url = f"sqlite+aiosqlite:///{tmp_path / 'fleet.db'}"
+    asyncio.run(_open_and_close(url))  # creates and upgrades: Alembic is needed here
+    probe = textwrap.dedent(
+        f"""
+        import asyncio, sys
+        from fleet_kernel.store import Store
+
+        async def main():
+            store = await Store.open({url!r})
+            await store.close()
+
+        asyncio.run(main())
+        print("alembic" in sys.modules)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False", done.stderr
+
+
+def test_revision_lines_read_merges_and_leave_computed_revisions_to_alembic(tmp_path: Path) -> None:
+    merge = tmp_path / "0009_merge.py"
+    merge.write_text('revision = "0009"\ndown_revision = ("0008a", "0008b")\nbranch_labels = None\n')
+    assert migrate._revision_lines(merge) == ("0009", ("0008a", "0008b"))
+    first = tmp_path / "0001.py"
+    first.write_text('revision: str = "0001"\ndown_revision = None\n')
+    assert migrate._revision_lines(first) == ("0001", ())
+    computed = tmp_path / "0010.py"
+    computed.write_text('import os\nrevision = os.environ.get("REV", "0010")\ndown_revision = "0009"\n')
+    assert migrate._revision_lines(computed) is None
+
+
+async def _open_and_close(url: str) -> None:
+    store = await Store.open(url)
+    await store.close()

@@ -16,14 +16,14 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fleet_kernel.lazy import import_module
 from fleet_kernel.redact import LOG_FORMAT, RedactingFormatter, Redactor, env_secrets
 
 if TYPE_CHECKING:
     from fleet_kernel.config import OutputMode, Settings
-    from fleet_kernel.engine.runner import TurnRunner  # the engine and SQLAlchemy (~1 s) load in the background warm-up
+    from fleet_kernel.engine.runner import TurnHandle, TurnRunner  # the engine: the background warm-up loads it
     from fleet_kernel.engine.sessions import Sessions  # the engine and SQLAlchemy (~1 s) load in the background warm-up
     from fleet_kernel.store import Store  # SQLAlchemy (~1 s) loads in the background warm-up
 
@@ -36,14 +36,18 @@ WARM_MODULES = (
     "fleet_kernel.transcript",
     "fleet_kernel.engine.sessions",
     "fleet_kernel.kernel.display",
-    "fleet_kernel.sandbox",
     "fleet_kernel.engine.turn",  # dspy and LiteLLM: the slow one
     "pygments.lexers.python",
     "markdown_it",
     "fleet_kernel.kernel.widgets",
     "nbformat",  # only %fleet export needs it
 )
+PROBE_SANDBOX_AFTER = "fleet_kernel.config"  # on its own thread, beside the engine's import
 OPEN_STORE_AFTER = "fleet_kernel.engine.runner"
+HOLD_BEFORE = "fleet_kernel.engine.turn"
+HOLD_MAX_S = 5.0
+"""dspy's import (~1 s of CPU) waits while a cell's turn is being started (``start_turn``), at most this long:
+sharing the GIL with it, the turn's claim and its first event took several times as long."""
 OPEN_WAIT_S = 30.0
 UNUSED_MODULES = ("rfc3987_syntax",)
 """Never imported by the kernel process. jsonschema (which dspy and nbformat import) checks the ``iri``
@@ -69,15 +73,20 @@ class KernelContext:
         self._open_lock = asyncio.Lock()
         self.warm = threading.Event()
         self._warm_started = False
+        self._starting = 0  # turns being started (start_turn), which dspy's background import waits for
+        self._turn_starting = threading.Condition()
 
     # ------------------------------------------------------------------ start-up
 
-    def warm_up(self, loop: asyncio.AbstractEventLoop) -> None:
+    def warm_up(self, loop: asyncio.AbstractEventLoop, then: Callable[[], object] | None = None) -> None:
         """Import the heavy modules in a thread, opening the store on ``loop`` on the way. Idempotent.
 
         What a turn needs before its first event (runner, store, sandbox) comes first, and the store is
         open before dspy starts loading: the two would otherwise share one core (the GIL) while a first
-        cell waits for both.
+        cell waits for both. The sandbox probe (a bubblewrap process, waited for without the GIL) runs on
+        a thread of its own from the moment the settings are read, beside the engine's import rather than
+        after it. ``then`` is called on ``loop`` once everything has loaded: work that can wait for the
+        first cell (the widgets' comm targets) starts there instead of competing with it for the GIL.
         """
         if self._warm_started:
             return
@@ -85,26 +94,33 @@ class KernelContext:
 
         def work() -> None:
             for name in WARM_MODULES:
+                if name == HOLD_BEFORE:
+                    with self._turn_starting:  # a first cell's turn is starting: it has the GIL to itself
+                        self._turn_starting.wait_for(lambda: self._starting == 0, timeout=HOLD_MAX_S)
                 try:
                     import_module(name)
                 except Exception:
                     log.warning("warming %s failed", name, exc_info=True)
-                if name == OPEN_STORE_AFTER:
+                if name == PROBE_SANDBOX_AFTER:
+                    threading.Thread(target=self._probe_sandbox, name="fleet-sandbox-probe", daemon=True).start()
+                elif name == OPEN_STORE_AFTER:
                     opened = asyncio.run_coroutine_threadsafe(self._open_quietly(), loop)
                     with contextlib.suppress(Exception):
                         opened.result(timeout=OPEN_WAIT_S)
-                elif name == "fleet_kernel.sandbox":
-                    self._probe_sandbox()
             self.warm.set()
+            if then is not None:
+                with contextlib.suppress(RuntimeError):  # the loop closed: the kernel is shutting down
+                    loop.call_soon_threadsafe(then)
 
         threading.Thread(target=work, name="fleet-warm-up", daemon=True).start()
 
     def _probe_sandbox(self) -> None:
         """Find the default backend now (it runs bubblewrap once) rather than in the first turn."""
-        from fleet_kernel.sandbox import choose  # the sandbox package loads backends on first use
-
         try:
-            choose(self.settings)
+            settings = self.settings
+            from fleet_kernel.sandbox import choose  # the sandbox package loads backends on first use
+
+            choose(settings)
         except Exception:
             log.warning("probing the sandbox failed", exc_info=True)
 
@@ -199,6 +215,24 @@ class KernelContext:
         if self.session_id is None:
             self.session_id = (await sessions.create()).session_id
         return self.session_id
+
+    async def start_turn(self, task: str, **start: Any) -> TurnHandle:
+        """Start a turn of the kernel's session (created if need be): ``TurnRunner.start``'s handle.
+
+        While it starts, the warm-up holds back dspy's import (see ``HOLD_BEFORE``): a first cell sent as
+        the kernel comes up shows its turn's first event before dspy loads; the turn's thread, which needs
+        dspy, waits for the warm-up's import as before.
+        """
+        with self._turn_starting:
+            self._starting += 1
+        try:
+            session_id = await self.ensure_session()
+            await load_off_loop("fleet_kernel.sandbox")  # the runner names the sandbox
+            return await (await self.open()).start(session_id, task, **start)
+        finally:
+            with self._turn_starting:
+                self._starting -= 1
+                self._turn_starting.notify_all()
 
     async def use_session(self, session_id: str) -> None:
         """Continue an existing session: its history feeds the next turn. Raises ``NotFoundError``."""

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from fleet_kernel.errors import NotFoundError
 from fleet_kernel.events import Event
 from fleet_kernel.markdown import NO_MATH, md_block
-from fleet_kernel.render import head_html, iteration_note
+from fleet_kernel.render import head_html, iteration_note, status_line
 from fleet_kernel.render_text import TextStream, iteration_head_text, outcome_text
 from fleet_kernel.transcript import error_content, image_bundle, inline_images, transcript_bundle
 from fleet_kernel.view import IterationView, TurnView
@@ -224,8 +224,6 @@ class PlainLive(_Live):
         return {"text/plain": text, "text/html": body}
 
     def _status_bundle(self) -> dict[str, str]:
-        from fleet_kernel.kernel.widgets import status_line  # widgets load ipywidgets (~0.3 s)
-
         line = status_line(self.view, self.started)
         return {
             "text/plain": f"Fleet · {line}",
@@ -288,8 +286,6 @@ async def run_and_show(
     ``TurnRunner.start``; ``stop_button`` false leaves the widget card without one. Returns the folded
     view and the error content of a failed or cancelled turn.
     """
-    from fleet_kernel.kernel.context import load_off_loop  # context imports display: a cycle
-
     view, mode = TurnView(), ctx.live_mode()
     if mode == "widgets":
         stop = (lambda: cancel.cancel("stopped from the notebook")) if stop_button else None
@@ -298,10 +294,8 @@ async def run_and_show(
         live = (TextLive if mode == "text" else PlainLive)(pub, view)
     live.begin()
     try:
-        session_id = await ctx.ensure_session()
-        await load_off_loop("fleet_kernel.sandbox")  # the runner names the sandbox; that package loads dspy
-        runner = await ctx.open()  # opened by ensure_session already
-        handle = await runner.start(session_id, task, **start)
+        handle = await ctx.start_turn(task, **start)
+        runner = await ctx.open()  # opened by start_turn already
     except BaseException:
         live.close()
         if mode != "text":
@@ -318,7 +312,7 @@ async def run_and_show(
         pub, runner.store, view, execution_count, text_mode=mode == "text", report_error=report_error
     )
     if mode == "widgets" and view.status == "completed":
-        show_feedback_bar(ctx, pub, session_id, view.turn_id)
+        show_feedback_bar(ctx, pub, handle.turn.session_id, view.turn_id)
     return view, error
 
 

@@ -118,8 +118,11 @@ class FleetKernel(Kernel):
     def _warm_up(self) -> None:
         if not self._warming:
             self._warming = True
-            self.ctx.warm_up(self._main_loop)
-            self._widgets = self._main_loop.create_task(self._register_widget_target())
+            # the widgets' comm targets wait for the warm-up: ipywidgets (~0.3 s) would compete with a first cell
+            self.ctx.warm_up(self._main_loop, then=self._start_widget_target)
+
+    def _start_widget_target(self) -> None:
+        self._widgets = self._main_loop.create_task(self._register_widget_target())
 
     def start(self) -> None:
         super().start()

@@ -16,7 +16,7 @@ from concurrent.futures import Future
 import ipywidgets as w
 from ipywidgets.widgets.widget_string import HTMLStyle
 
-from fleet_kernel.render import clip, error_html, head_html, iteration_note, output_html
+from fleet_kernel.render import clip, error_html, head_html, iteration_note, output_html, status_line
 from fleet_kernel.view import IterationView, TurnView
 
 LIVE_OUTPUT_CHARS = 32_000
@@ -95,24 +95,6 @@ def _output_html(it: IterationView) -> str:
     if it.error:
         parts.append(error_html(it.error))
     return "\n".join(parts)
-
-
-def status_line(view: TurnView, started: float) -> str:
-    """``iteration i/max · LM calls · tokens · cost · elapsed``, plus the outcome once known."""
-    if not view.turn_id:
-        return "starting the turn…"
-    current = view.current
-    iteration = f"iteration {current.iteration}/{current.max_iters}" if current else "waiting for the model"
-    elapsed = view.duration_ms / 1000 if view.duration_ms is not None else time.monotonic() - started
-    parts = [
-        iteration,
-        f"{view.lm_calls} LM calls",
-        f"{view.tokens:,} tokens",
-        f"${view.cost_usd:.4f}",
-        f"{elapsed:.1f} s",
-    ]
-    state = "running" if not view.done else view.status
-    return f"{state} · " + " · ".join(parts)
 
 
 class TurnCard:

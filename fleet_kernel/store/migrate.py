@@ -1,7 +1,13 @@
-"""Alembic, driven from code: ``fleet db upgrade`` and the SQLite first-use upgrade."""
+"""Alembic, driven from code: ``fleet db upgrade`` and the SQLite first-use upgrade.
+
+Alembic itself (with Mako and its dialect modules, ~0.15 s of CPU) is imported only to upgrade: every
+store's open compares the database's revision with ``head_revision``, which reads the revision lines
+of the migration scripts without it. A kernel opens its store while its first cell waits.
+"""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import fcntl
 import os
@@ -9,13 +15,14 @@ import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.script import ScriptDirectory
 from sqlalchemy.engine import make_url
 
 from fleet_kernel.errors import StoreUnavailableError
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 UPGRADE_LOCK_TIMEOUT_S = 30.0  # longest a start waits for another process's upgrade of a SQLite store
 LOCK_POLL_S = 0.1
@@ -31,6 +38,8 @@ def migrations_dir() -> Path:
 
 
 def alembic_config(database_url: str) -> Config:
+    from alembic.config import Config  # noqa: PLC0415 - Alembic loads only to upgrade (see the module's doc)
+
     cfg = Config()
     cfg.set_main_option("script_location", str(migrations_dir()))
     cfg.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
@@ -38,6 +47,60 @@ def alembic_config(database_url: str) -> Config:
 
 
 def head_revision() -> str | None:
+    """The revision the migrations end at, read from the scripts' ``revision`` and ``down_revision`` lines.
+
+    Anything the plain reading cannot settle (a script that computes its revision, a merge that leaves two
+    heads) is left to Alembic, which answers the same or raises as it always did.
+    """
+    revisions: set[str] = set()
+    parents: set[str] = set()
+    for script in sorted((migrations_dir() / "versions").glob("*.py")):
+        found = _revision_lines(script)
+        if found is None:
+            return _alembic_head()
+        revision, down = found
+        revisions.add(revision)
+        parents.update(down)
+    heads = revisions - parents
+    if len(heads) != 1:
+        return _alembic_head()
+    return heads.pop()
+
+
+def _revision_lines(script: Path) -> tuple[str, tuple[str, ...]] | None:
+    """``(revision, down revisions)`` of one migration script as literals, or None if they are not literals."""
+    values: dict[str, object] = {}
+    try:
+        body = ast.parse(script.read_text(encoding="utf-8"), str(script)).body
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and target.id in ("revision", "down_revision"):
+            try:
+                values[target.id] = ast.literal_eval(value)
+            except (ValueError, TypeError, SyntaxError):
+                return None
+    revision, down = values.get("revision"), values.get("down_revision")
+    if not isinstance(revision, str):
+        return None
+    if down is None:
+        return revision, ()
+    if isinstance(down, str):
+        return revision, (down,)
+    if isinstance(down, tuple | list) and all(isinstance(d, str) for d in down):
+        return revision, tuple(down)
+    return None
+
+
+def _alembic_head() -> str | None:
+    from alembic.script import ScriptDirectory  # noqa: PLC0415 - Alembic loads only when it must
+
     return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
 
 
@@ -49,6 +112,8 @@ def upgrade(database_url: str) -> None:
     reads the revision again, so the second finds the store at head and does nothing.
     """
     require_driver(database_url)
+    from alembic import command  # noqa: PLC0415 - Alembic loads only to upgrade
+
     with _sqlite_upgrade_lock(database_url):
         command.upgrade(alembic_config(database_url), "head")
 
