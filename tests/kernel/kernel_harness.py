@@ -222,7 +222,7 @@ class SharedPython:
 
 
 class SharedKernel:
-    """One kernel that many tests use in turn, each in a new session (the ``kernel`` fixture).
+    """One kernel that many tests use in turn, each in a session of its own (the ``kernel`` fixture).
 
     Starting a kernel and its first turn (which loads dspy and LiteLLM) costs seconds of CPU; a test of what
     a turn or a command does needs neither. A kernel that died is replaced by a new one.
