@@ -73,10 +73,18 @@ def fleet_home(tmp_path: Path, migrated_store_file: Path) -> Path:
     return home
 
 
-@pytest.fixture
-def scripted_lm() -> Iterator[ScriptedLM]:
+@pytest.fixture(scope="session")
+def shared_scripted_lm() -> Iterator[ScriptedLM]:
+    """One scripted LM server per pytest worker: starting and stopping one per test cost most of a second."""
     with ScriptedLM() as lm:
         yield lm
+
+
+@pytest.fixture
+def scripted_lm(shared_scripted_lm: ScriptedLM) -> ScriptedLM:
+    """The worker's scripted LM with no script, request or setting left from an earlier test."""
+    shared_scripted_lm.reset()
+    return shared_scripted_lm
 
 
 @pytest.fixture

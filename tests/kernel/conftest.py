@@ -1,23 +1,39 @@
-"""Fixtures for the kernel suites: a ``fleet-test`` kernelspec in a temp prefix, and real kernels over ZMQ."""
+"""Fixtures for the kernel suites: a ``fleet-test`` kernelspec in a temp prefix, and real kernels over ZMQ.
+
+``kernel`` is the worker's shared kernel, handed to each test in a new session with the kernel-wide state put
+back (``shared_kernel.py``); ``start_kernel(**env)`` starts a fresh one, for what start-up, warm-up,
+interrupts, kills, shutdowns and other settings do.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kernel_harness import KERNEL, Kernel
+from kernel_harness import KERNEL, SHARED_KERNEL, Kernel, PythonKernel, SharedKernel, SharedPython
+from scripted_lm import ScriptedLM
 
 
 @pytest.fixture(scope="session", autouse=True)
 def kernelspec(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Install the spec as ``fleet-test`` and point Jupyter (and every child process) at it."""
+    """Install the spec as ``fleet-test`` (and ``fleet-test-shared``) and point Jupyter (and every child process)
+    at it."""
     from fleet_kernel.kernel.install import install
 
     prefix = tmp_path_factory.mktemp("jupyter-prefix")
-    install(prefix=str(prefix), name=KERNEL)
+    folder = Path(install(prefix=str(prefix), name=KERNEL))
+    shared = folder.parent / SHARED_KERNEL
+    shutil.copytree(folder, shared)
+    spec = json.loads((shared / "kernel.json").read_text())
+    spec["argv"] = [sys.executable, "-Xfrozen_modules=off", str(Path(__file__).with_name("shared_kernel.py")),
+                    "-f", "{connection_file}"]  # fmt: skip
+    (shared / "kernel.json").write_text(json.dumps(spec, indent=1))
     old = os.environ.get("JUPYTER_PATH")
     os.environ["JUPYTER_PATH"] = str(prefix / "share" / "jupyter")
     yield prefix
@@ -42,6 +58,68 @@ def start_kernel(fleet_env: dict[str, str]) -> Iterator[Any]:
         kernel.close()
 
 
+def _shared_home(tmp_path_factory: pytest.TempPathFactory, migrated_store_file: Path, name: str) -> Path:
+    home = tmp_path_factory.mktemp(name) / "fleet-home"
+    home.mkdir()
+    if not os.environ.get("FLEET_TEST_DATABASE_URL"):
+        shutil.copyfile(migrated_store_file, home / "fleet.db")
+        (home / "fleet.db").chmod(0o600)
+    return home
+
+
+def _env(home: Path, lm: ScriptedLM) -> dict[str, str]:
+    env = {"FLEET_HOME": str(home), **lm.env()}
+    if os.environ.get("FLEET_TEST_DATABASE_URL"):
+        env["FLEET_DATABASE_URL"] = os.environ["FLEET_TEST_DATABASE_URL"]
+    return env
+
+
+@pytest.fixture(scope="session")
+def shared_kernel(
+    tmp_path_factory: pytest.TempPathFactory, migrated_store_file: Path, shared_scripted_lm: ScriptedLM
+) -> Iterator[SharedKernel]:
+    """The worker's shared kernel (started when a test first asks for it) on the worker's LM and a home of its own."""
+    home = _shared_home(tmp_path_factory, migrated_store_file, "shared-kernel")
+    cwd = home.parent / "cwd"
+    cwd.mkdir()
+    shared = SharedKernel(_env(home, shared_scripted_lm), shared_scripted_lm, cwd=str(cwd))
+    yield shared
+    shared.close()
+
+
+@pytest.fixture(scope="session")
+def shared_python(
+    tmp_path_factory: pytest.TempPathFactory, migrated_store_file: Path, shared_scripted_lm: ScriptedLM
+) -> Iterator[SharedPython]:
+    """The worker's shared python3 kernel with ``%load_ext fleet_kernel``, started when a test first asks for it."""
+    home = _shared_home(tmp_path_factory, migrated_store_file, "shared-python")
+    shared = SharedPython(_env(home, shared_scripted_lm), shared_scripted_lm)
+    yield shared
+    shared.close()
+
+
 @pytest.fixture
-def kernel(start_kernel: Any) -> Kernel:
-    return start_kernel()
+def py(shared_python: SharedPython, scripted_lm: ScriptedLM) -> PythonKernel:
+    """The shared python3 kernel: idle, no notebook variables or cells, the magic's and engine's state put back."""
+    return shared_python.hand_over()
+
+
+@pytest.fixture
+def start_python(fleet_env: dict[str, str]) -> Iterator[Any]:
+    """``start_python(**env)``: a fresh python3 kernel with the magic, on the test's store and scripted LM."""
+    kernels: list[PythonKernel] = []
+
+    def start(**env: str) -> PythonKernel:
+        kernel = PythonKernel({**fleet_env, **env})
+        kernels.append(kernel)
+        return kernel
+
+    yield start
+    for kernel in kernels:
+        kernel.close()
+
+
+@pytest.fixture
+def kernel(shared_kernel: SharedKernel, scripted_lm: ScriptedLM) -> Kernel:
+    """The shared kernel: idle, in a new session of its own, the kernel-wide state and the LM put back."""
+    return shared_kernel.hand_over()

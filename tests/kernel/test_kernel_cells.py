@@ -55,9 +55,7 @@ def turn_started(fleet_home: Path, turn: str) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_a_cell_run_again_replaces_its_earlier_turn_in_the_history(
-    kernel: Kernel, scripted_lm: ScriptedLM, fleet_home: Path
-) -> None:
+def test_a_cell_run_again_replaces_its_earlier_turn_in_the_history(kernel: Kernel, scripted_lm: ScriptedLM) -> None:
     answer(scripted_lm, "apple-one")
     first_a = turn_id(run_cell(kernel, "alpha: name a fruit", "cell-a"))
     answer(scripted_lm, "blue-one")
@@ -71,9 +69,9 @@ def test_a_cell_run_again_replaces_its_earlier_turn_in_the_history(
     assert "name a fruit" not in history and "apple-one" not in history
     assert history.index("alpha: name a vegetable") < history.index("carrot-two") < history.index("beta: name a colour")
     assert "blue-one" in history
-    started = turn_started(fleet_home, second_a)
+    started = turn_started(kernel.home, second_a)
     assert started["cell_id"] == "cell-a" and started["supersedes_turn_id"] == first_a
-    assert turn_started(fleet_home, first_a)["supersedes_turn_id"] is None
+    assert turn_started(kernel.home, first_a)["supersedes_turn_id"] is None
 
 
 @pytest.mark.slow

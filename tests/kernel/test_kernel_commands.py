@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,9 +20,7 @@ from scripted_lm import step
 
 
 @pytest.mark.slow
-def test_attach_puts_the_file_in_the_workspace_for_the_next_turn(
-    kernel: Kernel, scripted_lm, tmp_path: Path, fleet_home: Path
-) -> None:
+def test_attach_puts_the_file_in_the_workspace_for_the_next_turn(kernel: Kernel, scripted_lm, tmp_path: Path) -> None:
     notes = tmp_path / "notes.txt"
     notes.write_text("the secret word is albatross\n")
     run = kernel.run(f"%fleet attach {notes}")
@@ -30,7 +29,7 @@ def test_attach_puts_the_file_in_the_workspace_for_the_next_turn(
     scripted_lm.add("secret", [step("read it", read), step("done", "SUBMIT(answer='albatross')")])
     turn = kernel.run("what is the secret word?")
     assert "the secret word is albatross" in "".join(c["text"] for c in turn.of("stream"))
-    (workspace,) = (fleet_home / "workspaces").iterdir()
+    workspace = kernel.home / "workspaces" / kernel.session_id()
     assert (workspace / "files" / "notes.txt").read_text() == "the secret word is albatross\n"
     other = tmp_path / "other" / "notes.txt"
     other.parent.mkdir()
@@ -83,7 +82,8 @@ def test_session_use_continues_a_session_with_its_history(start_kernel, scripted
 
 
 @pytest.mark.slow
-def test_serve_starts_the_api_on_the_kernel_store(kernel: Kernel, scripted_lm) -> None:
+def test_serve_starts_the_api_on_the_kernel_store(start_kernel, scripted_lm) -> None:
+    kernel = start_kernel()  # closed by this test
     kernel.graceful = True
     scripted_lm.add("hello", [step("done", "SUBMIT(answer='hi')")])
     kernel.run("say hello to the API")
@@ -159,11 +159,18 @@ def test_usage_shows_the_last_turn_against_its_budget(start_kernel, scripted_lm,
 
 
 @pytest.mark.slow
-def test_skill_commands_choose_the_cards_of_the_next_turns(kernel: Kernel, scripted_lm, fleet_home: Path) -> None:
+def test_skill_commands_choose_the_cards_of_the_next_turns(kernel: Kernel, scripted_lm) -> None:
+    card = kernel.home / "skills" / "harbour-notes"
+    card.mkdir(parents=True)
+    try:
+        check_skill_commands(kernel, scripted_lm, card)
+    finally:
+        shutil.rmtree(card)  # the kernel's next tests see no card of this test's
+
+
+def check_skill_commands(kernel: Kernel, scripted_lm, card: Path) -> None:
     import sqlite3
 
-    card = fleet_home / "skills" / "harbour-notes"
-    card.mkdir(parents=True)
     (card / "SKILL.md").write_text(
         "---\nname: harbour-notes\ndescription: Tide tables.\n---\n# Tides\n\nHigh water at noon.\n"
     )
@@ -191,10 +198,9 @@ def test_skill_commands_choose_the_cards_of_the_next_turns(kernel: Kernel, scrip
     kernel.run("a later task")
     assert "High water at noon." not in prompt_of("a later task")
     assert "harbour-notes: Tide tables." in prompt_of("a later task")  # the catalogue is always there
-    with sqlite3.connect(fleet_home / "fleet.db") as db:
-        started = [
-            json.loads(d) for (d,) in db.execute("SELECT data FROM events WHERE type = 'turn.started' ORDER BY ts")
-        ]
+    with sqlite3.connect(kernel.home / "fleet.db") as db:
+        found = "SELECT data FROM events WHERE type = 'turn.started' AND session_id = ? ORDER BY ts"
+        started = [json.loads(d) for (d,) in db.execute(found, (kernel.session_id(),))]
     assert [s["skills"] for s in started] == [["harbour-notes", "tabular-analysis"], []]
 
 

@@ -54,14 +54,13 @@ def test_kernel_turns_call_fleet_toml_and_mcp_tools(start_kernel: Any, scripted_
 
 @pytest.mark.slow
 def test_the_python3_magic_lists_notebook_functions_then_host_tools(fleet_env: dict[str, str], tmp_path: Path) -> None:
-    from test_kernel_magic import PythonKernel
+    from kernel_harness import PythonKernel
 
     config = tmp_path / "fleet.toml"
     config.write_text('[[tools]]\npath = "host_tools_example:search"\n')
     path = os.pathsep.join(filter(None, [str(TESTS), fleet_env.get("PYTHONPATH"), os.environ.get("PYTHONPATH")]))
-    py = PythonKernel({**fleet_env, "FLEET_CONFIG": str(config), "PYTHONPATH": path})
+    py = PythonKernel({**fleet_env, "FLEET_CONFIG": str(config), "PYTHONPATH": path})  # and %load_ext fleet_kernel
     try:
-        py.ok("%load_ext fleet_kernel")
         py.ok("def area(w, h):\n    return w * h")
         listed = py.ok("%fleet tools add area").text()
         assert "area" in listed and "Host tools" not in listed  # adding shows what was added

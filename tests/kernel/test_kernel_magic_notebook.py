@@ -10,26 +10,18 @@ import time
 from typing import Any
 
 import pytest
+from kernel_harness import PythonKernel
 from scripted_lm import step
-from test_kernel_magic import PythonKernel
 
 from fleet_kernel.store import Store
-
-
-@pytest.fixture
-def py(fleet_env: dict[str, str]) -> Any:
-    kernel = PythonKernel(fleet_env)
-    kernel.ok("%load_ext fleet_kernel")
-    yield kernel
-    kernel.close()
 
 
 def _prompts(scripted_lm: Any) -> str:
     return "\n".join(_text(r) for r in scripted_lm.root_requests())
 
 
-async def _events(settings: Any, turn_id: str) -> list[Any]:
-    store = await Store.open(settings.database_url)
+async def _events(py: PythonKernel, turn_id: str) -> list[Any]:
+    store = await Store.open(py.database_url)
     try:
         return list(await store.events_after(turn_id))
     finally:
@@ -41,7 +33,7 @@ def _text(request: dict[str, Any]) -> str:
 
 
 @pytest.mark.slow
-def test_the_catalogue_names_variables_but_never_their_values(py: PythonKernel, scripted_lm, settings) -> None:
+def test_the_catalogue_names_variables_but_never_their_values(py: PythonKernel, scripted_lm) -> None:
     py.ok(
         "import pandas as pd\n"
         "df = pd.DataFrame({'city': ['Zanzibar', 'Quito'], 'pop': [123457, 98765]})\n"
@@ -62,7 +54,7 @@ def test_the_catalogue_names_variables_but_never_their_values(py: PythonKernel, 
     text = run.text()
     assert "shape (2, 2) DataFrame 222222" in text
     assert "refused:" in text and "'api_key' is not a notebook variable you may fetch" in text
-    events = asyncio.run(_events(settings, run.result["metadata"]["fleet"]["turn_id"]))
+    events = asyncio.run(_events(py, run.result["metadata"]["fleet"]["turn_id"]))
     fetches = [e.data["args_preview"] for e in events if e.type == "tool.started" and e.data["name"] == "notebook"]
     assert fetches == ["df", "api_key"]
     assert [e.data["ok"] for e in events if e.type == "tool.finished"] == [True, False]
@@ -107,7 +99,7 @@ def test_the_last_error_is_in_the_prompt(py: PythonKernel, scripted_lm) -> None:
 
 
 @pytest.mark.slow
-def test_user_tools_run_in_the_notebook_and_errors_reach_the_model(py: PythonKernel, scripted_lm, settings) -> None:
+def test_user_tools_run_in_the_notebook_and_errors_reach_the_model(py: PythonKernel, scripted_lm) -> None:
     py.ok(
         "import threading\ncalls = []\n"
         "def area(width: int, height: int = 2) -> int:\n"
@@ -132,7 +124,7 @@ def test_user_tools_run_in_the_notebook_and_errors_reach_the_model(py: PythonKer
     text = run.text()
     assert "area 12" in text and "tool said: ValueError boom on 5" in text and "total 6" in text
     assert py.value("calls") == "['MainThread']"  # the user's code ran on the kernel's own thread
-    events = asyncio.run(_events(settings, run.result["metadata"]["fleet"]["turn_id"]))
+    events = asyncio.run(_events(py, run.result["metadata"]["fleet"]["turn_id"]))
     calls = [(e.data["name"], e.type) for e in events if e.type.startswith("tool.") and "name" in e.data]
     assert calls == [("area", "tool.started"), ("boom", "tool.started"), ("total", "tool.started")]
     finished = [e.data for e in events if e.type == "tool.finished"]
@@ -152,7 +144,8 @@ def test_user_tools_run_in_the_notebook_and_errors_reach_the_model(py: PythonKer
 
 
 @pytest.mark.slow
-def test_interrupt_stops_a_user_tool_in_flight_and_the_turn(py: PythonKernel, scripted_lm) -> None:
+def test_interrupt_stops_a_user_tool_in_flight_and_the_turn(start_python, scripted_lm) -> None:
+    py = start_python()
     py.ok(
         "import time\ndef slow():\n    '''Takes a minute.'''\n    print('tool running', flush=True)\n    time.sleep(60)\n"
     )

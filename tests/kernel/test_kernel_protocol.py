@@ -18,12 +18,14 @@ from fleet_kernel.store import Store
 TICKS = "import time\nfor i in range(4):\n    print('tick', i, flush=True)\n    time.sleep(0.3)"
 
 
-def store_turns(fleet_home: Path) -> list:
+def store_turns(fleet_home: Path, session_id: str | None = None) -> list:
+    """The turns in the store of ``fleet_home``: of ``session_id``, or of every session."""
+
     async def read() -> list:
         store = await Store.open(f"sqlite+aiosqlite:///{fleet_home / 'fleet.db'}")
         try:
-            sessions = await store.list_sessions()
-            return [t for s in sessions for t in await store.list_turns(s.session_id)]
+            sessions = [session_id] if session_id else [s.session_id for s in await store.list_sessions()]
+            return [t for s in sessions for t in await store.list_turns(s)]
         finally:
             await store.close()
 
@@ -39,7 +41,7 @@ def test_kernel_info_is_markdown_without_debugger_or_subshells(kernel: Kernel) -
 
 
 @pytest.mark.slow
-def test_a_turn_streams_then_ends_with_one_transcript(kernel: Kernel, scripted_lm, fleet_home: Path) -> None:
+def test_a_turn_streams_then_ends_with_one_transcript(kernel: Kernel, scripted_lm) -> None:
     scripted_lm.add("count", [step("count slowly", TICKS), step("done", "SUBMIT(answer='counted **4**')")])
     run = kernel.run("count to four")
     assert run.reply["content"]["status"] == "ok"
@@ -55,7 +57,7 @@ def test_a_turn_streams_then_ends_with_one_transcript(kernel: Kernel, scripted_l
     assert "counted **4**" in result["data"]["text/markdown"] and "<strong>4</strong>" in result["data"]["text/html"]
     assert "tick 3" in result["data"]["text/plain"]
     fleet = result["metadata"]["fleet"]
-    (turn,) = store_turns(fleet_home)
+    (turn,) = store_turns(kernel.home, kernel.session_id())
     assert fleet == {
         "session_id": turn.session_id,
         "turn_id": turn.turn_id,
@@ -66,7 +68,8 @@ def test_a_turn_streams_then_ends_with_one_transcript(kernel: Kernel, scripted_l
 
 
 @pytest.mark.slow
-def test_interrupt_cancels_the_turn_and_the_kernel_lives_on(kernel: Kernel, scripted_lm, fleet_home: Path) -> None:
+def test_interrupt_cancels_the_turn_and_the_kernel_lives_on(start_kernel, scripted_lm, fleet_home: Path) -> None:
+    kernel = start_kernel()
     scripted_lm.add("sleepy", [step("wait", "import time\nprint('sleeping', flush=True)\ntime.sleep(60)")])
     msg_id = kernel.submit("a sleepy task")
     kernel.wait_for_output(msg_id, "sleeping")
@@ -94,10 +97,11 @@ def test_exit_and_quit_ask_the_console_to_leave(kernel: Kernel, scripted_lm) -> 
     assert scripted_lm.requests == []
 
 
-def test_silent_requests_never_call_the_lm(kernel: Kernel, scripted_lm, fleet_home: Path) -> None:
+def test_silent_requests_never_call_the_lm(kernel: Kernel, scripted_lm) -> None:
     run = kernel.run("summarise the universe", silent=True)
     assert run.reply["content"]["status"] == "ok" and run.messages == []
-    assert scripted_lm.requests == [] and store_turns(fleet_home) == []
+    assert scripted_lm.requests == [] and "No session yet" in kernel.run("%fleet session").text()
+    assert "summarise the universe" not in [t.task for t in store_turns(kernel.home)]
 
 
 @pytest.mark.slow
@@ -141,7 +145,9 @@ def test_history_comes_from_the_store(kernel: Kernel, scripted_lm) -> None:
     msg_id = kernel.kc.history(hist_access_type="tail", n=10, output=False, raw=True)
     reply = kernel.kc.get_shell_msg(timeout=10)
     assert reply["parent_header"]["msg_id"] == msg_id
-    assert [h[2] for h in reply["content"]["history"]] == ["remember the milk"]
+    entries = reply["content"]["history"]  # every session's tasks, this kernel's session numbered 0
+    assert entries[-1][0] == 0 and entries[-1][2] == "remember the milk"
+    assert [h[2] for h in entries if h[0] == 0] == ["remember the milk"]
 
 
 @pytest.mark.slow
@@ -200,8 +206,9 @@ def test_setup_errors_are_readable_without_tracebacks(
 
 
 @pytest.mark.slow
-def test_a_sigint_to_the_kernel_also_cancels_the_turn(kernel: Kernel, scripted_lm, fleet_home: Path) -> None:
+def test_a_sigint_to_the_kernel_also_cancels_the_turn(start_kernel, scripted_lm) -> None:
     """The safety net for frontends that still signal (interrupt_mode "signal", a stray Ctrl-C)."""
+    kernel = start_kernel()
     scripted_lm.add("sleepy", [step("wait", "import time\nprint('sleeping', flush=True)\ntime.sleep(60)")])
     msg_id = kernel.submit("a sleepy task")
     kernel.wait_for_output(msg_id, "sleeping")
@@ -212,7 +219,8 @@ def test_a_sigint_to_the_kernel_also_cancels_the_turn(kernel: Kernel, scripted_l
 
 
 @pytest.mark.slow
-def test_shutting_down_mid_turn_records_the_turn_cancelled(kernel: Kernel, scripted_lm, fleet_home: Path) -> None:
+def test_shutting_down_mid_turn_records_the_turn_cancelled(start_kernel, scripted_lm, fleet_home: Path) -> None:
+    kernel = start_kernel()
     scripted_lm.add("sleepy", [step("wait", "import time\nprint('sleeping', flush=True)\ntime.sleep(60)")])
     msg_id = kernel.submit("a sleepy task")
     kernel.wait_for_output(msg_id, "sleeping")

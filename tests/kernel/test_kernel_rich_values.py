@@ -4,19 +4,9 @@ file as data; a pickled array is refused."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
+from kernel_harness import PythonKernel
 from scripted_lm import ScriptedLM, step
-from test_kernel_magic import PythonKernel
-
-
-@pytest.fixture
-def py(fleet_env: dict[str, str]) -> Any:
-    kernel = PythonKernel(fleet_env)
-    kernel.ok("%load_ext fleet_kernel")
-    yield kernel
-    kernel.close()
 
 
 @pytest.mark.slow

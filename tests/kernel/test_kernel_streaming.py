@@ -33,10 +33,10 @@ def first_showing(kernel: Kernel, msg_id: str, needle: str, kinds: tuple[str, ..
     raise AssertionError(f"{needle!r} never appeared; got {[m['msg_type'] for m in seen]}")
 
 
-def test_console_text_shows_partial_reasoning_before_the_call_ends(start_kernel, scripted_lm: ScriptedLM) -> None:
+def test_console_text_shows_partial_reasoning_before_the_call_ends(kernel: Kernel, scripted_lm: ScriptedLM) -> None:
+    assert "(text)" in kernel.run("%fleet output text").text()
     scripted_lm.token_delay_s = 0.02  # the reply takes ~4 s to stream
     scripted_lm.add("numbers", [step(REASONING, "print(1)"), step("done", "SUBMIT(answer='one')")])
-    kernel = start_kernel(FLEET_OUTPUT="text")
     msg_id = kernel.submit("look at the numbers")
     seen = first_showing(kernel, msg_id, "reasoning: Let me look", ("stream",))
     assert not scripted_lm.streamed  # the first reply is still streaming

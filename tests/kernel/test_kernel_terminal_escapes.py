@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from kernel_harness import Kernel
 from scripted_lm import step
 
 CODE = (
@@ -12,9 +13,9 @@ CODE = (
 
 
 @pytest.mark.parametrize("output", ["text", pytest.param("rich", marks=pytest.mark.slow)])
-def test_control_sequences_are_shown_not_obeyed(start_kernel, scripted_lm, output: str) -> None:
+def test_control_sequences_are_shown_not_obeyed(kernel: Kernel, scripted_lm, output: str) -> None:
     scripted_lm.add("escapes", [step("clear the screen \x1b[2J\x1b[H", CODE)])
-    kernel = start_kernel(FLEET_OUTPUT=output)
+    assert kernel.run(f"%fleet output {output}").reply["content"]["status"] == "ok"
     run = kernel.run("print escapes")
     assert run.reply["content"]["status"] == "ok", run.reply
     shown = run.text()

@@ -11,7 +11,8 @@ from scripted_lm import step
 
 
 @pytest.mark.slow
-def test_commands_and_a_turn_sent_right_after_start_work_while_the_engine_loads(kernel: Kernel, scripted_lm) -> None:
+def test_commands_and_a_turn_sent_right_after_start_work_while_the_engine_loads(start_kernel, scripted_lm) -> None:
+    kernel = start_kernel()  # a fresh one: what happens while it loads is the point
     status = kernel.run("%fleet status")  # the first request after kernel_info: dspy is still loading
     assert status.reply["content"]["status"] == "ok" and "engine loaded:" in status.text()
     scripted_lm.add("first task", [step("look", "print(6 * 7)"), step("done", "SUBMIT(answer='forty-two')")])
@@ -24,7 +25,8 @@ def test_commands_and_a_turn_sent_right_after_start_work_while_the_engine_loads(
         time.sleep(0.2)
 
 
-def test_interrupting_the_first_cell_of_a_fresh_kernel_cancels_it(kernel: Kernel, scripted_lm) -> None:
+def test_interrupting_the_first_cell_of_a_fresh_kernel_cancels_it(start_kernel, scripted_lm) -> None:
+    kernel = start_kernel()  # a fresh one: what happens while it loads is the point
     scripted_lm.add("sleepy", [step("wait", "import time\nprint('sleeping', flush=True)\ntime.sleep(60)")])
     msg_id = kernel.submit("a sleepy first task")  # sent while the kernel still loads the engine
     _first_output(kernel, msg_id)  # the cell is running: "starting the turn"
