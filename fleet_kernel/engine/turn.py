@@ -54,10 +54,7 @@ HISTORY_SUMMARY_FIELD = dspy.InputField(
 )
 HISTORY_PROMPT = "Earlier turns of this session are in `history`; the user may refer to them."
 WORKSPACE_FIELD = dspy.InputField(desc="what /workspace holds right now")
-WORKSPACE_PROMPT = (
-    "`workspace` lists the session's durable folder: attachments under files/, earlier outputs under artifacts/, "
-    "notes kept with remember() in memory/MEMORIES.md."
-)
+WORKSPACE_PROMPT = "`workspace` lists what the session's /workspace holds (it outlives the turn)."
 """Inputs a turn has only when they say something: a first turn, or a session with an empty folder, gets no
 ``history`` or ``workspace`` field and no words about them (a small model took an empty one for the task)."""
 
