@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from one_turn import one_turn as _turn
 from scripted_lm import ScriptedLM, step
 
