@@ -32,6 +32,9 @@ FILES_DIR = "files"  # the user's attachments
 ARTIFACTS_DIR = "artifacts"  # what turns produce for the user
 MEMORY_DIR = "memory"
 MEMORY_FILE = f"{MEMORY_DIR}/MEMORIES.md"  # the model's notes, kept across the turns of one session
+MANIFEST_HEADING = "/workspace (your durable session folder; read and write it with normal Python file calls):"
+"""The first line of the ``workspace`` input (``Workspace.manifest``); a model that took the listing for the
+folder's path opens a file named after it."""
 LAYOUT = (FILES_DIR, ARTIFACTS_DIR, MEMORY_DIR)  # the folders of every workspace, here and in each sandbox
 MEMORY_HEADER = "# Memories\n\nNotes kept across turns of this session.\n"
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
@@ -260,7 +263,7 @@ class Workspace:
         Empty when there is nothing to list (no files, no artifacts, no memories yet): the turn then has no
         ``workspace`` input, only the short instruction to save outputs under artifacts/.
         """
-        lines = ["/workspace (your durable session folder; read and write it with normal Python file calls):"]
+        lines = [MANIFEST_HEADING]
         samples = [self._sample(sub) for sub in (FILES_DIR, ARTIFACTS_DIR)]
         entries = [item for found, _ in samples for item in found]
         for rel, st in entries[:max_entries]:

@@ -49,3 +49,18 @@ async def test_a_file_not_found_under_workspace_slash_says_where_the_working_dir
     seen = "".join(str(m["content"]) for m in scripted_lm.root_requests()[1]["messages"])
     assert "No such file or directory: 'workspace/files/sales.csv'" in seen, seen[-1500:]
     assert "write '/workspace/files/sales.csv' or 'files/sales.csv'" in seen
+
+
+async def test_a_path_built_on_the_workspace_listing_is_told_it_is_a_listing(
+    store: Store, fleet_env: dict[str, str], scripted_lm: ScriptedLM, tmp_path: Path
+) -> None:
+    """Qwen2.5-Coder-1.5B opened ``workspace + '/files/app.log'``: the ``workspace`` input is a listing."""
+    from fleet_kernel.workspace import MANIFEST_HEADING
+
+    listing = f"{MANIFEST_HEADING}\n  files/app.log  (12 bytes)\n  Save plots under /workspace/artifacts/ for the user."
+    code = f"workspace = {listing!r}\nopen(workspace + '/files/app.log')"
+    scripted_lm.add("*", [step("Read it.", code), step("Done.", "SUBMIT(answer='ok')")])
+    events = await _turn(store, fleet_env, tmp_path, "count the lines")
+    assert events[-1].type == "turn.completed", events[-1].data
+    seen = "".join(str(m["content"]) for m in scripted_lm.root_requests()[1]["messages"])
+    assert "(`workspace` is a listing of the folder, not its path: write '/workspace/files/app.log'.)" in seen

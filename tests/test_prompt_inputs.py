@@ -56,3 +56,35 @@ async def test_a_first_turn_in_an_empty_session_has_no_history_or_workspace_inpu
         assert "Variable: `workspace`" in prompt and "artifacts/out.txt" in prompt
     finally:
         await runner.close()
+
+
+async def test_tools_with_nothing_to_act_on_are_callable_but_not_described(
+    store: Store, fleet_env: dict[str, str], scripted_lm: ScriptedLM
+) -> None:
+    """A session without memories, and cards without resources: ``search_memories``, ``forget`` and
+    ``read_skill_resource`` are not described (nothing to find, delete or read), yet code can call them;
+    once the session has a memory, the prompt describes the two memory tools."""
+    scripted_lm.add("keep a fact", [
+        step("Look, then keep it.", "print('found', search_memories('tide'))\nmid = remember('high tide at 6')\nprint(mid)"),
+        step("Done.", "SUBMIT(answer='kept')"),
+    ])  # fmt: skip
+    scripted_lm.add("recall the fact", [step("Find it.", "SUBMIT(answer=search_memories('tide')[0]['content'])")])
+    runner = await TurnRunner(store, load_settings(fleet_env)).open()
+    try:
+        session = await store.create_session()
+        first = await _turn(runner, session.session_id, "keep a fact")
+        assert first[-1].type == "turn.completed", first[-1].data
+        printed = "".join(e.data["text"] for e in first if e.type == "output")
+        assert "found []" in printed  # called, though the prompt did not describe it
+        prompt = _prompt(scripted_lm.root_requests()[0])
+        assert '`remember(content, kind="note")`' in prompt and "`load_skill(name)`" in prompt
+        assert not [name for name in ("`search_memories(", "`forget(", "`read_skill_resource(") if name in prompt]
+        assert ": string" not in prompt  # Python calls, not JSON Schema types
+
+        second = await _turn(runner, session.session_id, "recall the fact")
+        assert second[-1].type == "turn.completed" and second[-1].data["answer"] == "high tide at 6", second[-1].data
+        prompt = _prompt(scripted_lm.root_requests()[-1])
+        assert "`search_memories(query, limit=5)`" in prompt and "`forget(memory_id)`" in prompt
+        assert "`read_skill_resource(" not in prompt
+    finally:
+        await runner.close()

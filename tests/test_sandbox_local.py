@@ -310,7 +310,8 @@ def test_local_without_bwrap_says_what_to_do(tmp_path: Path, monkeypatch: pytest
 
 def test_workspace_layout_and_instructions(factory: SandboxFactory, tmp_path: Path) -> None:
     assert {p.name for p in (tmp_path / "workspace").iterdir()} >= {"files", "artifacts", "memory"}
-    assert "/workspace/memory/MEMORIES.md" in factory.execution_instructions
+    assert "working directory is /workspace" in factory.execution_instructions
+    assert "memory/MEMORIES.md" in factory.execution_instructions
     interp = factory()
     interp.execute("open('artifacts/out.txt', 'w').write('made inside')")
     interp.shutdown()  # the sandbox works on a copy, saved back when it stops

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from one_turn import one_turn as _turn
 from scripted_lm import ScriptedLM, step
 
@@ -66,3 +67,19 @@ async def test_a_turn_over_its_budget_ends_with_the_answer_extracted_from_its_st
     assert end.data["usage"]["prompt_tokens"] + end.data["usage"]["completion_tokens"] >= 6000
     turn = await store.get_turn(end.turn_id)
     assert turn.extraction_reason == "budget" and turn.answer == "about 7, so far"
+
+
+async def test_an_extraction_slower_than_the_grace_waits_as_long_as_its_request_may_take(
+    store: Store, fleet_env: dict[str, str], scripted_lm: ScriptedLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A local model on a busy CPU needs more than 30 s for the extraction's request: the turn waits for it
+    as long as ``[lm] request_timeout_s`` allows (the floor is shortened here to keep the test short)."""
+    from fleet_kernel.engine import runner
+
+    monkeypatch.setattr(runner, "EXTRACT_GRACE_S", 0.5)
+    scripted_lm.add(EXTRACT_KEY, [{"delay": 4, "answer": "42, slowly"}])
+    scripted_lm.add("*", [step("Count.", "print('count is 42')"), step("Wait.", "import time\ntime.sleep(60)")])
+    config = "[limits]\nturn_timeout_s = 12\n[lm]\nrequest_timeout_s = 30\n"
+    end = (await _turn(store, fleet_env, tmp_path, "count it", config))[-1]
+    assert end.type == "turn.completed" and end.data["answer"] == "42, slowly", end.data
+    assert end.data["extracted"] is True and end.data["reason"] == "deadline"

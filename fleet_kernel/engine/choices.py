@@ -416,7 +416,7 @@ def files_prompt(files: list[TurnFile]) -> str:
     """How the turn's files are named to the model."""
     if not files:
         return ""
-    lines = ["Files attached to this turn (the user means these; they are in /workspace/files/):"]
+    lines = ["Files attached to this turn (the user means these):"]
     for f in files:
         line = f"- /workspace/{f.path} ({f.size} bytes)"
         if f.renamed:

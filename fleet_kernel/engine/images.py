@@ -201,7 +201,7 @@ def look_tool(images: TurnImages, workspace: Path) -> Callable[[str], str]:
     """``look(path)`` for sandbox code: the image is attached to the model's next step."""
 
     def look(path: str) -> str:
-        """Attach an image file (PNG/JPEG, e.g. "artifacts/plot.png") to your next step."""
+        """See an image file (PNG/JPEG) at your next step."""
         # the sandbox sends a file's bytes (as a data: URL): its /workspace reaches the host after the turn
         where = (data_url_name(path) or "the image") if str(path).startswith("data:") else str(path)
         picture = from_sandbox(path, workspace, where)

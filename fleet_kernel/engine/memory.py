@@ -62,6 +62,11 @@ class Memories:
         except safe_files.Refused as exc:  # the store holds the memories; only the readable copy is missing
             log.warning("session %s: %s not rewritten: %s", self.session_id, MEMORY_FILE, exc)
 
+    async def unlisted(self) -> frozenset[str]:
+        """The tools a turn's prompt need not describe: ``search_memories`` and ``forget`` while the session
+        has no memories (nothing to find or delete; sandbox code can still call them)."""
+        return frozenset() if await self.all() else frozenset({"search_memories", "forget"})
+
     def tools(self, loop: asyncio.AbstractEventLoop) -> list[Callable[..., Any]]:
         """The host tools for sandbox code; they block their tool thread while ``loop`` runs the store call."""
 
@@ -69,17 +74,17 @@ class Memories:
             return asyncio.run_coroutine_threadsafe(coro, loop).result(STORE_WAIT_S)  # type: ignore[arg-type]
 
         def remember(content: str, kind: str = "note") -> str:
-            """Keep `content` (kind: note, fact, preference...) for this session's later turns; returns its id."""
+            """Keep `content` for later turns; returns its id."""
             row = call(self.put(content, kind))
             self.changed = True
             return row.memory_id
 
         def search_memories(query: str, limit: int = 5) -> list[dict[str, Any]]:
-            """This session's memories matching `query`, best first (dicts: memory_id, content, kind)."""
+            """Memories matching `query` (dicts: memory_id, content, kind)."""
             return [_public(row) for row in call(self.search(query, limit))]
 
         def forget(memory_id: str) -> bool:
-            """Delete the memory `memory_id`."""
+            """Delete a memory."""
             gone = call(self.forget(memory_id))
             self.changed = self.changed or gone
             return gone

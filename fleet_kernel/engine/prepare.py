@@ -123,4 +123,5 @@ async def prepare_job(
             *(running.notebook.host_tools() if running.notebook else ()),
         ],
         notebook_prompt=running.notebook.prompt if running.notebook else "",
+        unlisted_tools=await running.memories.unlisted(),
     )

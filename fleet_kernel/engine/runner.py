@@ -48,7 +48,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 0.5
-EXTRACT_GRACE_S = 30.0  # past the deadline, how long a turn may still take to extract its answer from its steps
+EXTRACT_GRACE_S = 30.0
+"""Past the deadline, how long a turn may still take to extract its answer from its steps: at least this, and
+as long as the extraction's one root request may take (``[lm] request_timeout_s``). A local model on a busy
+CPU took 60-130 s to read the ~2,700-token extraction prompt; cut at 30 s, such a turn failed with no answer."""
 ANNOUNCE_WAIT_S = 0.25
 
 
@@ -448,7 +451,8 @@ class TurnRunner:
             return await asyncio.wait_for(asyncio.shield(done), CANCEL_GRACE_S)
         if job.extracting.is_set():  # the steps gave something: the answer is being extracted from them
             with contextlib.suppress(TimeoutError):
-                return await asyncio.wait_for(asyncio.shield(done), EXTRACT_GRACE_S)
+                grace = max(EXTRACT_GRACE_S, job.settings.policy.lm.request_timeout_s)
+                return await asyncio.wait_for(asyncio.shield(done), grace)
         # The worker is stuck in a call it cannot leave (a slow provider); it will unwind on its own
         # and its late events are dropped because the turn is closed below.
         return stopped(cause)

@@ -6,6 +6,7 @@ so the caller's event loop stays free and the kernel starts without importing ds
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 
 
 class FleetTask(dspy.Signature):
-    """Do the user's task for this turn (the variable `task`) by writing and running Python; answer in Markdown."""
+    """Do the user's task for this turn (the variable `task`) in Python; answer in Markdown."""
 
     task: str = dspy.InputField(desc="what the user asks in this turn")
     answer: str = dspy.OutputField(desc="the final answer for the user, in Markdown")
@@ -53,10 +54,7 @@ HISTORY_SUMMARY_FIELD = dspy.InputField(
 )
 HISTORY_PROMPT = "Earlier turns of this session are in `history`; the user may refer to them."
 WORKSPACE_FIELD = dspy.InputField(desc="what /workspace holds right now")
-WORKSPACE_PROMPT = (
-    "`workspace` lists the session's durable folder: attachments under files/, earlier outputs under artifacts/, "
-    "notes kept with remember() in memory/MEMORIES.md."
-)
+WORKSPACE_PROMPT = "`workspace` lists what the session's /workspace holds (it outlives the turn)."
 """Inputs a turn has only when they say something: a first turn, or a session with an empty folder, gets no
 ``history`` or ``workspace`` field and no words about them (a small model took an empty one for the task)."""
 
@@ -85,6 +83,7 @@ class TurnJob:
     choices: TurnChoices = field(default_factory=TurnChoices)
     tools: list[Callable[..., Any]] = field(default_factory=list)  # more host tools for sandbox code (memory)
     notebook_prompt: str = ""  # a %%fleet turn: the notebook's variables, recent cells and tools (kernel.namespace)
+    unlisted_tools: frozenset[str] = frozenset()  # callable, but not described: nothing for them to act on yet
     budget: TurnBudget = field(init=False)
     extracting: threading.Event = field(default_factory=threading.Event)  # set: a stopped turn extracts its answer
     history_plan: HistoryPlan | None = None  # its older turns to fold into the session's summary first (compaction)
@@ -175,6 +174,39 @@ def _scrubbed(value: Any, settings: Settings) -> Any:
     if isinstance(value, list | tuple):
         return [_scrubbed(v, settings) for v in value]
     return value
+
+
+class FleetRLM(dspy.RLM):
+    """``dspy.RLM`` whose prompt lists the host tools as the Python calls they are.
+
+    dspy writes each as ``remember(content: string, kind: string)``: JSON Schema types that are noise for
+    text and hide the defaults. Here it is ``remember(content, kind="note")``, a type shown only where it is
+    not a string and there is no default; a prompt ~25 tokens shorter, read on every step. Tools named in
+    ``unlisted`` are callable all the same, only not described while they have nothing to act on
+    (``read_skill_resource`` when no card lists a resource, ``search_memories`` and ``forget`` in a session
+    without memories): an empty store adds no text, as an empty history adds no input.
+    """
+
+    def __init__(self, *args: Any, unlisted: frozenset[str] = frozenset(), **kwargs: Any) -> None:
+        self._unlisted = unlisted  # before dspy.RLM's __init__, which builds the prompt
+        super().__init__(*args, **kwargs)
+
+    def _format_tool_docs(self, tools: dict[str, dspy.Tool]) -> str:
+        listed = [tool for name, tool in tools.items() if name not in self._unlisted]
+        if not listed:
+            return ""
+        lines = ["\nAdditional tools available (use these instead of standard library equivalents):"]
+        for tool in listed:
+            desc = (tool.desc or "No description").replace("\n", "  ")
+            lines.append(f"- `{tool.name}({', '.join(_param(n, s) for n, s in (tool.args or {}).items())})` - {desc}")
+        return "\n".join(lines)
+
+
+def _param(name: str, schema: dict[str, Any]) -> str:
+    if "default" in schema:
+        return f"{name}={json.dumps(schema['default'], ensure_ascii=False)}"
+    kind = schema.get("type")
+    return name if kind in (None, "string") else f"{name}: {kind}"
 
 
 _TOOL_SPECS: dict[CodeType, dspy.Tool] = {}
@@ -340,7 +372,7 @@ def _run(job: TurnJob) -> Outcome:
             )
         factory = _GuardedFactory(sandbox)
         images = turn_images(job.inputs, job.choices.files, job.workspace)  # --in images, image attachments
-        rlm = dspy.RLM(
+        rlm = FleetRLM(
             signature,
             # given here, not only to forward(): RLM then builds its action signature once, where a factory
             # it first meets in forward() has it rebuild the signature (a pydantic model) every iteration
@@ -357,6 +389,7 @@ def _run(job: TurnJob) -> Outcome:
                     look_tool(images, job.workspace),
                 ]
             ],
+            unlisted=job.unlisted_tools | (frozenset() if job.catalogue.has_resources() else {"read_skill_resource"}),
         )
         with_image_queries(rlm, job.workspace)  # llm_query(prompt, images=[...])
         observer = TurnObserver(

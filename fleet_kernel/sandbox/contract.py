@@ -192,27 +192,22 @@ def forget(settings: Settings, session_id: str) -> None:
 def describe(
     runtime: str, *, exec_timeout_s: float, root: str = "/workspace", memory_mb: int | None = None, notes: str = ""
 ) -> str:
-    """The instructions every backend gives the model; ``runtime`` says what runs where, ``notes`` what differs."""
-    memory = f" and use {memory_mb} MB of memory" if memory_mb else ""
+    """The instructions every backend gives the model; ``runtime`` says what runs where, ``notes`` what differs.
+
+    Only what dspy.RLM's own prompt does not already say (that state persists, to print, to SUBMIT): a small
+    model reads every word of it on every step.
+    """
+    memory = f" and {memory_mb} MB" if memory_mb else ""
     return " ".join(
         part
         for part in (
             f"{runtime}.",
-            "State persists between steps: variables, imports and functions defined earlier are still there.",
             (
-                f"The working directory is {root}: uploaded files are in {root}/{FILES_DIR}; save plots, tables "
-                f"and files for the user in {root}/{ARTIFACTS_DIR}; {root}/{MEMORY_FILE} holds this session's notes."
+                f"The working directory is {root}: attached files are in {FILES_DIR}/, save files for the user in "
+                f"{ARTIFACTS_DIR}/, {MEMORY_FILE} holds this session's notes."
             ),
             notes,
-            (
-                "Use print() to see results: you only see what is printed (long output is truncated) "
-                "and the value of a final bare expression."
-            ),
-            (
-                f"Each step may run at most {exec_timeout_s:g} s{memory}; a step that times out is interrupted "
-                "but keeps its variables."
-            ),
-            "When done, call SUBMIT(...) with the output fields, positionally or by name.",
+            f"A step may use {exec_timeout_s:g} s{memory}.",
         )
         if part
     )

@@ -34,6 +34,7 @@ from fleet_kernel.sandbox._values import HeldVariables
 from fleet_kernel.sandbox.base import SandboxCrashed, current_observer
 from fleet_kernel.sandbox.runtime import DoneKind, Execute, MessageType
 from fleet_kernel.telemetry import metrics
+from fleet_kernel.workspace import MANIFEST_HEADING
 
 _call_ids = itertools.count(1)
 
@@ -61,10 +62,19 @@ def with_callbacks(method: F) -> F:
 _WORKSPACE_RELATIVE = re.compile(r"No such file or directory: '(workspace/[^']*)'")
 
 
+_LISTING_AS_PATH = re.compile(r"No such file or directory: '" + re.escape(MANIFEST_HEADING) + r"[^']*?([\w./-]*)'")
+
+
 def _path_hint(text: str) -> str:
     """A hint for a file not found under ``workspace/...``: small models drop the leading slash of
     ``/workspace/files/x`` (seen with Qwen2.5-Coder-1.5B, docs/real-models.md), and the working directory
-    is /workspace itself."""
+    is /workspace itself; or for a path built on the ``workspace`` input, a listing the same model took for
+    the folder's path (``open(workspace + '/files/app.log')``)."""
+    listing = _LISTING_AS_PATH.search(text)
+    if listing is not None:
+        tail = listing.group(1)
+        tail = tail[tail.index("/") :] if "/" in tail else "/files/NAME"
+        return f"\n(`workspace` is a listing of the folder, not its path: write '/workspace{tail}'.)"
     found = _WORKSPACE_RELATIVE.search(text)
     if found is None:
         return ""

@@ -67,7 +67,7 @@ class LocalBackend:
             else "directly on the host machine (no sandbox)"
         )
         return describe(
-            f"Python {version} (CPython) runs {where}",
+            f"Python {version} runs {where}",
             exec_timeout_s=settings.limits.exec_timeout_s,
             root="/workspace" if self.isolated else str(workspace.absolute()),
             memory_mb=settings.policy.sandbox.memory_mb,

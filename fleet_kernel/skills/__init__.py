@@ -49,7 +49,7 @@ MAX_SCAN_ENTRIES = 2_000  # names looked at per skill folder when listing its re
 MAX_SKILLS = 200  # cards read per folder
 MAX_DESCRIPTION_CHARS = 300  # per skill in the prompt's catalogue
 MAX_CATALOGUE_CHARS = 6_000  # the whole catalogue in the prompt
-PROMPT_DESCRIPTION_CHARS = 60  # of each description, in the prompt's catalogue
+PROMPT_DESCRIPTION_CHARS = 40  # of each description, in the prompt's catalogue
 MAX_PRESELECTED = 4
 _NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 
@@ -337,7 +337,7 @@ class Catalogue:
 
     def prompt(self, selected: Iterable[str] = ()) -> str:
         """The catalogue for a turn's instructions (bounded), then the bodies of the preselected skills."""
-        lines = ["Skills (cards of proven steps; `load_skill(name)` reads one that fits the task):"]
+        lines = ["Skill cards (for `load_skill`):"]
         used = len(lines[0])
         for skill in self:
             desc = one_line(skill.description)
@@ -356,6 +356,10 @@ class Catalogue:
             lines.append(f"\nSkill selected for this turn: {skill.name} (follow it)\n\n{skill.body.strip()}")
         return "\n".join(lines)
 
+    def has_resources(self) -> bool:
+        """Whether any card lists a resource (else ``read_skill_resource`` has nothing to read)."""
+        return any(skill.resources for skill in self)
+
     def tools(self) -> list[Callable[..., str]]:
         """``load_skill`` and ``read_skill_resource``: host tools the sandbox calls, over this catalogue."""
         catalogue = self
@@ -365,7 +369,7 @@ class Catalogue:
             return catalogue.get(name).body
 
         def read_skill_resource(name: str, path: str) -> str:
-            """File `path` of skill `name` (its listed resources)."""
+            """File `path` listed with skill `name`."""
             return catalogue.get(name).read_resource(path)
 
         return [load_skill, read_skill_resource]

@@ -119,7 +119,7 @@ def test_code_loads_a_skill_and_reads_a_resource(
     assert sum(finished.values()) == 2  # the card and the one real resource
     # The catalogue is in the prompt of every step: names and descriptions, not the bodies.
     (first, *_) = prompts(scripted_lm, "Where is the Kestrel?")
-    assert "- ship-facts: Answer questions about the fleet's ships" in first and "load_skill" in first
+    assert "- ship-facts: Answer questions about the fleet's" in first and "load_skill" in first
     assert "- tabular-analysis: " in first and "Read `data/ports.txt`" not in first
 
 
