@@ -8,6 +8,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from fleet_kernel.cassette import Cassette
 from fleet_kernel.config import Settings, load_settings
 from fleet_kernel.errors import FleetError
 
@@ -68,15 +69,21 @@ async def check_sandbox(settings: Settings, echo: Echo) -> bool:
 
 
 async def check_lm(settings: Settings, echo: Echo) -> bool:
-    """Ask the configured model for one short completion."""
+    """Ask the configured model for one short completion; a replay model's cassette is read instead."""
+    model = settings.lm_model or ""
+    replayed = model.removeprefix("replay/") if model.startswith("replay/") else None
+    if replayed is not None:
+        ok, detail = read_cassette(replayed)
+        if not ok:  # said before dspy loads: a bad cassette is the common mistake, and the check is instant
+            return _line(echo, False, "lm", detail)
     from fleet_kernel.engine.lm import build_lms, explain_lm_error  # loads dspy: `fleet doctor store` does not
 
     try:
         root, _ = build_lms(settings)
     except FleetError as exc:
         return _line(echo, False, "lm", exc.message)
-    if settings.lm_model and settings.lm_model.startswith("replay/"):
-        return check_cassette(settings.lm_model.removeprefix("replay/"), echo)
+    if replayed is not None:
+        return _line(echo, True, "lm", detail)
 
     def ping() -> str:
         started = time.perf_counter()
@@ -89,22 +96,20 @@ async def check_lm(settings: Settings, echo: Echo) -> bool:
         return _line(echo, False, "lm", explain_lm_error(exc, settings).message)
 
 
-def check_cassette(path: str, echo: Echo) -> bool:
-    """A replay model answers only what was recorded, so the doctor reads its cassette instead of asking it."""
-    from fleet_kernel.engine.replay import Cassette  # loads dspy: `fleet doctor store` does not
-
+def read_cassette(path: str) -> tuple[bool, str]:
+    """A replay model answers only what was recorded, so the doctor reads its cassette instead of asking it:
+    whether it can replay anything, and what to say."""
     try:
         cassette = Cassette.load(path)
     except FleetError as exc:
-        return _line(echo, False, "lm", exc.message)
+        return False, exc.message
     count = len(cassette.exchanges)
     if not count:
         record = f"record some with FLEET_LM_RECORD={cassette.path} and a real FLEET_LM_MODEL"
-        return _line(echo, False, "lm", f"the replay cassette {cassette.path} holds no exchanges: {record}")
+        return False, f"the replay cassette {cassette.path} holds no exchanges: {record}"
     source = cassette.data.get("model") or "an unnamed model"
     when = f" at {cassette.data['recorded_at']}" if cassette.data.get("recorded_at") else ""
-    detail = f"replays {cassette.path}: {count} exchanges recorded from {source}{when} (answers only those)"
-    return _line(echo, True, "lm", detail)
+    return True, f"replays {cassette.path}: {count} exchanges recorded from {source}{when} (answers only those)"
 
 
 async def check_daytona(settings: Settings, echo: Echo) -> bool:

@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "fleet_kernel.textsafe",
             "fleet_kernel.safe_files",
             "fleet_kernel.lazy",
+            "fleet_kernel.cassette",
             "fleet_kernel.cancel",
             "fleet_kernel.events",
             "fleet_kernel.config",

@@ -1,19 +1,89 @@
 """Fixtures for the API suites: a real uvicorn server on a free loopback port over a real store on disk
-(or the PostgreSQL server named by FLEET_TEST_DATABASE_URL), talking to the scripted LM."""
+(or the PostgreSQL server named by FLEET_TEST_DATABASE_URL), talking to the scripted LM.
+
+Starting a server and its store costs most of a small test, so the tests that take the default settings share
+one: each pytest worker starts a server (and a scripted LM) once, over a home of its own, and hands it to every
+test that asks for ``live``, ``client`` or ``session_id``; each test makes its own session and looks up its
+own rows. The scripted LM is the worker's one server too, ``reset()`` before each test, so a test's scripts,
+requests and settings start empty as with a fresh one.
+
+A test that needs a server of its own (other settings, a home or working folder it changes, a server it stops,
+or counts over the whole store) is marked ``@pytest.mark.own_server`` (or its module is): then ``live`` is a
+fresh server over a fresh copy of the store, as ``LiveServer(settings)`` in a test is.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 from live_api import LiveServer
+from scripted_lm import ScriptedLM
 
 from fleet_kernel.config import Settings, load_settings
 
 
+def _shares_server(request: pytest.FixtureRequest) -> bool:
+    return "live" in request.fixturenames and request.node.get_closest_marker("own_server") is None
+
+
+def _copy_store(home: Path, template: Path) -> None:
+    if not os.environ.get("FLEET_TEST_DATABASE_URL"):
+        shutil.copyfile(template, home / "fleet.db")
+        (home / "fleet.db").chmod(0o600)
+
+
+@pytest.fixture(scope="session")
+def shared_lm() -> Iterator[ScriptedLM]:
+    with ScriptedLM() as lm:
+        yield lm
+
+
 @pytest.fixture
-def live(settings: Settings) -> Iterator[LiveServer]:
+def scripted_lm(shared_lm: ScriptedLM) -> Iterator[ScriptedLM]:
+    """The worker's scripted LM, as a fresh one: no scripts, no requests seen, the default settings."""
+    shared_lm.reset()
+    yield shared_lm
+    shared_lm.reset()
+
+
+@pytest.fixture(scope="session")
+def shared_home(tmp_path_factory: pytest.TempPathFactory, migrated_store_file: Path) -> Path:
+    home = tmp_path_factory.mktemp("shared-api") / "fleet-home"
+    home.mkdir()
+    _copy_store(home, migrated_store_file)
+    return home
+
+
+@pytest.fixture
+def fleet_home(request: pytest.FixtureRequest, tmp_path: Path, migrated_store_file: Path) -> Path:
+    """The shared server's home for a test that uses it; otherwise a private one with a fresh copy of the store."""
+    if _shares_server(request):
+        return Path(request.getfixturevalue("shared_home"))
+    home = tmp_path / "fleet-home"
+    home.mkdir()
+    _copy_store(home, migrated_store_file)
+    return home
+
+
+@pytest.fixture(scope="session")
+def shared_live(shared_home: Path, shared_lm: ScriptedLM) -> Iterator[LiveServer]:
+    env = {"FLEET_HOME": str(shared_home), **shared_lm.env()}
+    if os.environ.get("FLEET_TEST_DATABASE_URL"):
+        env["FLEET_DATABASE_URL"] = os.environ["FLEET_TEST_DATABASE_URL"]
+    with LiveServer(load_settings(env)) as server:
+        yield server
+
+
+@pytest.fixture
+def live(request: pytest.FixtureRequest, settings: Settings) -> Iterator[LiveServer]:
+    if _shares_server(request):
+        yield request.getfixturevalue("shared_live")
+        return
     with LiveServer(settings) as server:
         yield server
 

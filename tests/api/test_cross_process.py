@@ -22,6 +22,11 @@ FOREVER = [step("Wait.", "import time\nwhile True:\n    time.sleep(0.05)")]
 DONE = [step("Answer.", "SUBMIT(answer='once')")]
 
 
+# A second process on the store: a fresh server and store of the test's own (on the shared one, the second
+# process was seen not to find sessions the first had just made, after other tests had used that store).
+pytestmark = pytest.mark.own_server
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

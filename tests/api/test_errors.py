@@ -4,6 +4,7 @@ and the process keeps serving after anything a client sends."""
 from __future__ import annotations
 
 import httpx
+import pytest
 from live_api import LiveServer, assert_error
 
 from fleet_kernel.store import Store
@@ -11,6 +12,7 @@ from fleet_kernel.store import Store
 UNREACHABLE = "postgresql+asyncpg://fleet:secret-password@127.0.0.1:1/fleet"
 
 
+@pytest.mark.own_server  # it takes the server's store away
 def test_store_down_is_503(live: LiveServer, client: httpx.Client, session_id: str) -> None:
     state = live.app.state.fleet
     healthy = state.store

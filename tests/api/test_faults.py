@@ -217,6 +217,7 @@ def test_a_full_disk_fails_the_turn_without_a_gap_and_health_says_so(
         assert health.status_code == 200 and health.json()["store"]["ok"] is True, health.text
 
 
+@pytest.mark.own_server  # it deletes the store's file
 def test_health_reports_a_deleted_database_file(live: LiveServer, client: httpx.Client, settings: Settings) -> None:
     if not settings.database_url.startswith("sqlite"):
         pytest.skip("deletes the file of a SQLite store")

@@ -40,6 +40,7 @@ IN_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 pytestmark = [
     pytest.mark.slow,  # a whole conversation through the reference's client processes
+    pytest.mark.own_server,  # its server sends heartbeats at the client's own pace
     # Skipped on a machine set up without the test extras, but never in CI: there it must run.
     pytest.mark.skipif(MISSING is not None and not IN_CI, reason=MISSING or ""),
 ]

@@ -1,5 +1,6 @@
 """Property-based fuzzing of the committed OpenAPI document (schemathesis): no input gives a 5xx,
-and every error keeps the contract's body. Bounded: a few examples per operation."""
+and every error keeps the contract's body. Bounded: a few examples per operation (FLEET_FUZZ_EXAMPLES, 8 by
+default; more for a deeper run, e.g. ``FLEET_FUZZ_EXAMPLES=200 pytest tests/api/test_fuzz.py``)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from fleet_kernel.config import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 schema = schemathesis.openapi.from_path(ROOT / "openapi.json")
+EXAMPLES = int(os.environ.get("FLEET_FUZZ_EXAMPLES", "8"))
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +53,9 @@ _count = 0
 
 @pytest.mark.slow
 @schema.parametrize()
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None)
+@settings(
+    max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None
+)
 def test_no_server_errors(case: schemathesis.Case, fuzz_url: str) -> None:
     aim(case, fuzz_url)
     response = case.call(base_url=fuzz_url, timeout=300)

@@ -12,6 +12,8 @@ from scripted_lm import ScriptedLM, step
 
 from fleet_kernel.config import Settings, load_settings
 
+pytestmark = pytest.mark.own_server  # a history window of two turns
+
 
 @pytest.fixture
 def settings(fleet_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Settings:

@@ -110,7 +110,7 @@ def test_workspace_files_over_http(client: httpx.Client, session_id: str, settin
     assert not (settings.workspaces_dir / "secret.txt").exists()
 
     # A link planted in the workspace is never followed, to read or to write.
-    outside = settings.home / "outside"
+    outside = settings.home / f"outside-{session_id}"  # the home may be shared by other tests
     outside.mkdir()
     (outside / "target.txt").write_text("private")
     os.symlink(outside, root / "files" / "link")

@@ -60,6 +60,7 @@ def project_skill(tmp_path: Path, fleet_home: Path) -> Path:
     return folder
 
 
+@pytest.mark.own_server  # it writes cards into the home
 def test_skills_listed_with_source_and_resources(client: httpx.Client, project_skill: Path, fleet_home: Path) -> None:
     home_card = fleet_home / "skills" / "tabular-analysis"
     home_card.mkdir(parents=True)
@@ -76,6 +77,7 @@ def test_skills_listed_with_source_and_resources(client: httpx.Client, project_s
     assert_error(client.get("/api/skills/no-such-skill"), 404, "not_found")
 
 
+@pytest.mark.own_server  # it writes cards into the home
 def test_a_malformed_card_is_skipped_with_a_warning_naming_its_file(
     client: httpx.Client, tmp_path: Path, fleet_home: Path
 ) -> None:
