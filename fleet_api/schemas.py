@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fleet_kernel.engine.choices import MAX_ATTACHMENTS
 from fleet_kernel.engine.prepare import MAX_TASK_CHARS
@@ -19,6 +19,28 @@ TurnStatus = Literal["running", "completed", "failed", "cancelled", "interrupted
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: Any) -> Any:
+        """PostgreSQL's text and jsonb cannot hold U+0000 (SQLite can): refused here, the same on every store."""
+        if _has_nul(data):
+            raise ValueError("a string in the body contains a NUL character (U+0000); remove it and send again")
+        return data
+
+
+def _has_nul(value: Any) -> bool:
+    """Whether any string in a JSON value holds U+0000 (a loop, not recursion: bodies may nest deeply)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str) and "\x00" in item:
+            return True
+        if isinstance(item, dict):
+            pending += [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            pending += item
+    return False
 
 
 def _example(summary: str, value: dict[str, Any]) -> dict[str, Any]:

@@ -18,9 +18,10 @@ from scripted_lm import ScriptedLM
 from fleet_kernel.config import Settings, load_settings
 
 # No test may reach a real provider or read the developer's own configuration.
-# FLEET_TEST_DATABASE_URL (the PostgreSQL pass) and FLEET_RLM_CLIENT_DIR (where fleet-rlm's client is
-# installed, tests/api/test_fleet_rlm_client.py) are the tests' own settings, not Fleet's.
-TEST_SETTINGS = ("FLEET_TEST_DATABASE_URL", "FLEET_RLM_CLIENT_DIR")
+# FLEET_TEST_DATABASE_URL (the PostgreSQL pass), FLEET_RLM_CLIENT_DIR (where fleet-rlm's client is installed,
+# tests/api/test_fleet_rlm_client.py) and FLEET_FUZZ_EXAMPLES (cases per API fuzz test, 8 by default) are the
+# tests' own settings, not Fleet's.
+TEST_SETTINGS = ("FLEET_TEST_DATABASE_URL", "FLEET_RLM_CLIENT_DIR", "FLEET_FUZZ_EXAMPLES")
 for _var in [v for v in os.environ if v.startswith(("FLEET_", "OPENAI_", "ANTHROPIC_", "DAYTONA_"))]:
     if _var not in TEST_SETTINGS:
         os.environ.pop(_var)

@@ -199,3 +199,31 @@ def test_a_deeply_nested_schema_value_is_422_at_submit(client: httpx.Client, ses
     error = assert_error(response, 422, "validation_error")
     assert "nests JSON deeper than" in error["message"] and "default" in error["message"]
     assert client.get(f"/api/sessions/{session_id}/turns").json()["turns"] == []
+
+
+# ---------------------------------------------------------------------- NUL characters
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/api/sessions", {"title": "a\x00b"}),
+        ("PATCH", "/api/sessions/{sid}", {"title": "a\x00b"}),
+        ("POST", "/api/sessions/{sid}/turns", {"task": "count\x00 words"}),
+        (
+            "POST",
+            "/api/sessions/{sid}/turns",
+            {"task": "t", "output_schema": {"type": "object", "description": "a\x00b"}},
+        ),
+    ],
+    ids=["session-title", "rename", "task", "nested-value"],
+)
+def test_a_nul_character_is_422_on_every_store(
+    client: httpx.Client, session_id: str, method: str, path: str, body: dict[str, object]
+) -> None:
+    """PostgreSQL's text and jsonb cannot hold U+0000 (SQLite can): one answer for both stores, before any write."""
+    response = client.request(method, path.format(sid=session_id), json=body)
+    error = assert_error(response, 422, "validation_error")
+    assert "NUL" in error["message"]
+    assert client.get(f"/api/sessions/{session_id}").json()["title"] == "test"
+    assert client.get(f"/api/sessions/{session_id}/turns").json()["turns"] == []
