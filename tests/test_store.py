@@ -332,3 +332,32 @@ def test_revision_lines_read_merges_and_leave_computed_revisions_to_alembic(tmp_
 async def _open_and_close(url: str) -> None:
     store = await Store.open(url)
     await store.close()
+
+
+async def test_a_second_open_in_one_process_keeps_the_first_s_sqlite_locks(store: Store) -> None:
+    """Closing any descriptor of a file drops every POSIX lock the process holds on it. SQLite holds a shared lock
+    on its -shm file while a connection is open; a process that lost it lets the next process take the file for
+    its first user and rebuild the shared index under the open connection (a "disk I/O error", or commits that
+    another process does not see). Opening the store again, as a second ``Store`` in the same process does, must
+    leave those locks alone."""
+    if not store.sqlite:
+        pytest.skip("SQLite's own file locks")
+    await store.create_session("held open")  # a connection is open, with the WAL and its shared index
+    shm = f"{store.sqlite_file}-shm"
+    dms = 128  # SQLite's "dead man switch" byte of the -shm file: shared-locked by every process using it
+    probe = textwrap.dedent(f"""
+        import fcntl, os, sys
+        fd = os.open({shm!r}, os.O_RDWR)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, {dms})
+        except OSError:
+            sys.exit(0)  # held: another process uses the file
+        sys.exit(1)
+    """)
+
+    def held() -> bool:
+        return subprocess.run([sys.executable, "-c", probe], check=False).returncode == 0
+
+    assert await asyncio.to_thread(held), "no lock even before"
+    await (await Store.open(store.url)).close()
+    assert await asyncio.to_thread(held), "the second open dropped the first connection's lock on the -shm file"

@@ -329,8 +329,9 @@ async def test_a_stream_without_usage_is_metered_by_estimate(
     runner = await make_runner()
     events = await collect(runner, (await store.create_session()).session_id, "no usage")
     usage = next(e for e in events if e.type == "lm.finished").data["usage"]
-    prompt = "\n".join(str(m["content"]) for m in scripted_lm.requests[-1]["messages"])
-    assert usage["prompt_tokens"] == len(prompt) // 4 and usage["completion_tokens"] > 0  # not free
+    (request,) = [r for r in scripted_lm.root_requests() if "no usage" in str(r["messages"])]  # this turn's only
+    chars = sum(len(str(m["content"])) for m in request["messages"])
+    assert usage["prompt_tokens"] == chars // 4 and usage["completion_tokens"] > 0  # not free
     assert events[-1].data["usage"]["prompt_tokens"] == usage["prompt_tokens"]
 
 

@@ -104,30 +104,36 @@ FileId = tuple[str, int, int]  # a SQLite file as opened: its absolute path, st_
 def _private_sqlite_file(path: str) -> FileId:
     """Create the database file (and its folder) for the owner only; SQLite gives -wal and -shm its mode.
 
-    The folder must be safely this user's (``ownership``), and nothing in it is opened through a link.
+    The folder must be safely this user's (``ownership``), and nothing in it is taken through a link.
     Returns the file's identity, to notice later that it was deleted or replaced.
     """
     folder, name = os.path.split(os.path.abspath(path))
     ownership.check_home(Path(folder), "the store's folder")
     with safe_files.private_dirs(Path(folder)) as fd:
-        st = _own_file(fd, name, os.O_CREAT, f"{folder}/{name}")
+        st = _own_file(fd, name, f"{folder}/{name}", create=True)
         for extra in (f"{name}-wal", f"{name}-shm"):
             with contextlib.suppress(FileNotFoundError):
-                _own_file(fd, extra, 0, f"{folder}/{extra}")
+                _own_file(fd, extra, f"{folder}/{extra}")
     return f"{folder}/{name}", st.st_dev, st.st_ino
 
 
-def _own_file(dir_fd: int, name: str, create: int, where: str) -> os.stat_result:
-    """Open ``name`` without following a link, check it is this user's, make it 0600."""
-    fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | create, 0o600, dir_fd=dir_fd)
-    try:
-        st = os.fstat(fd)
-        if st.st_uid != os.geteuid() or not stat.S_ISREG(st.st_mode):
-            raise StoreUnavailableError(f"the store file {where} is not a file of this user: move it away")
-        os.fchmod(fd, 0o600)
-        return st
-    finally:
-        os.close(fd)
+def _own_file(dir_fd: int, name: str, where: str, *, create: bool = False) -> os.stat_result:
+    """Check ``name`` is this user's regular file (not a link) and make it 0600; with ``create``, make it if missing.
+
+    An existing file is never opened: closing any descriptor of a file drops every POSIX lock this process holds
+    on it, and SQLite's connections in this process hold theirs on the database and its -shm file.
+    """
+    if create:
+        with contextlib.suppress(FileExistsError):  # a new file: nobody holds a lock on it yet
+            os.close(
+                os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+            )
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if st.st_uid != os.geteuid() or not stat.S_ISREG(st.st_mode):
+        raise StoreUnavailableError(f"the store file {where} is not a file of this user: move it away")
+    if stat.S_IMODE(st.st_mode) != 0o600:
+        os.chmod(name, 0o600, dir_fd=dir_fd)  # a regular file of this user's, in a folder only this user can change
+    return st
 
 
 def _same_file(file_id: FileId) -> bool:
