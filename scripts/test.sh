@@ -67,11 +67,12 @@ fi
 
 say "Running the tests on SQLite"
 if [[ $# -eq 0 ]]; then
-  "${PYTEST[@]}" -m "not browser"
+  "${PYTEST[@]}" -m "not browser and not alone"
   # Chromium and JupyterLab each want the cores, and a Lab kernel started beside the parallel workers' load
-  # sometimes never took its first cell: the browser tests run on their own, one at a time.
-  say "Running the browser tests (JupyterLab in Chromium, one at a time)"
-  "${PYTEST[@]}" -n 0 -m browser
+  # sometimes never took its first cell; MLflow's server, beside that load, sometimes never got a turn's trace.
+  # Those tests run on their own, one at a time.
+  say "Running the browser and MLflow tests (one at a time)"
+  "${PYTEST[@]}" -n 0 -m "browser or alone"
 else
   "${PYTEST[@]}" "$@"
 fi
