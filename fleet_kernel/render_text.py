@@ -9,6 +9,7 @@ turn at once. Model-written text is made terminal-safe where it enters the view 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -198,14 +199,8 @@ class TextStream:
                 self._say(("\n" if grow.open else "") + f"{head}{final}\n")
             grow.open = False
             return
-        live = it.live_reasoning
-        if not live or live == grow.printed:
-            return
-        if grow.open and live.startswith(grow.printed):
-            self._say(live[len(grow.printed) :])
-        else:  # the first tokens, or another call's: start the line (again)
-            self._say(("\n" if grow.open else "") + head + live)
-        grow.printed, grow.open = live, True
+        if it.live_reasoning and it.live_reasoning != grow.printed:
+            self._grow(grow, it.live_reasoning, head)
 
     def _code(self, it: IterationView, said: _Said, who: str) -> None:
         """``code:`` and the fenced code as its tokens arrive, then ``output:`` once the step's code is known."""
@@ -222,14 +217,17 @@ class TextStream:
                 self._say(("\n" if grow.open else "") + f"{who}code:\n{indent(fence(it.code, 'python'))}\n{tail}")
             grow.open = False
             return
-        live = it.live_code
-        if not live or live == grow.printed:
+        if not it.live_code or it.live_code == grow.printed:
             return
         if said.reasoning.open:  # the reasoning's tokens are over: end its line
             self._say("\n")
             said.reasoning.open = False
+        self._grow(grow, it.live_code, head, indent_more)
+
+    def _grow(self, grow: _Growing, live: str, head: str, shape: Callable[[str], str] = str) -> None:
+        """Say what ``live`` adds to what was printed; the first tokens, or another call's, start the line (again)."""
         if grow.open and live.startswith(grow.printed):
-            self._say(indent_more(live[len(grow.printed) :]))
+            self._say(shape(live[len(grow.printed) :]))
         else:
-            self._say(("\n" if grow.open else "") + head + indent_more(live))
+            self._say(("\n" if grow.open else "") + head + shape(live))
         grow.printed, grow.open = live, True

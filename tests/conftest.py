@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from homes import env_for, new_home
 from scripted_lm import ScriptedLM
 
 from fleet_kernel.config import Settings, load_settings
@@ -66,12 +66,7 @@ def migrated_test_database() -> None:
 def fleet_home(tmp_path: Path, migrated_store_file: Path) -> Path:
     """A private FLEET_HOME whose ``fleet.db`` is a fresh copy of the migrated template (on SQLite runs):
     the store fixture, servers and kernels opening it find it at head and skip the migration."""
-    home = tmp_path / "fleet-home"
-    home.mkdir()
-    if not os.environ.get("FLEET_TEST_DATABASE_URL"):
-        shutil.copyfile(migrated_store_file, home / "fleet.db")
-        (home / "fleet.db").chmod(0o600)
-    return home
+    return new_home(tmp_path, migrated_store_file)
 
 
 @pytest.fixture(scope="session")
@@ -91,10 +86,7 @@ def scripted_lm(shared_scripted_lm: ScriptedLM) -> ScriptedLM:
 @pytest.fixture
 def fleet_env(fleet_home: Path, scripted_lm: ScriptedLM) -> dict[str, str]:
     """Environment of a Fleet process wired to the scripted LM and a private home."""
-    env = {"FLEET_HOME": str(fleet_home), **scripted_lm.env()}
-    if os.environ.get("FLEET_TEST_DATABASE_URL"):
-        env["FLEET_DATABASE_URL"] = os.environ["FLEET_TEST_DATABASE_URL"]
-    return env
+    return env_for(fleet_home, scripted_lm)
 
 
 @pytest.fixture

@@ -2,9 +2,9 @@
 (or the PostgreSQL server named by FLEET_TEST_DATABASE_URL), talking to the scripted LM.
 
 Starting a server and its store costs most of a small test, so the tests that take the default settings share
-one: each pytest worker starts a server (and a scripted LM) once, over a home of its own, and hands it to every
+one: each pytest worker starts a server once, on the worker's scripted LM (tests/conftest.py), over a home of its own, and hands it to every
 test that asks for ``live``, ``client`` or ``session_id``; each test makes its own session and looks up its
-own rows. The scripted LM is the worker's one server too, ``reset()`` before each test, so a test's scripts,
+own rows. The scripted LM is ``reset()`` before each test, so a test's scripts,
 requests and settings start empty as with a fresh one.
 
 A test that needs a server of its own (other settings, a home or working folder it changes, a server it stops,
@@ -14,13 +14,12 @@ fresh server over a fresh copy of the store, as ``LiveServer(settings)`` in a te
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from homes import env_for, new_home
 from live_api import LiveServer
 from scripted_lm import ScriptedLM
 
@@ -31,32 +30,9 @@ def _shares_server(request: pytest.FixtureRequest) -> bool:
     return "live" in request.fixturenames and request.node.get_closest_marker("own_server") is None
 
 
-def _copy_store(home: Path, template: Path) -> None:
-    if not os.environ.get("FLEET_TEST_DATABASE_URL"):
-        shutil.copyfile(template, home / "fleet.db")
-        (home / "fleet.db").chmod(0o600)
-
-
-@pytest.fixture(scope="session")
-def shared_lm() -> Iterator[ScriptedLM]:
-    with ScriptedLM() as lm:
-        yield lm
-
-
-@pytest.fixture
-def scripted_lm(shared_lm: ScriptedLM) -> Iterator[ScriptedLM]:
-    """The worker's scripted LM, as a fresh one: no scripts, no requests seen, the default settings."""
-    shared_lm.reset()
-    yield shared_lm
-    shared_lm.reset()
-
-
 @pytest.fixture(scope="session")
 def shared_home(tmp_path_factory: pytest.TempPathFactory, migrated_store_file: Path) -> Path:
-    home = tmp_path_factory.mktemp("shared-api") / "fleet-home"
-    home.mkdir()
-    _copy_store(home, migrated_store_file)
-    return home
+    return new_home(tmp_path_factory.mktemp("shared-api"), migrated_store_file)
 
 
 @pytest.fixture
@@ -64,18 +40,12 @@ def fleet_home(request: pytest.FixtureRequest, tmp_path: Path, migrated_store_fi
     """The shared server's home for a test that uses it; otherwise a private one with a fresh copy of the store."""
     if _shares_server(request):
         return Path(request.getfixturevalue("shared_home"))
-    home = tmp_path / "fleet-home"
-    home.mkdir()
-    _copy_store(home, migrated_store_file)
-    return home
+    return new_home(tmp_path, migrated_store_file)
 
 
 @pytest.fixture(scope="session")
-def shared_live(shared_home: Path, shared_lm: ScriptedLM) -> Iterator[LiveServer]:
-    env = {"FLEET_HOME": str(shared_home), **shared_lm.env()}
-    if os.environ.get("FLEET_TEST_DATABASE_URL"):
-        env["FLEET_DATABASE_URL"] = os.environ["FLEET_TEST_DATABASE_URL"]
-    with LiveServer(load_settings(env)) as server:
+def shared_live(shared_home: Path, shared_scripted_lm: ScriptedLM) -> Iterator[LiveServer]:
+    with LiveServer(load_settings(env_for(shared_home, shared_scripted_lm))) as server:
         yield server
 
 

@@ -11,13 +11,16 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import pytest
+from homes import env_for, new_home
 from kernel_harness import KERNEL, SHARED_KERNEL, Kernel, PythonKernel, SharedKernel, SharedPython
 from scripted_lm import ScriptedLM
+
+K = TypeVar("K", Kernel, PythonKernel)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -43,13 +46,12 @@ def kernelspec(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ["JUPYTER_PATH"] = old
 
 
-@pytest.fixture
-def start_kernel(fleet_env: dict[str, str]) -> Iterator[Any]:
-    """``start_kernel(**env)`` starts a kernel on the test's store and scripted LM; all are shut down after."""
-    kernels: list[Kernel] = []
+def _fresh(make: Callable[[dict[str, str]], K], fleet_env: dict[str, str]) -> Iterator[Callable[..., K]]:
+    """``start(**env)``: a fresh kernel on the test's store and scripted LM; all are shut down after the test."""
+    kernels: list[K] = []
 
-    def start(**env: str) -> Kernel:
-        kernel = Kernel({**fleet_env, **env})
+    def start(**env: str) -> K:
+        kernel = make({**fleet_env, **env})
         kernels.append(kernel)
         return kernel
 
@@ -58,20 +60,10 @@ def start_kernel(fleet_env: dict[str, str]) -> Iterator[Any]:
         kernel.close()
 
 
-def _shared_home(tmp_path_factory: pytest.TempPathFactory, migrated_store_file: Path, name: str) -> Path:
-    home = tmp_path_factory.mktemp(name) / "fleet-home"
-    home.mkdir()
-    if not os.environ.get("FLEET_TEST_DATABASE_URL"):
-        shutil.copyfile(migrated_store_file, home / "fleet.db")
-        (home / "fleet.db").chmod(0o600)
-    return home
-
-
-def _env(home: Path, lm: ScriptedLM) -> dict[str, str]:
-    env = {"FLEET_HOME": str(home), **lm.env()}
-    if os.environ.get("FLEET_TEST_DATABASE_URL"):
-        env["FLEET_DATABASE_URL"] = os.environ["FLEET_TEST_DATABASE_URL"]
-    return env
+@pytest.fixture
+def start_kernel(fleet_env: dict[str, str]) -> Iterator[Callable[..., Kernel]]:
+    """``start_kernel(**env)`` starts a fresh ``fleet-test`` kernel."""
+    yield from _fresh(Kernel, fleet_env)
 
 
 @pytest.fixture(scope="session")
@@ -79,10 +71,10 @@ def shared_kernel(
     tmp_path_factory: pytest.TempPathFactory, migrated_store_file: Path, shared_scripted_lm: ScriptedLM
 ) -> Iterator[SharedKernel]:
     """The worker's shared kernel (started when a test first asks for it) on the worker's LM and a home of its own."""
-    home = _shared_home(tmp_path_factory, migrated_store_file, "shared-kernel")
+    home = new_home(tmp_path_factory.mktemp("shared-kernel"), migrated_store_file)
     cwd = home.parent / "cwd"
     cwd.mkdir()
-    shared = SharedKernel(_env(home, shared_scripted_lm), shared_scripted_lm, cwd=str(cwd))
+    shared = SharedKernel(env_for(home, shared_scripted_lm), shared_scripted_lm, cwd=str(cwd))
     yield shared
     shared.close()
 
@@ -92,8 +84,8 @@ def shared_python(
     tmp_path_factory: pytest.TempPathFactory, migrated_store_file: Path, shared_scripted_lm: ScriptedLM
 ) -> Iterator[SharedPython]:
     """The worker's shared python3 kernel with ``%load_ext fleet_kernel``, started when a test first asks for it."""
-    home = _shared_home(tmp_path_factory, migrated_store_file, "shared-python")
-    shared = SharedPython(_env(home, shared_scripted_lm), shared_scripted_lm)
+    home = new_home(tmp_path_factory.mktemp("shared-python"), migrated_store_file)
+    shared = SharedPython(env_for(home, shared_scripted_lm), shared_scripted_lm)
     yield shared
     shared.close()
 
@@ -105,18 +97,9 @@ def py(shared_python: SharedPython, scripted_lm: ScriptedLM) -> PythonKernel:
 
 
 @pytest.fixture
-def start_python(fleet_env: dict[str, str]) -> Iterator[Any]:
-    """``start_python(**env)``: a fresh python3 kernel with the magic, on the test's store and scripted LM."""
-    kernels: list[PythonKernel] = []
-
-    def start(**env: str) -> PythonKernel:
-        kernel = PythonKernel({**fleet_env, **env})
-        kernels.append(kernel)
-        return kernel
-
-    yield start
-    for kernel in kernels:
-        kernel.close()
+def start_python(fleet_env: dict[str, str]) -> Iterator[Callable[..., PythonKernel]]:
+    """``start_python(**env)``: a fresh python3 kernel with the magic."""
+    yield from _fresh(PythonKernel, fleet_env)
 
 
 @pytest.fixture
