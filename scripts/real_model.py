@@ -513,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one run, step by
         with httpx.Client(base_url=args.truncated_api, timeout=timeout) as client:
             word = next(t for t in tasks("") if t.name == "longest_word")
             print("\n==> a reply cut at [lm] max_tokens (recorded for replay tests)", flush=True)
-            cut = run_api(client, word, True)
+            cut = run_api(client, word)
             truncated.append(cut.turn | {"why": cut.why})
             print(f"    {cut.ended}: {cut.why[:300]}", flush=True)
         if args.record:  # its fleet serve records nothing more: the header can be written now

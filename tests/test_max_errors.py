@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from one_turn import one_turn as _turn
 from scripted_lm import ScriptedLM, step
 
@@ -64,3 +65,28 @@ async def test_a_path_built_on_the_workspace_listing_is_told_it_is_a_listing(
     assert events[-1].type == "turn.completed", events[-1].data
     seen = "".join(str(m["content"]) for m in scripted_lm.root_requests()[1]["messages"])
     assert "(`workspace` is a listing of the folder, not its path: write '/workspace/files/app.log'.)" in seen
+
+
+@pytest.mark.parametrize(
+    ("line", "told"),
+    [
+        (
+            "from dspy import llm_query",
+            "(llm_query is already defined in the sandbox: call it as it is, with no import.)",
+        ),
+        (
+            "from fleet import (SUBMIT,\n  llm_query)",
+            "(SUBMIT, llm_query are already defined in the sandbox: call them as",
+        ),
+    ],
+)
+async def test_importing_a_name_the_sandbox_provides_is_told_it_needs_no_import(
+    store: Store, fleet_env: dict[str, str], scripted_lm: ScriptedLM, tmp_path: Path, line: str, told: str
+) -> None:
+    """Qwen2.5-Coder-1.5B wrote ``from dspy import llm_query`` five steps running: the function is already
+    there, and the error alone did not tell it so."""
+    scripted_lm.add("*", [step("Ask.", f"{line}\nprint(llm_query('hi'))"), step("Done.", "SUBMIT(answer='ok')")])
+    events = await _turn(store, fleet_env, tmp_path, "classify the reviews")
+    assert events[-1].type == "turn.completed", events[-1].data
+    seen = "".join(str(m["content"]) for m in scripted_lm.root_requests()[1]["messages"])
+    assert told in seen, seen[-1500:]

@@ -15,7 +15,6 @@ import asyncio
 import enum
 import inspect
 import itertools
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from dspy.utils.callback import with_callbacks as _with_callbacks
 
 from fleet_kernel.cancel import CancelToken
 from fleet_kernel.errors import TurnCancelled
+from fleet_kernel.sandbox._hints import hint
 from fleet_kernel.sandbox._output import Output
 from fleet_kernel.sandbox._protocol import ProtocolError, SandboxSession, SessionClosed
 from fleet_kernel.sandbox._tool_calls import ToolCalls, by_name
@@ -34,7 +34,6 @@ from fleet_kernel.sandbox._values import HeldVariables
 from fleet_kernel.sandbox.base import SandboxCrashed, current_observer
 from fleet_kernel.sandbox.runtime import DoneKind, Execute, MessageType
 from fleet_kernel.telemetry import metrics
-from fleet_kernel.workspace import MANIFEST_HEADING
 
 _call_ids = itertools.count(1)
 
@@ -57,29 +56,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 def with_callbacks(method: F) -> F:
     """dspy's ``with_callbacks`` (untyped), keeping the method's signature for the type checker."""
     return cast(F, _with_callbacks(method))
-
-
-_WORKSPACE_RELATIVE = re.compile(r"No such file or directory: '(workspace/[^']*)'")
-
-
-_LISTING_AS_PATH = re.compile(r"No such file or directory: '" + re.escape(MANIFEST_HEADING) + r"[^']*?([\w./-]*)'")
-
-
-def _path_hint(text: str) -> str:
-    """A hint for a file not found under ``workspace/...``: small models drop the leading slash of
-    ``/workspace/files/x`` (seen with Qwen2.5-Coder-1.5B, docs/real-models.md), and the working directory
-    is /workspace itself; or for a path built on the ``workspace`` input, a listing the same model took for
-    the folder's path (``open(workspace + '/files/app.log')``)."""
-    listing = _LISTING_AS_PATH.search(text)
-    if listing is not None:
-        tail = listing.group(1)
-        tail = tail[tail.index("/") :] if "/" in tail else "/files/NAME"
-        return f"\n(`workspace` is a listing of the folder, not its path: write '/workspace{tail}'.)"
-    found = _WORKSPACE_RELATIVE.search(text)
-    if found is None:
-        return ""
-    path = found.group(1)
-    return f"\n(The working directory is /workspace: write '/{path}' or '{path.removeprefix('workspace/')}'.)"
 
 
 class SandboxInterpreter:
@@ -240,7 +216,13 @@ class SandboxInterpreter:
                 result = self._pump(session, exec_id)
                 finished = True
                 return result
-            except (CodeExecutionError, SyntaxError):
+            except CodeExecutionError as exc:
+                finished = True
+                added = hint(str(exc), code, [*self._tools, "SUBMIT"])
+                if added:
+                    raise CodeExecutionError(f"{exc}{added}") from exc.__cause__
+                raise
+            except SyntaxError:
                 finished = True
                 raise
             finally:
@@ -352,7 +334,7 @@ class SandboxInterpreter:
             raise SyntaxError(error.get("traceback") or error.get("message") or "invalid syntax")
         if kind in (DoneKind.ERROR, DoneKind.INTERRUPTED):
             text = f"{output}{error.get('traceback') or error.get('message', '')}".rstrip("\n")
-            raise CodeExecutionError(text + _path_hint(text))
+            raise CodeExecutionError(text)
         if value is not None:
             output = f"{output}{'' if not output or output.endswith(chr(10)) else chr(10)}{value}"
         return output.rstrip("\n") or None
