@@ -163,6 +163,7 @@ async def test_a_turn_may_lower_its_limits_but_not_raise_them(make_runner, store
     assert events[-1].data["error"]["type"] == "budget_exceeded" and "3,000" in events[-1].data["error"]["message"]
 
 
+@pytest.mark.slow
 async def test_sub_lm_calls_count_and_stop_the_code(make_runner, store, scripted_lm) -> None:
     scripted_lm.sub = lambda prompt: "x" * 40_000  # about 10,000 completion tokens each
     scripted_lm.add("*", [
@@ -233,6 +234,7 @@ async def test_a_cap_too_low_for_the_model_says_what_to_set(make_runner, store, 
     assert {cap(b) for b in scripted_lm.requests} == {16000}
 
 
+@pytest.mark.slow
 async def test_crossing_the_budget_closes_the_other_calls_in_flight(make_runner, store, scripted_lm) -> None:
     def sub(prompt: str) -> dict[str, Any]:
         if "big" in prompt:

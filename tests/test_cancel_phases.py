@@ -110,6 +110,7 @@ async def test_cancel_before_the_turn_runs(make_runner, store: Store, scripted_l
     await the_session_runs_again(runner, scripted_lm, session.session_id)
 
 
+@pytest.mark.slow
 async def test_cancel_while_the_sandbox_starts(
     make_runner, store: Store, scripted_lm: ScriptedLM, own_pool: pool.Pool
 ) -> None:

@@ -93,6 +93,7 @@ def test_scorers() -> None:
 # ---------------------------------------------------------------------------------------------- runs
 
 
+@pytest.mark.slow
 async def test_every_task_runs_on_every_model_in_fresh_sessions(
     runner: TurnRunner, store: Store, scripted_lm: ScriptedLM, tmp_path: Path
 ) -> None:
@@ -232,6 +233,7 @@ async def test_a_recorded_real_model_is_measured_offline(tmp_path: Path) -> None
     assert (summary.model, summary.passed, summary.runs) == (f"replay/{cassette}", 0, len(results))
 
 
+@pytest.mark.slow
 async def test_runs_beyond_the_sandbox_cap_wait_for_a_slot(
     fleet_env: dict[str, str], store: Store, scripted_lm: ScriptedLM, tmp_path: Path
 ) -> None:

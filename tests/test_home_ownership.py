@@ -52,6 +52,7 @@ def test_a_home_another_user_owns_is_refused_naming_the_folder(tmp_path: Path) -
     assert str(home) in message and "nobody" in message and "chown" in message
 
 
+@pytest.mark.slow
 @as_root
 def test_fleet_serve_and_doctor_refuse_another_users_home(tmp_path: Path) -> None:
     home = _others_home(tmp_path)
@@ -235,6 +236,7 @@ def _open_store_in_a_process(url: str, cwd: Path) -> subprocess.CompletedProcess
     return _run([sys.executable, "-c", code], {}, cwd)
 
 
+@pytest.mark.slow
 def test_an_upgrade_lock_held_for_ever_ends_the_start_with_its_name(tmp_path: Path) -> None:
     db = tmp_path / "store" / "fleet.db"
     db.parent.mkdir()

@@ -67,6 +67,7 @@ def prompt_lines(lm: ScriptedLM) -> list[str]:
     return "\n".join(str(m.get("content", "")) for m in messages).splitlines()
 
 
+@pytest.mark.slow
 async def test_links_and_pipes_in_artifacts_are_never_read(
     seccomp: bool, make_runner: Any, store: Store, scripted_lm: ScriptedLM, tmp_path: Path
 ) -> None:

@@ -220,6 +220,7 @@ async def test_a_crash_is_an_error_the_model_reads_and_the_session_goes_on(
     await assert_key_is_nowhere(store, session_id, settings)
 
 
+@pytest.mark.slow
 async def test_a_broken_protocol_ends_the_turn_readably_and_the_next_turn_works(
     backend: str, runner: Any, store: Store, settings: Settings, scripted_lm: ScriptedLM
 ) -> None:

@@ -88,6 +88,7 @@ def test_the_kernel_log_has_no_key(tmp_path: Path) -> None:
     assert FLEET_KEY not in log and PROVIDER_KEY not in log
 
 
+@pytest.mark.slow
 def test_the_api_log_has_no_key(tmp_path: Path) -> None:
     """``fleet serve`` (its log is ``$FLEET_HOME/logs/api-PORT.log``) logs a name that carries both keys: the
     model wrote an artifact named after them, too large to collect, and the server says so in its log."""
@@ -130,6 +131,7 @@ def doctor_lm(home: Path, env: dict[str, str]) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("env", "names"),
     [

@@ -59,6 +59,7 @@ async def turn(runner: TurnRunner, session_id: str, task: str) -> list[Event]:
     return events
 
 
+@pytest.mark.slow
 async def test_a_30_turn_session_keeps_its_early_facts(make_runner, store: Store, scripted_lm: ScriptedLM) -> None:
     scripted_lm.sub = summarise
     scripted_lm.default = step("Noted.", "SUBMIT(answer='noted')")

@@ -65,6 +65,7 @@ def test_the_split_is_seeded_and_keeps_both_sides(tmp_path: Path) -> None:
         split(tasks, 1.5, seed=0)
 
 
+@pytest.mark.slow
 async def test_a_better_candidate_is_adopted_and_fleet_toml_selects_it(make, tmp_path: Path) -> None:
     runner = await make(f"{MARKER}: answer with the magic word.")
     out = tmp_path / "instructions"
@@ -83,6 +84,7 @@ async def test_a_better_candidate_is_adopted_and_fleet_toml_selects_it(make, tmp
     assert turn.answer == "xyzzy"
 
 
+@pytest.mark.slow
 async def test_a_candidate_that_is_no_better_on_held_out_tasks_is_not_adopted(make, tmp_path: Path) -> None:
     runner = await make("Think harder about the magic word.")  # no marker: the answers stay wrong
     out = tmp_path / "instructions"
@@ -121,6 +123,7 @@ async def test_a_history_swapped_for_a_link_is_refused_before_any_run(make, tmp_
     assert await runner.store.list_sessions() == []
 
 
+@pytest.mark.slow
 async def test_a_candidate_file_swapped_for_a_link_is_replaced_not_written_through(make, tmp_path: Path) -> None:
     from fleet_kernel.engine.turn import base_instructions
 

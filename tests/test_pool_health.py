@@ -69,6 +69,7 @@ def test_a_pooled_sandbox_killed_while_it_waits_is_not_handed_out(tmp_path: Path
         factory.close()
 
 
+@pytest.mark.slow
 def test_a_dead_ready_sandbox_is_replaced_without_a_take(tmp_path: Path, own_pool: Pool) -> None:
     workspace = tmp_path / "workspace"
     workspace.mkdir()

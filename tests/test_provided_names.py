@@ -19,6 +19,7 @@ from fleet_kernel.transcript import render_text
 from fleet_kernel.view import TurnView
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["local", "pyodide"])  # the one runtime.py, in CPython and in Pyodide
 async def test_a_redefined_llm_query_is_restored_and_reported(
     store: Store, fleet_env: dict[str, str], scripted_lm: ScriptedLM, tmp_path: Path, backend: str

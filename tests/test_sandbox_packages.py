@@ -12,6 +12,7 @@ from fleet_kernel.engine import TurnRunner
 from fleet_kernel.store import Store
 
 
+@pytest.mark.slow
 async def test_pandas_runs_and_named_packages_are_listed_to_the_model(
     store: Store, fleet_env: dict[str, str], scripted_lm: ScriptedLM, tmp_path: Path
 ) -> None:

@@ -43,6 +43,7 @@ def test_the_docs_name_the_scripts() -> None:
     assert {"demo.sh", "test.sh", "setup.sh", "real-model.sh", "check.sh"} <= set(SCRIPTS), SCRIPTS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_each_named_script_passes_its_check(script: str) -> None:
     done = _run(["bash", f"scripts/{script}", "--check"])
@@ -58,6 +59,7 @@ def test_each_named_script_says_how_to_use_it_and_starts_nothing(script: str) ->
     assert "==>" not in done.stdout  # no step started
 
 
+@pytest.mark.slow
 def test_real_model_check_names_the_serve_command_and_does_not_download() -> None:
     done = _run(["bash", "scripts/real-model.sh", "--check"])
     assert done.returncode == 0, done.stdout + done.stderr
@@ -72,6 +74,7 @@ def test_a_check_fails_and_says_what_when_a_command_is_missing(tmp_path: Path) -
     assert "real-model.sh --check: " in done.stderr and "failed" in done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bench", BENCH)
 def test_each_named_bench_script_starts(bench: str) -> None:
     done = _run([sys.executable, f"bench/{bench}", "--help"])

@@ -20,6 +20,7 @@ from fleet_kernel.view import TurnView
 EXTRACT_KEY = "extract the final outputs now"  # in dspy.RLM's extract prompt only
 
 
+@pytest.mark.slow
 async def test_a_turn_at_its_deadline_ends_with_the_answer_extracted_from_its_steps(
     store: Store, fleet_env: dict[str, str], scripted_lm: ScriptedLM, tmp_path: Path
 ) -> None:
@@ -41,6 +42,7 @@ async def test_a_turn_at_its_deadline_ends_with_the_answer_extracted_from_its_st
     assert "the turn reached its deadline (limits.turn_timeout_s)" in render_text(TurnView.of(events, turn))
 
 
+@pytest.mark.slow
 async def test_a_turn_at_its_deadline_before_any_step_finished_fails(
     store: Store, fleet_env: dict[str, str], scripted_lm: ScriptedLM, tmp_path: Path
 ) -> None:
@@ -69,6 +71,7 @@ async def test_a_turn_over_its_budget_ends_with_the_answer_extracted_from_its_st
     assert turn.extraction_reason == "budget" and turn.answer == "about 7, so far"
 
 
+@pytest.mark.slow
 async def test_an_extraction_slower_than_the_grace_waits_as_long_as_its_request_may_take(
     store: Store, fleet_env: dict[str, str], scripted_lm: ScriptedLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

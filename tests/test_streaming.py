@@ -120,6 +120,7 @@ def deltas(events: list[Event], name: str, iteration: int = 1) -> str:
     )
 
 
+@pytest.mark.slow
 async def test_deltas_come_first_and_add_up_to_the_step(make_runner, store: Store, scripted_lm: ScriptedLM) -> None:
     scripted_lm.token_delay_s = 0.005
     scripted_lm.add("*", [
@@ -175,6 +176,7 @@ async def test_a_streamed_turn_uses_what_a_whole_reply_turn_uses(
     assert caps == [{k: v for k, v in b.items() if "tokens" in k} for b in whole_bodies] and caps[0]
 
 
+@pytest.mark.slow
 async def test_a_token_budget_stops_a_call_mid_stream(make_runner, store: Store, scripted_lm: ScriptedLM) -> None:
     scripted_lm.token_delay_s = 0.002
     scripted_lm.add("*", [step("x " * 20_000, "print(1)")])  # ~10,000 completion tokens, 10,000 chunks
@@ -240,6 +242,7 @@ def test_scripted_lm_streams_the_whole_reply_as_chunks() -> None:
     assert chunks[-1]["usage"] == whole["usage"] and chunks[-1]["choices"] == []
 
 
+@pytest.mark.slow
 async def test_a_cassette_records_the_stream_and_replays_it_as_one(
     make_runner, store: Store, scripted_lm: ScriptedLM, tmp_path: Path
 ) -> None:
@@ -391,6 +394,7 @@ async def test_a_litellm_call_streams_and_uses_what_a_whole_reply_uses(
     assert caps == [{k: v for k, v in b.items() if "tokens" in k} for b in whole_bodies] and caps[0]
 
 
+@pytest.mark.slow
 async def test_a_token_budget_stops_a_litellm_call_mid_stream(
     make_runner, store: Store, scripted_lm: ScriptedLM
 ) -> None:

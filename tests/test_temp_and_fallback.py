@@ -92,6 +92,7 @@ def _unreachable_tmpdir(tmp_path: Path) -> Path:
     return private / "tmp"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chosen", ["", "local"])
 def test_a_tmpdir_the_sandbox_cannot_reach_is_the_reported_cause(
     chosen: str, fleet_env: dict[str, str], tmp_path: Path
@@ -105,6 +106,7 @@ def test_a_tmpdir_the_sandbox_cannot_reach_is_the_reported_cause(
     assert "pyodide" not in line.lower() and "deno" not in line.lower(), line
 
 
+@pytest.mark.slow
 def test_the_default_says_why_local_was_not_used(fleet_env: dict[str, str], tmp_path: Path) -> None:
     """Where bubblewrap is not installed the default may be pyodide, and says why local is not used."""
     bin_dir = tmp_path / "bin"  # a PATH without bwrap

@@ -117,6 +117,7 @@ def test_serve_refuses_open_bind_without_token(fleet_env: dict[str, str]) -> Non
     assert "FLEET_API_TOKEN" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_serve_without_a_store_fails_in_one_line(fleet_env: dict[str, str]) -> None:
     env = {**os.environ, **fleet_env, "FLEET_DATABASE_URL": "postgresql+asyncpg://fleet:pw@127.0.0.1:1/fleet"}
     result = subprocess.run(

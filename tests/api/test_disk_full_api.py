@@ -175,6 +175,7 @@ def test_an_artifact_the_store_has_no_room_for_fails_the_turn_naming_the_disk(
         assert client.get(url).json()["error"]["type"] == "disk_full"
 
 
+@pytest.mark.slow
 def test_a_watcher_that_comes_while_the_disk_stays_full_still_gets_the_end(
     small_tmpfs: Path, fleet_env: dict[str, str], scripted_lm: ScriptedLM
 ) -> None:

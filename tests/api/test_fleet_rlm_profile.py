@@ -212,6 +212,7 @@ def test_fleet_api_is_unchanged_and_the_profile_stays_out_of_its_schema(client: 
     assert "/openapi.json" not in own["paths"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("method", "path", "body"),
     [
@@ -249,6 +250,7 @@ def test_a_disconnect_releases_the_session_for_the_next_turn(client: httpx.Clien
     assert '"turn_complete"' in response.text
 
 
+@pytest.mark.slow
 def test_a_deadline_ends_the_stream_with_an_error_and_is_stored_as_cancelled(
     client: httpx.Client, scripted_lm: ScriptedLM
 ) -> None:
@@ -352,6 +354,7 @@ def test_workspace_stat_read_write_and_delete(client: httpx.Client) -> None:
     assert client.get("/api/sessions/s-ws/workspace/stat/files/b.bin").json()["size"] == 3
 
 
+@pytest.mark.slow
 def test_workspace_writes_are_409_while_a_turn_runs(client: httpx.Client, scripted_lm: ScriptedLM) -> None:
     scripted_lm.add("slow work", SLOW)
     with client.stream("POST", f"{P}/sessions/s-wsbusy/turn", json={"task": "slow work"}) as r:

@@ -69,6 +69,7 @@ def stdio_settings(fleet_env: dict[str, str], tmp_path: Path, monkeypatch: pytes
     return _settings(fleet_env, tmp_path, toml)
 
 
+@pytest.mark.slow
 def test_tools_are_listed_and_called_from_a_turn(stdio_settings: Settings, scripted_lm: ScriptedLM) -> None:
     scripted_lm.add("use the tools", [
         step("Call them.", "print('sum', demo__add(2, 40))\nprint(demo__greet(name='Ada'))\nprint(search('q3'))"),
@@ -139,6 +140,7 @@ def test_a_turn_names_its_tools_and_an_unknown_one_is_refused(
         assert _tool_calls(frames) == [("search", True)]
 
 
+@pytest.mark.slow
 def test_a_server_that_dies_or_hangs_fails_that_call_not_the_turn(
     stdio_settings: Settings, scripted_lm: ScriptedLM
 ) -> None:

@@ -168,6 +168,7 @@ def test_keys_reach_no_event_stream_turn_or_notebook(
         assert FLEET_KEY not in seen and PROVIDER_KEY not in seen
 
 
+@pytest.mark.slow
 def test_a_model_server_that_never_answers_fails_the_turn_at_the_request_timeout(
     fleet_home: Path, tmp_path: Path
 ) -> None:

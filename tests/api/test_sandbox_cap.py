@@ -85,6 +85,7 @@ def finishes(client: httpx.Client, session_id: str, turn_id: str) -> str:
         return events_of(response)[-1].event or ""
 
 
+@pytest.mark.slow
 def test_a_turn_past_the_cap_is_refused_and_one_after_a_turn_ends_runs(client_for, scripted_lm: ScriptedLM) -> None:
     client = client_for(max_sandboxes=1, pool_size=0)
     first, second = new_session(client), new_session(client)
@@ -103,6 +104,7 @@ def test_a_turn_past_the_cap_is_refused_and_one_after_a_turn_ends_runs(client_fo
     assert finishes(client, second, after.json()["turn_id"]) == "turn.completed"
 
 
+@pytest.mark.slow
 def test_ready_sandboxes_in_the_pool_count_against_the_cap(client_for, scripted_lm: ScriptedLM) -> None:
     client = client_for(max_sandboxes=2, pool_size=2)
     sessions = [new_session(client) for _ in range(3)]
@@ -132,6 +134,7 @@ HOLDER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sandboxes_of_another_process_count_and_free_their_slot_when_it_dies(
     client_for, scripted_lm: ScriptedLM, slot_tmp: Path
 ) -> None:

@@ -144,6 +144,7 @@ def test_turns_without_a_cell_id_keep_the_append_only_history(kernel: Kernel, sc
     assert json.dumps(scripted_lm.requests[-1]).count("alpha: name a fruit") == 2
 
 
+@pytest.mark.slow
 def test_history_shows_the_summary_of_turns_past_the_window(
     start_kernel: Any, scripted_lm: ScriptedLM, tmp_path: Path
 ) -> None:

@@ -8,12 +8,14 @@ import sys
 from pathlib import Path
 
 import pexpect
+import pytest
 from kernel_harness import KERNEL
 from scripted_lm import step
 
 PROMPT = r"In \[\d+\]: "
 
 
+@pytest.mark.slow
 def test_console_streams_a_turn_interrupts_and_exits(fleet_env: dict[str, str], scripted_lm) -> None:
     ticks = "import time\nfor i in range(3):\n    print('tick', i, flush=True)\n    time.sleep(0.2)"
     scripted_lm.add("count", [step("count slowly", ticks), step("done", "SUBMIT(answer='counted to three')")])

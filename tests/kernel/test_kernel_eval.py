@@ -7,10 +7,12 @@ import json
 from pathlib import Path
 
 import nbformat
+import pytest
 from kernel_harness import Kernel
 from scripted_lm import step
 
 
+@pytest.mark.slow
 def test_eval_runs_a_data_set_in_fresh_sessions_and_keeps_the_kernels_session(
     kernel: Kernel, scripted_lm, tmp_path: Path
 ) -> None:
@@ -54,6 +56,7 @@ def test_eval_runs_a_data_set_in_fresh_sessions_and_keeps_the_kernels_session(
     assert "no data set at" in kernel.run("%fleet eval nowhere.jsonl").reply["content"]["evalue"]
 
 
+@pytest.mark.slow
 def test_feedback_marks_the_last_turn_and_adds_it_to_a_data_set(
     start_kernel, fleet_env: dict[str, str], scripted_lm, tmp_path: Path
 ) -> None:

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 from live_api import LiveServer, events_of
 from scripted_lm import ScriptedLM, step
 
@@ -30,6 +31,7 @@ def _running_turn(client: httpx.Client) -> tuple[str, str]:
     raise AssertionError("the kernel's turn never showed in the store")
 
 
+@pytest.mark.slow
 def test_a_killed_kernel_s_session_takes_a_new_turn_at_once(
     start_kernel: Any, settings: Settings, scripted_lm: ScriptedLM
 ) -> None:

@@ -54,6 +54,7 @@ def test_is_complete_right_after_start_is_answered(kernel: Kernel) -> None:
     assert reply["content"]["status"] == "incomplete"
 
 
+@pytest.mark.slow
 def test_a_bad_fleet_toml_is_named_in_full(fleet_env: dict[str, str], tmp_path: Path) -> None:
     """The kernel reads ``fleet.toml`` from its working folder; the error says which file that was."""
     folder = tmp_path / "project"
@@ -68,6 +69,7 @@ def test_a_bad_fleet_toml_is_named_in_full(fleet_env: dict[str, str], tmp_path: 
     assert f"{folder / 'fleet.toml'} is invalid" in reply["evalue"] and "limits.max_iters" in reply["evalue"]
 
 
+@pytest.mark.slow
 def test_a_turn_with_no_model_configured_made_no_lm_call(start_kernel: Any, fleet_env: dict[str, str]) -> None:
     no_model = {key: "" for key in fleet_env if key.startswith("FLEET_LM_")}
     kernel = start_kernel(FLEET_OUTPUT="text", **no_model)
@@ -76,6 +78,7 @@ def test_a_turn_with_no_model_configured_made_no_lm_call(start_kernel: Any, flee
     assert "0 LM calls" in text and "1 LM calls" not in text, text
 
 
+@pytest.mark.slow
 def test_notebook_clients_send_each_cells_own_id(fleet_env: dict[str, str], scripted_lm: Any, tmp_path: Path) -> None:
     """The demo's client (and papermill's, through Fleet's engine) runs each cell under its notebook id."""
     import nbformat

@@ -105,6 +105,7 @@ def _text(cell: nbformat.NotebookNode) -> str:
     return "\n".join(parts)
 
 
+@pytest.mark.slow
 def test_papermill_turns_keep_their_cell_ids_and_a_missing_cwd_is_named(
     fleet_env: dict[str, str], scripted_lm, entry_points: Path, tmp_path: Path
 ) -> None:

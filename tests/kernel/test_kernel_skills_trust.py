@@ -38,6 +38,7 @@ def outputs(run: Any) -> str:
     return json.dumps([m["content"] for m in run.messages])
 
 
+@pytest.mark.slow
 def test_a_clones_skills_wait_for_trust(start_kernel: Any, scripted_lm: Any, clone: Path, fleet_home: Path) -> None:
     kernel: Kernel = start_kernel()
     listing = kernel.run("%fleet skill list")

@@ -6,6 +6,7 @@ import time
 from queue import Empty
 from typing import Any
 
+import pytest
 from kernel_harness import Kernel
 from scripted_lm import ScriptedLM, step
 from test_kernel_widgets import attach_widget_manager
@@ -33,6 +34,7 @@ def first_showing(kernel: Kernel, msg_id: str, needle: str, kinds: tuple[str, ..
     raise AssertionError(f"{needle!r} never appeared; got {[m['msg_type'] for m in seen]}")
 
 
+@pytest.mark.slow
 def test_console_text_shows_partial_reasoning_before_the_call_ends(kernel: Kernel, scripted_lm: ScriptedLM) -> None:
     assert "(text)" in kernel.run("%fleet output text").text()
     scripted_lm.token_delay_s = 0.02  # the reply takes ~4 s to stream
@@ -47,6 +49,7 @@ def test_console_text_shows_partial_reasoning_before_the_call_ends(kernel: Kerne
     assert REASONING.strip() in printed and printed.count("Let me look at the numbers") == 12  # once, not twice
 
 
+@pytest.mark.slow
 def test_widget_card_shows_partial_reasoning_before_the_call_ends(kernel: Kernel, scripted_lm: ScriptedLM) -> None:
     attach_widget_manager(kernel)
     scripted_lm.token_delay_s = 0.02

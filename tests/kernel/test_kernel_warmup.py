@@ -25,6 +25,7 @@ def test_commands_and_a_turn_sent_right_after_start_work_while_the_engine_loads(
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_interrupting_the_first_cell_of_a_fresh_kernel_cancels_it(start_kernel, scripted_lm) -> None:
     kernel = start_kernel()  # a fresh one: what happens while it loads is the point
     scripted_lm.add("sleepy", [step("wait", "import time\nprint('sleeping', flush=True)\ntime.sleep(60)")])

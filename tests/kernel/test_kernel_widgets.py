@@ -40,6 +40,7 @@ def test_widget_frontends_get_a_live_card_then_the_transcript(kernel: Kernel, sc
     assert "three" in run.result["data"]["text/markdown"]
 
 
+@pytest.mark.slow
 def test_the_stop_button_cancels_the_turn(kernel: Kernel, scripted_lm) -> None:
     attach_widget_manager(kernel)
     scripted_lm.add("sleepy", [step("wait", "import time\nprint('sleeping', flush=True)\ntime.sleep(60)")])

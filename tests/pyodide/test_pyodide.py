@@ -86,6 +86,7 @@ def recorder() -> Iterator[Recorder]:
     observer.reset(token)
 
 
+@pytest.mark.slow
 def test_execute_keeps_state_and_shows_last_expression(interp: SandboxInterpreter) -> None:
     assert interp.execute("x = 20") is None
     assert interp.execute("x + 1") == "21"
@@ -117,6 +118,7 @@ def test_output_streams_before_execute_returns(interp: SandboxInterpreter, recor
     assert result == "first\narrived"
 
 
+@pytest.mark.slow
 def test_output_buffered_mid_burst_is_flushed_while_code_runs(interp: SandboxInterpreter, recorder: Recorder) -> None:
     """Without threads the runtime flushes on a timer signal, so a burst followed by silence streams too."""
     code = "import time\nfor i in range(50):\n    print(i)\nt = time.monotonic()\nwhile time.monotonic() - t < 2.5:\n    pass"
@@ -243,6 +245,7 @@ def test_deno_permissions_hold_against_code_that_reaches_js(interp: SandboxInter
     assert not (workspace / "escape.txt").exists()
 
 
+@pytest.mark.slow
 def test_dspy_rlm_with_dummy_lm(workspace: Path) -> None:
     factory = open_pyodide(make_settings(workspace.parent / "home", exec_timeout_s=30), workspace)
     lm = DummyLM([

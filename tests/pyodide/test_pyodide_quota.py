@@ -44,6 +44,7 @@ OVER_FILES = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_quota_is_an_oserror_in_pyodide_and_the_session_goes_on(tmp_path: Path) -> None:
     settings = make_settings(tmp_path / "home")
     workspace = Workspace.for_session(settings.workspaces_dir, "quota").root
@@ -61,6 +62,7 @@ def test_quota_is_an_oserror_in_pyodide_and_the_session_goes_on(tmp_path: Path) 
     assert [p.name for p in (workspace / "artifacts").iterdir()] == ["ok.txt"]
 
 
+@pytest.mark.slow
 def test_host_refuses_write_backs_over_the_quota(tmp_path: Path) -> None:
     """What the runner reports is checked again on the host: write-backs from a runner that no longer
     enforces the quota (code reaching around it through the ``js`` module) cannot fill the disk."""
@@ -83,6 +85,7 @@ def test_host_refuses_write_backs_over_the_quota(tmp_path: Path) -> None:
     assert len(list((workspace / "artifacts" / "many").iterdir())) < 200
 
 
+@pytest.mark.slow
 def test_a_write_back_onto_a_full_disk_leaves_no_partial_and_is_reported(small_tmpfs: Path) -> None:
     """A change the host has no room for is removed whole and noted for the turn, which fails naming the disk."""
     import sys
