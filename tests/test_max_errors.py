@@ -32,6 +32,20 @@ async def test_code_failing_n_steps_in_a_row_stops_the_turn(
     assert turn.status == "failed" and turn.error["type"] == "too_many_errors"
 
 
+async def test_a_failure_at_the_last_iteration_leaves_the_turn_to_its_extraction(
+    store: Store, fleet_env: dict[str, str], scripted_lm: ScriptedLM, tmp_path: Path
+) -> None:
+    """With ``max_errors`` at ``max_iters`` (the default 5 and 5), the last step's failure must not stop the
+    turn: dspy.RLM extracts an answer after its last iteration, as raw dspy.RLM does (Qwen2.5-Coder-1.5B's
+    kernel runs failed five steps in a row and ended with no answer, where raw's gave one)."""
+    scripted_lm.default = BROKEN
+    scripted_lm.add("extract the final outputs now", [{"answer": "a best guess"}])  # dspy.RLM's extract prompt
+    events = await _turn(store, fleet_env, tmp_path, "parse the data", "[limits]\nmax_errors = 3\nmax_iters = 3\n")
+    end = events[-1]
+    assert end.type == "turn.completed", end.data
+    assert end.data["answer"] == "a best guess" and end.data["extracted"] and end.data["reason"] == "max_iters"
+
+
 async def test_a_step_that_works_resets_the_count(
     store: Store, fleet_env: dict[str, str], scripted_lm: ScriptedLM, tmp_path: Path
 ) -> None:

@@ -324,14 +324,15 @@ class TurnObserver(BaseCallback):
         duration_ms = round((time.perf_counter() - started) * 1000, 3)
         self._emit(ExecutionFinished(iteration=frame.iteration, duration_ms=duration_ms, error=error), frame)
         if frame is self.root and not isinstance(exception, TurnCancelled):
-            self._count_failure(error)
+            self._count_failure(error, last_step=frame.iteration >= frame.max_iters)
 
-    def _count_failure(self, error: dict[str, str] | None) -> None:
+    def _count_failure(self, error: dict[str, str] | None, *, last_step: bool) -> None:
         """Stop the turn when the root's code has failed ``max_errors`` steps in a row: a model stuck on
         one broken approach would spend every iteration left on it. The token is cancelled here, so the
-        turn ends at its next LM call (a callback's own exception may be swallowed by dspy)."""
+        turn ends at its next LM call (a callback's own exception may be swallowed by dspy). After the last
+        step there is nothing left to spare, and dspy.RLM's extraction of an answer follows: not stopped."""
         self.failed_in_a_row = self.failed_in_a_row + 1 if error is not None else 0
-        if error is None or self.max_errors is None or self.failed_in_a_row < self.max_errors:
+        if error is None or self.max_errors is None or self.failed_in_a_row < self.max_errors or last_step:
             return
         lines = error["message"].strip().splitlines()
         last = preview(lines[-1] if lines else error["type"], 300)  # a traceback's last line names the error
