@@ -191,7 +191,7 @@ class FleetMagics(Magics):
             task += rich.ask()
             rich.note_before(_workspace(ctx))
         cell_id = _cell_id()  # a cell run again supersedes its earlier turn, as in the kernel
-        bridge = self._bridge(ns, opts.tools, cancel, count)
+        bridge = self._bridge(ns, opts.tools, cancel, count, names)
         both = sorted(set(names) & set(bridge.functions))
         if both:
             raise _fail("UsageError", f"{', '.join(both)} cannot be both an --in value and a tool")
@@ -265,8 +265,9 @@ class FleetMagics(Magics):
             return "No notebook functions are tools: %fleet tools add f (or %%fleet --tools f for one turn)."
         return "Notebook functions turns may call: " + ", ".join(self.tool_names)
 
-    def _bridge(self, ns: dict[str, Any], tools: str, cancel: CancelToken, count: int) -> Any:
-        """This turn's ``NotebookBridge``: the catalogue for the prompt, ``notebook()`` and the user's tools."""
+    def _bridge(self, ns: dict[str, Any], tools: str, cancel: CancelToken, count: int, given: list[str]) -> Any:
+        """This turn's ``NotebookBridge``: the catalogue for the prompt (less the ``given`` inputs),
+        ``notebook()`` and the user's tools."""
         from fleet_kernel.kernel import namespace
         from fleet_kernel.kernel.notebook_bridge import MainThreadCalls, NotebookBridge, check_tool
 
@@ -281,7 +282,7 @@ class FleetMagics(Magics):
                 raise _fail("UsageError", why)
             functions[name] = ns[name]
         mode = self.context_mode
-        variables = namespace.variables(ns, mode)
+        variables = namespace.variables(ns, mode, given)
         cells = ""
         if mode != "off":
             last = getattr(self.ipython, "last_execution_result", None)

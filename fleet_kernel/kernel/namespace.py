@@ -12,6 +12,7 @@ import re
 import reprlib
 import traceback
 import types
+from collections.abc import Collection
 from typing import Any
 
 MODES = ("off", "names", "previews")
@@ -71,12 +72,15 @@ def preview(value: Any) -> str:
     return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 3] + "..."
 
 
-def variables(ns: dict[str, Any], mode: str = "names") -> str:
-    """The variables' lines, at most ``MAX_CATALOGUE_CHARS`` (the newest names kept when cut)."""
+def variables(ns: dict[str, Any], mode: str = "names", given: Collection[str] = ()) -> str:
+    """The variables' lines, at most ``MAX_CATALOGUE_CHARS`` (the newest names kept when cut). Names in
+    ``given`` (the cell's ``--in`` values) are left out: the turn has them as inputs, listed with those."""
     if mode == "off":
         return ""
     lines: list[str] = []
     for name in reversed(allowed_names(ns)):  # the newest first: they are what the user just made
+        if name in given:
+            continue
         try:
             line = f"- {name}: {describe(ns[name])}"
         except Exception:  # noqa: BLE001 - an object of the user's whose attributes raise: its type will do

@@ -66,6 +66,17 @@ def test_the_catalogue_names_variables_but_never_their_values(py: PythonKernel, 
     assert "notebook(" in first
 
 
+def test_an_in_value_is_a_turn_input_and_not_also_a_notebook_variable(py: PythonKernel, scripted_lm) -> None:
+    """Listed twice, an ``--in`` value invited Qwen2.5-Coder-1.5B to fetch ``notebook("sales")`` instead of
+    using its ``sales`` input (docs/real-models.md); it is listed once, as the input it is."""
+    py.ok("sales = 'amount\\n1.5\\n2.5'\nregion = 'north'")
+    scripted_lm.add("sum the sales", [step("done", "SUBMIT(answer='4.0')")])
+    py.ok("%%fleet --in sales\nsum the sales")
+    first = _text(scripted_lm.root_requests()[0])
+    assert "Variable: `sales`" in first  # the input
+    assert "- region: str len 5" in first and "- sales:" not in first  # the notebook's other variables
+
+
 @pytest.mark.slow
 def test_previews_and_context_off(py: PythonKernel, scripted_lm) -> None:
     py.ok("label = 'hello previews'")
