@@ -296,10 +296,17 @@ def run_api(client: httpx.Client, task: Task) -> Run:
             events.append(event)
             progress(event)
     run = from_events(task, "api", events)
-    run.turn = {
+    run.turn = turn_record(task, events, {k: v for k, v in body.items() if k != "attachment_ids"}, sorted(task.files))
+    return run
+
+
+def turn_record(task: Task, events: list[dict[str, Any]], body: dict[str, Any], files: list[str]) -> dict[str, Any]:
+    """What a replay of this turn must show again: how it ended, its answer, steps, step errors and LM calls."""
+    run = from_events(task, "", events)
+    return {
         "task": task.name,
-        "body": {k: v for k, v in body.items() if k != "attachment_ids"},
-        "files": sorted(task.files),
+        "body": body,
+        "files": files,
         "outcome": next((e["type"] for e in events if e["type"] in TERMINAL), None),
         "answer": run.answer,
         "extracted": run.ended == "extracted",
@@ -311,7 +318,6 @@ def run_api(client: httpx.Client, task: Task) -> Run:
         "lm_calls": sum(e["type"] == "lm.finished" for e in events),
         "error_type": next((e["data"]["error"]["type"] for e in events if e["type"] == "turn.failed"), None),
     }
-    return run
 
 
 class KernelPath:
@@ -327,10 +333,13 @@ class KernelPath:
             values.update(task.inputs)
         data = Path(env["FLEET_HOME"]) / "real-model-inputs.json"
         data.write_text(json.dumps(values), encoding="utf-8")
-        self.execute(
-            f"%load_ext fleet_kernel\nimport json\nglobals().update(json.load(open({str(data)!r})))\n"
-            f"SCHEMA = {SCHEMA!r}"
-        )
+        self.execute(self.setup_cell(data))
+
+    @staticmethod
+    def setup_cell(data: Path) -> str:
+        """The notebook's first cell: the magic, and every task's data as variables (read from ``data``)."""
+        load = f"globals().update(json.load(open({str(data)!r})))"
+        return f"%load_ext fleet_kernel\nimport json\n{load}\nSCHEMA = {SCHEMA!r}"
 
     def execute(self, code: str, timeout: float = 1800) -> dict[str, Any]:
         msg_id = self.kc.execute(code)
@@ -349,19 +358,26 @@ class KernelPath:
                 break
         return meta
 
-    def run(self, task: Task) -> Run:
-        self.execute("%fleet session new")
+    @staticmethod
+    def cell(task: Task) -> str:
+        """The ``%%fleet`` cell that runs ``task`` (a replay sends the same one)."""
         flags = f"--in {','.join(task.inputs)} " if task.inputs else ""
         if task.schema:
             flags += "--schema SCHEMA "
-        meta = self.execute(f"%%fleet {flags}--out result\n{task.kernel}")
+        return f"%%fleet {flags}--out result\n{task.kernel}"
+
+    def run(self, task: Task) -> Run:
+        self.execute("%fleet session new")
+        meta = self.execute(self.cell(task))
         if "turn_id" not in meta:
             return Run(task.name, "kernel", ended="error", why=meta.get("error", "the cell gave no Fleet turn"))
         base = f"/api/sessions/{meta['session_id']}/turns/{meta['turn_id']}"
         with self.client.stream("GET", f"{base}/events", params={"after": 0}) as response:
             response.raise_for_status()
             events = list(sse_events(response))
-        return from_events(task, "kernel", events)
+        run = from_events(task, "kernel", events)
+        run.turn = turn_record(task, events, {"cell": self.cell(task)}, [])
+        return run
 
     def close(self) -> None:
         self.kc.stop_channels()
@@ -552,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - one run, step by
         (args.record / "real-model-api.turns.json").unlink(missing_ok=True)
         note_cassette(
             args.record / "real-model-kernel.cassette.json",
-            [{"task": r.task, "ended": r.ended} for r in runs if r.path == "kernel"],
+            [r.turn for r in runs if r.path == "kernel"],
             config,
         )
     if args.summary:

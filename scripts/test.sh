@@ -12,6 +12,10 @@ cd "$(dirname "$0")/.."
 source scripts/common.sh
 
 PG_ROLE=fleet_test
+# Bytecode caches on: with PYTHONDONTWRITEBYTECODE set (as in many container images) every kernel, server and
+# pytest worker compiles Fleet's modules again, and pytest rewrites every test module's asserts again: about
+# 5 s of CPU per worker's collection alone. The caches go to __pycache__ folders git ignores.
+unset PYTHONDONTWRITEBYTECODE
 # Tests mostly wait (kernels starting, servers, sandboxes), so one more worker than cores keeps them busy.
 WORKERS=${FLEET_TEST_WORKERS:-$(($(nproc) + 1))}
 PYTEST=("$PY" -m pytest -q -rs -p no:cacheprovider -n "$WORKERS" --dist worksteal)

@@ -11,45 +11,24 @@ run showed.
 
 from __future__ import annotations
 
-import importlib
-import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from live_api import LiveServer, iter_frames
+from real_model_replays import DATA, assert_as_recorded, ending, fleet_toml, load, suite
 
 from fleet_kernel.config import load_settings
 
-DATA = Path(__file__).parent / "data"
-ROOT = Path(__file__).resolve().parents[1]
-TERMINAL = {"turn.completed", "turn.failed", "turn.cancelled"}
-
-
-def _suite() -> Any:
-    """``scripts/real_model.py``: the tasks' data, made the same way as when they were recorded."""
-    sys.path.insert(0, str(ROOT / "scripts"))  # scripts/real_model.py: the tasks and their data
-    return importlib.import_module("real_model")
-
-
-def _load(name: str) -> dict[str, Any]:
-    path = DATA / name
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {"turns": [], "exchanges": []}
-
-
-API = _load("real-model-api.cassette.json")
-CUT = _load("real-model-truncated.cassette.json")
+API = load("real-model-api.cassette.json")
+CUT = load("real-model-truncated.cassette.json")
 
 
 def _replay(tmp_path: Path, cassette: str, header: dict[str, Any], turn: dict[str, Any]) -> list[dict[str, Any]]:
     """Send ``turn`` to a real API whose model is the cassette; the turn's envelopes."""
-    config = header["config"]
-    toml = "[limits]\n" + "".join(f"{k} = {v}\n" for k, v in config["limits"].items())
-    toml += f'\n[lm]\nmax_tokens = {config["max_tokens"]}\nreplay_pace = "at_once"\n'
-    (tmp_path / "fleet.toml").write_text(toml, encoding="utf-8")
+    (tmp_path / "fleet.toml").write_text(fleet_toml(header), encoding="utf-8")
     home = tmp_path / "home"
     home.mkdir()
     env = {
@@ -59,8 +38,8 @@ def _replay(tmp_path: Path, cassette: str, header: dict[str, Any], turn: dict[st
     }
     if os.environ.get("FLEET_TEST_DATABASE_URL"):
         env["FLEET_DATABASE_URL"] = os.environ["FLEET_TEST_DATABASE_URL"]
-    suite = _suite()
-    task = {t.name: t for t in suite.tasks(suite.make_log())}[turn["task"]]
+    tasks = suite()
+    task = {t.name: t for t in tasks.tasks(tasks.make_log())}[turn["task"]]
     with LiveServer(load_settings(env)) as server, httpx.Client(base_url=server.url, timeout=120) as client:
         session = client.post("/api/sessions", json={"title": "replayed real model"}).json()["session_id"]
         ids = []
@@ -76,12 +55,6 @@ def _replay(tmp_path: Path, cassette: str, header: dict[str, Any], turn: dict[st
         with client.stream("POST", f"/api/sessions/{session}/turns", json=body) as response:
             assert response.status_code == 200, response.read()
             return [frame.envelope for frame in iter_frames(response) if frame.data]
-
-
-def _ending(events: list[dict[str, Any]]) -> dict[str, Any]:
-    terminal = [e for e in events if e["type"] in TERMINAL]
-    assert len(terminal) == 1 and events[-1] is terminal[0], [e["type"] for e in events]
-    return terminal[0]
 
 
 def test_the_cassettes_are_the_instruction_tuned_models_recordings() -> None:
@@ -102,36 +75,13 @@ def test_the_cassettes_are_the_instruction_tuned_models_recordings() -> None:
 
 @pytest.mark.parametrize("turn", API["turns"], ids=[t["task"] for t in API["turns"]])
 def test_a_replayed_turn_shows_what_the_live_one_did(tmp_path: Path, turn: dict[str, Any]) -> None:
-    events = _replay(tmp_path, "real-model-api.cassette.json", API, turn)
-    end = _ending(events)
-    assert end["type"] == turn["outcome"], end["data"]
-    assert (
-        max((e["data"]["iteration"] for e in events if e["type"] == "iteration.started"), default=0)
-        == turn["iterations"]
-    )
-    assert sum(e["type"] == "lm.finished" for e in events) == turn["lm_calls"]
-    codes = [e["data"]["code"] for e in events if e["type"] == "code"]
-    assert len(codes) == turn["iterations"] and all(c.strip() for c in codes)  # the steps, as the model wrote them
-    errors = [(e["data"]["error"] or {}) for e in events if e["type"] == "execution.finished"]
-    assert [x.get("type") for x in errors] == turn["step_errors"]
-    for error in errors:  # a path the model got wrong says where the working directory is
-        if "No such file or directory: 'workspace/" in error.get("message", ""):
-            assert "The working directory is /workspace: write '/workspace/" in error["message"]
-    if end["type"] == "turn.completed":
-        assert end["data"]["answer"] == turn["answer"]
-        # an answer extraction gave (no SUBMIT) is marked so, with the limit that ended the steps
-        assert end["data"].get("extracted", False) == turn["extracted"]
-        assert end["data"].get("reason") == turn.get("reason")
-    else:
-        assert end["data"]["error"]["type"] == turn["error_type"] != "lm_replay_miss"
-        message = end["data"]["error"]["message"]
-        assert message.strip() and "Traceback" not in message
+    assert_as_recorded(_replay(tmp_path, "real-model-api.cassette.json", API, turn), turn)
 
 
 @pytest.mark.parametrize("turn", CUT["turns"], ids=[t["task"] for t in CUT["turns"]])
 def test_a_reply_cut_at_max_tokens_says_so_and_names_the_key(tmp_path: Path, turn: dict[str, Any]) -> None:
     events = _replay(tmp_path, "real-model-truncated.cassette.json", CUT, turn)
-    end = _ending(events)
+    end = ending(events)
     finished = [e["data"] for e in events if e["type"] == "lm.finished"]
     assert "length" in [d.get("finish_reason") for d in finished]  # the replay ends the reply as live: cut
     assert end["type"] == turn["outcome"] == "turn.failed", end["data"]
