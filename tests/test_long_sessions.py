@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -147,6 +149,36 @@ async def test_a_failed_summary_call_leaves_the_turn_running(
     assert "(turn 1 left out: not in the summary yet)" in root and "--- turn 2 ---" in root
     assert await store.history_summary(session) is None
     assert [e.data["role"] for e in last if e.type == "lm.finished"] == ["sub", "root"]
+
+
+def test_a_model_s_context_is_litellm_s_figure_read_without_importing_litellm() -> None:
+    """The window is sized from LiteLLM's model map, read from the JSON LiteLLM ships: importing LiteLLM for
+    it took ~2.5 s of CPU on every process's first turn, which needs nothing else of LiteLLM. The figures are
+    LiteLLM's own, aliases included (a fresh interpreter: this one has LiteLLM loaded already)."""
+    check = """
+import sys
+from fleet_kernel.engine.compaction import known_context
+models = ["openai/gpt-4.1-mini", "anthropic/claude-sonnet-4-5", "gpt-4o", "ollama/llama3", "openai/scripted"]
+mine = [known_context(m) for m in models]
+assert "litellm" not in sys.modules, "LiteLLM was imported"
+import litellm
+aliased = [k for k, v in litellm.model_cost.items() if len(getattr(v, "names", ())) > 1][:20]  # shared rows
+mine += [known_context(m) for m in aliased]
+def theirs(model):
+    for name in (model, model.split("/", 1)[-1]):
+        info = litellm.model_cost.get(name) or {}
+        value = info.get("max_input_tokens") or info.get("max_tokens")
+        if isinstance(value, int) and value > 0:
+            return value
+print(json.dumps({"same": mine == [theirs(m) for m in [*models, *aliased]], "mine": mine, "aliases": len(aliased)}))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", "import json" + check], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    seen = json.loads(result.stdout)
+    assert seen["same"] and seen["aliases"] > 0, seen
+    assert all(seen["mine"][:4]) and seen["mine"][4] is None, seen  # known models; a made-up one is unknown
 
 
 def test_the_window_is_sized_from_the_model_context(fleet_env: dict[str, str], tmp_path: Path) -> None:

@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib.util
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fleet_kernel.config import Settings
@@ -73,16 +76,42 @@ def known_context(model: str) -> int | None:
     """The model's context length in tokens as LiteLLM's model map has it, or None (unknown, a replay)."""
     if not model or model.startswith(REPLAY):
         return None
-    import litellm  # noqa: PLC0415 - loaded with dspy already on a turn's path; slow to import cold
-
-    # The static map only: ``litellm.get_model_info`` asks an ollama server itself (``/api/show``), which
-    # would contact an endpoint the operator never configured before the model's policy is checked.
+    models = _model_map()
     for name in (model, model.split("/", 1)[-1]):
-        info: dict[str, Any] = litellm.model_cost.get(name) or {}
-        value = info.get("max_input_tokens") or info.get("max_tokens")
+        info = models.get(name)
+        for _ in range(3):  # an alias row stands for the row it names
+            if isinstance(info, dict) and isinstance(info.get("alias_of"), str):
+                info = models.get(info["alias_of"])
+        value = info.get("max_input_tokens") or info.get("max_tokens") if isinstance(info, dict) else None
         if isinstance(value, int) and value > 0:
             return value
     return None
+
+
+@functools.cache
+def _model_map() -> dict[str, Any]:
+    """LiteLLM's static model map: the JSON it ships and loads in local mode (``LITELLM_LOCAL_MODEL_COST_MAP``,
+    set by fleet_kernel), read without importing LiteLLM. That import costs ~2.5 s of CPU on a process's first
+    turn, and a turn needs nothing else of it: dspy calls the model itself. (Not ``litellm.get_model_info``
+    either: it asks an ollama server itself, an endpoint the operator never configured.)"""
+    spec = importlib.util.find_spec("litellm")
+    if spec is None or spec.origin is None:
+        return {}
+    try:
+        models = json.loads((Path(spec.origin).parent / MODEL_MAP).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(models, dict):
+        return {}
+    for info in list(models.values()):  # a row may list other names it is known by
+        aliases = info.get("aliases") if isinstance(info, dict) else None
+        for alias in aliases if isinstance(aliases, list) else ():
+            if isinstance(alias, str):
+                models.setdefault(alias, info)
+    return models
+
+
+MODEL_MAP = "model_prices_and_context_window_backup.json"
 
 
 SERVER_TIMEOUT_S = 2.0
