@@ -296,15 +296,15 @@ def run_api(client: httpx.Client, task: Task) -> Run:
             events.append(event)
             progress(event)
     run = from_events(task, "api", events)
-    run.turn = turn_record(task, events, {k: v for k, v in body.items() if k != "attachment_ids"}, sorted(task.files))
+    run.turn = turn_record(run, events, {k: v for k, v in body.items() if k != "attachment_ids"}, sorted(task.files))
     return run
 
 
-def turn_record(task: Task, events: list[dict[str, Any]], body: dict[str, Any], files: list[str]) -> dict[str, Any]:
-    """What a replay of this turn must show again: how it ended, its answer, steps, step errors and LM calls."""
-    run = from_events(task, "", events)
+def turn_record(run: Run, events: list[dict[str, Any]], body: dict[str, Any], files: list[str]) -> dict[str, Any]:
+    """What a replay of ``run`` (made from ``events``) must show again: how it ended, its answer, steps, step
+    errors and LM calls."""
     return {
-        "task": task.name,
+        "task": run.task,
         "body": body,
         "files": files,
         "outcome": next((e["type"] for e in events if e["type"] in TERMINAL), None),
@@ -376,7 +376,7 @@ class KernelPath:
             response.raise_for_status()
             events = list(sse_events(response))
         run = from_events(task, "kernel", events)
-        run.turn = turn_record(task, events, {"cell": self.cell(task)}, [])
+        run.turn = turn_record(run, events, {"cell": self.cell(task)}, [])
         return run
 
     def close(self) -> None:

@@ -71,6 +71,10 @@ class Window:
         return self.turns <= 0 or self.chars <= 0
 
 
+MODEL_MAP = "model_prices_and_context_window_backup.json"
+"""LiteLLM's model map, in its package."""
+
+
 @functools.cache
 def known_context(model: str) -> int | None:
     """The model's context length in tokens as LiteLLM's model map has it, or None (unknown, a replay)."""
@@ -82,7 +86,7 @@ def known_context(model: str) -> int | None:
         for _ in range(3):  # an alias row stands for the row it names
             if isinstance(info, dict) and isinstance(info.get("alias_of"), str):
                 info = models.get(info["alias_of"])
-        value = info.get("max_input_tokens") or info.get("max_tokens") if isinstance(info, dict) else None
+        value = (info.get("max_input_tokens") or info.get("max_tokens")) if isinstance(info, dict) else None
         if isinstance(value, int) and value > 0:
             return value
     return None
@@ -109,9 +113,6 @@ def _model_map() -> dict[str, Any]:
             if isinstance(alias, str):
                 models.setdefault(alias, info)
     return models
-
-
-MODEL_MAP = "model_prices_and_context_window_backup.json"
 
 
 SERVER_TIMEOUT_S = 2.0

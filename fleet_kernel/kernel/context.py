@@ -36,7 +36,7 @@ WARM_MODULES = (
     "fleet_kernel.transcript",
     "fleet_kernel.engine.sessions",
     "fleet_kernel.kernel.display",
-    "fleet_kernel.engine.turn",  # dspy and LiteLLM: the slow one
+    "fleet_kernel.engine.turn",  # dspy: the slow one
     "pygments.lexers.python",
     "markdown_it",
     "fleet_kernel.kernel.widgets",

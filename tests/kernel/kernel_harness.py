@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import uuid
@@ -12,6 +13,9 @@ from typing import Any
 
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager, start_new_kernel
+
+from fleet_kernel.events import Event
+from fleet_kernel.store import Store
 
 KERNEL = "fleet-test"
 SHARED_KERNEL = "fleet-test-shared"
@@ -109,6 +113,18 @@ class Kernel:
         text = self.run("%fleet session").text()
         assert text.startswith("Session "), text
         return text.split()[1].rstrip(":")
+
+    def stored_events(self, turn_id: str) -> list[Event]:
+        """The turn's events as the kernel's store holds them."""
+
+        async def read() -> list[Event]:
+            store = await Store.open(self.database_url)
+            try:
+                return list(await store.events_after(turn_id, 0, limit=100_000))
+            finally:
+                await store.close()
+
+        return asyncio.run(read())
 
     def wait_for_output(self, msg_id: str, needle: str, timeout: float = 120) -> list[dict[str, Any]]:
         """IOPub messages of ``msg_id`` up to the first stream containing ``needle`` (``timeout``: a liveness

@@ -5,7 +5,6 @@ A real python3 ipykernel with ``%load_ext fleet_kernel`` over ZMQ, the scripted 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -13,19 +12,9 @@ import pytest
 from kernel_harness import PythonKernel
 from scripted_lm import step
 
-from fleet_kernel.store import Store
-
 
 def _prompts(scripted_lm: Any) -> str:
     return "\n".join(_text(r) for r in scripted_lm.root_requests())
-
-
-async def _events(py: PythonKernel, turn_id: str) -> list[Any]:
-    store = await Store.open(py.database_url)
-    try:
-        return list(await store.events_after(turn_id))
-    finally:
-        await store.close()
 
 
 def _text(request: dict[str, Any]) -> str:
@@ -54,7 +43,7 @@ def test_the_catalogue_names_variables_but_never_their_values(py: PythonKernel, 
     text = run.text()
     assert "shape (2, 2) DataFrame 222222" in text
     assert "refused:" in text and "'api_key' is not a notebook variable you may fetch" in text
-    events = asyncio.run(_events(py, run.result["metadata"]["fleet"]["turn_id"]))
+    events = py.stored_events(run.result["metadata"]["fleet"]["turn_id"])
     fetches = [e.data["args_preview"] for e in events if e.type == "tool.started" and e.data["name"] == "notebook"]
     assert fetches == ["df", "api_key"]
     assert [e.data["ok"] for e in events if e.type == "tool.finished"] == [True, False]
@@ -135,7 +124,7 @@ def test_user_tools_run_in_the_notebook_and_errors_reach_the_model(py: PythonKer
     text = run.text()
     assert "area 12" in text and "tool said: ValueError boom on 5" in text and "total 6" in text
     assert py.value("calls") == "['MainThread']"  # the user's code ran on the kernel's own thread
-    events = asyncio.run(_events(py, run.result["metadata"]["fleet"]["turn_id"]))
+    events = py.stored_events(run.result["metadata"]["fleet"]["turn_id"])
     calls = [(e.data["name"], e.type) for e in events if e.type.startswith("tool.") and "name" in e.data]
     assert calls == [("area", "tool.started"), ("boom", "tool.started"), ("total", "tool.started")]
     finished = [e.data for e in events if e.type == "tool.finished"]

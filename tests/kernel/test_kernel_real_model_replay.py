@@ -9,7 +9,6 @@ left) on the cassette and checks each turn shows what the live one did.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -18,20 +17,7 @@ import pytest
 from kernel_harness import PythonKernel
 from real_model_replays import DATA, assert_as_recorded, fleet_toml, load, suite
 
-from fleet_kernel.store import Store
-
 KERNEL = load("real-model-kernel.cassette.json")
-
-
-def _events(database_url: str, turn_id: str) -> list[dict[str, Any]]:
-    async def read() -> list[dict[str, Any]]:
-        store = await Store.open(database_url)
-        try:
-            return [e.model_dump(mode="json") for e in await store.events_after(turn_id, 0, limit=100_000)]
-        finally:
-            await store.close()
-
-    return asyncio.run(read())
 
 
 def _turn_id(kernel: PythonKernel, cell: str) -> str:
@@ -64,7 +50,8 @@ def test_the_replayed_cells_show_what_the_live_ones_did(tmp_path: Path, fleet_en
         kernel.ok(tasks.KernelPath.setup_cell(data))
         for turn in KERNEL["turns"]:
             kernel.ok("%fleet session new")
-            events = _events(kernel.database_url, _turn_id(kernel, turn["body"]["cell"]))
+            stored = kernel.stored_events(_turn_id(kernel, turn["body"]["cell"]))
+            events = [e.model_dump(mode="json") for e in stored]
             assert_as_recorded(events, turn)
     finally:
         kernel.close()
