@@ -227,10 +227,11 @@ def test_session_routes_return_409_instead_of_waiting_on_a_running_turn(
     client: httpx.Client, scripted_lm: ScriptedLM, method: str, path: str, body: dict[str, Any] | None
 ) -> None:
     scripted_lm.add("slow work", SLOW)
-    with client.stream("POST", f"{P}/sessions/s-locked/turn", json={"task": "slow work"}) as r:
+    session = f"s-locked-{method}{path.replace('/', '-')}"  # one per case: a case's turn may still be ending
+    with client.stream("POST", f"{P}/sessions/{session}/turn", json={"task": "slow work"}) as r:
         lines = r.iter_lines()
         wait_for_code(lines)
-        response = client.request(method.upper(), f"{P}/sessions/s-locked{path}", json=body)
+        response = client.request(method.upper(), f"{P}/sessions/{session}{path}", json=body)
         assert response.status_code == 409, response.text
         assert "Turn" in response.json()["detail"]
 
