@@ -47,9 +47,10 @@ def test_the_stop_button_cancels_the_turn(kernel: Kernel, scripted_lm) -> None:
     msg_id = kernel.submit("a sleepy task")
     seen = []
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not any(
-        "sleeping" in str(m["content"]) for m in seen if m["msg_type"] == "comm_msg"
-    ):
+    while not any(
+        "sleeping" in str(m["content"]) for m in seen if m["msg_type"] in ("comm_open", "comm_msg")
+    ):  # a section made after the output arrived opens with it
+        assert time.monotonic() < deadline, "the card never showed the code's output"
         msg = kernel.kc.get_iopub_msg(timeout=30)
         if msg["parent_header"].get("msg_id") == msg_id:
             seen.append(msg)
