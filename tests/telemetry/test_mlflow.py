@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -64,11 +65,12 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             line for line in (root / "server.log").read_text().splitlines() if "/v1/traces" in line or "rror" in line
         ]
         print("\n".join(ingest[-50:]))  # shown when the test fails
-        process.terminate()
+        os.killpg(process.pid, signal.SIGTERM)  # the CLI and its uvicorn and job workers: the CLI alone took 10 s
         try:
             process.wait(15)
         except subprocess.TimeoutExpired:
-            process.kill()
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(5)
         log.close()
         shutil.rmtree(root / "artifacts", ignore_errors=True)
 
