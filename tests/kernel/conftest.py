@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
+import socket
+import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
 from homes import env_for, new_home
-from kernel_harness import KERNEL, SHARED_KERNEL, Kernel, PythonKernel, SharedKernel, SharedPython
+from kernel_harness import CHROMIUM, KERNEL, SHARED_KERNEL, Kernel, PythonKernel, SharedKernel, SharedPython
 from scripted_lm import ScriptedLM
 
 K = TypeVar("K", Kernel, PythonKernel)
@@ -106,3 +111,61 @@ def start_python(fleet_env: dict[str, str]) -> Iterator[Callable[..., PythonKern
 def kernel(shared_kernel: SharedKernel, scripted_lm: ScriptedLM) -> Kernel:
     """The shared kernel: idle, in a new session of its own, the kernel-wide state and the LM put back."""
     return shared_kernel.hand_over()
+
+
+@pytest.fixture(scope="session")
+def lab_server(
+    tmp_path_factory: pytest.TempPathFactory, migrated_store_file: Path, shared_scripted_lm: ScriptedLM
+) -> Iterator[tuple[str, str, Path]]:
+    """One JupyterLab server on loopback for the browser tests, on the worker's LM and a home of its own:
+    ``(base URL, token, root folder)``. Starting one took ~2 s, and stopping it ~1.5 s, per test."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    pytest.importorskip("playwright.sync_api")
+    lab_bin = Path(sys.executable).parent / "jupyter-lab"
+    if not lab_bin.exists():
+        pytest.skip("jupyterlab is not installed")
+    root = tmp_path_factory.mktemp("lab")
+    env = {**os.environ, **env_for(new_home(root, migrated_store_file), shared_scripted_lm)}
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    token = secrets.token_hex(8)
+    command = [str(lab_bin), "--allow-root", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+               f"--ServerApp.token={token}", f"--ServerApp.root_dir={root}", "--LabApp.news_url=None"]  # fmt: skip
+    with (root / "lab.log").open("wb") as log:
+        server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.3)
+        else:
+            pytest.fail(f"JupyterLab did not start: {(root / 'lab.log').read_text()[-2000:]}")
+        yield base, token, root
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+@pytest.fixture
+def lab(
+    lab_server: tuple[str, str, Path], scripted_lm: ScriptedLM, request: pytest.FixtureRequest
+) -> Iterator[tuple[str, Path]]:
+    """A folder of this test's own in the shared JupyterLab: yields the URL of its ``t.ipynb`` (with the token) and
+    the folder. The kernels the test's notebook started are shut down after it."""
+    base, token, root = lab_server
+    folder = root / request.node.name.split("[")[0]
+    folder.mkdir()
+    yield f"{base}/lab/tree/{folder.name}/t.ipynb?reset&token={token}", folder  # reset: no tab of an earlier test
+    kernels = json.loads(urllib.request.urlopen(f"{base}/api/kernels?token={token}", timeout=30).read())
+    for kernel in kernels:
+        stop = urllib.request.Request(f"{base}/api/kernels/{kernel['id']}?token={token}", method="DELETE")
+        urllib.request.urlopen(stop, timeout=30)

@@ -1,26 +1,22 @@
-"""JupyterLab in a real browser (Debian chromium via playwright-python): a cell's live card, then its transcript."""
+"""JupyterLab in a real browser (Debian chromium via playwright-python): a cell's live card, then its transcript.
+
+The JupyterLab server is shared by the tests (``lab`` in ``conftest.py``); each test has a folder and a notebook of
+its own, and so a kernel of its own."""
 
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
 import pytest
-from kernel_harness import KERNEL
+from kernel_harness import CHROMIUM, KERNEL
 from scripted_lm import step
 
 # JupyterLab in Chromium on a busy 2-core machine: bounds are generous liveness bounds, not latencies
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
-CHROMIUM = "/usr/bin/chromium"
 FLAGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -30,61 +26,6 @@ FLAGS = [
     "--no-first-run",
     "--disable-quic",
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@pytest.fixture
-def lab(tmp_path: Path, fleet_env: dict[str, str]) -> Iterator[tuple[str, Path]]:
-    """A JupyterLab server on loopback over ``tmp_path``; yields its base URL (with token) and folder."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip("chromium is not installed (apt-get install chromium)")
-    pytest.importorskip("playwright.sync_api")
-    lab_bin = Path(sys.executable).parent / "jupyter-lab"
-    if not lab_bin.exists():
-        pytest.skip("jupyterlab is not installed")
-    port, token = _free_port(), secrets.token_hex(8)
-    env = {**os.environ, **fleet_env}
-    log = (tmp_path / "lab.log").open("wb")
-    server = subprocess.Popen(
-        [
-            str(lab_bin),
-            "--allow-root",
-            "--no-browser",
-            "--ip=127.0.0.1",
-            f"--port={port}",
-            f"--ServerApp.token={token}",
-            f"--ServerApp.root_dir={tmp_path}",
-            "--LabApp.news_url=None",
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.3)
-        else:
-            pytest.fail(f"JupyterLab did not start: {(tmp_path / 'lab.log').read_text()[-2000:]}")
-        yield f"{base}/lab/tree/t.ipynb?token={token}", tmp_path
-    finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
 
 
 @pytest.mark.slow
@@ -146,7 +87,7 @@ def test_lab_shows_the_live_card_then_the_transcript(lab: tuple[str, Path], scri
             browser.close()
             if os.environ.get("KERNEL_TEST_SCREENSHOTS"):
                 shutil.copytree(shots, os.environ["KERNEL_TEST_SCREENSHOTS"], dirs_exist_ok=True)
-                for log in (folder / "lab.log", *folder.glob("fleet-home/logs/*.log")):
+                for log in (folder.parent / "lab.log", *folder.parent.glob("fleet-home/logs/*.log")):
                     shutil.copy(log, os.environ["KERNEL_TEST_SCREENSHOTS"])
 
 

@@ -16,7 +16,7 @@ import nbformat
 import pytest
 from kernel_harness import KERNEL
 from scripted_lm import step
-from test_kernel_browser import CHROMIUM, FLAGS, lab  # noqa: F401 (lab: the JupyterLab fixture)
+from test_kernel_browser import CHROMIUM, FLAGS
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
 PRICES = "the basic plan costs $5 and the pro plan costs $10"
@@ -56,7 +56,7 @@ def _check(texts: list[str]) -> None:
 
 
 def test_lab_shows_dollars_help_rows_and_marks_as_written_live_and_after_a_reload(
-    lab: tuple[str, Path],  # noqa: F811 (the fixture imported above)
+    lab: tuple[str, Path],
     scripted_lm,
 ) -> None:
     from playwright.sync_api import expect, sync_playwright
