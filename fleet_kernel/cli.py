@@ -18,6 +18,7 @@ import click
 from fleet_kernel import __version__
 from fleet_kernel.errors import FleetError
 from fleet_kernel.kernel.install import install
+from fleet_kernel.lazy import skip_unused_imports
 from fleet_kernel.telemetry.export import trace
 
 
@@ -36,6 +37,7 @@ def friendly(func: Callable[..., Any]) -> Callable[..., Any]:
 @click.version_option(__version__, prog_name="fleet")
 def main() -> None:
     """Fleet: recursive language models (dspy.RLM) from Jupyter, with a sandbox and a durable store."""
+    skip_unused_imports()
 
 
 @main.group()

@@ -15,6 +15,12 @@ import time
 from types import ModuleType
 
 _IMPORTS = threading.RLock()
+UNUSED_MODULES = ("rfc3987_syntax",)
+"""Never imported by Fleet's own processes (the kernel, ``fleet serve`` and the other ``fleet`` commands).
+jsonschema (which dspy and nbformat import) checks the ``iri`` format with rfc3987_syntax when it is installed
+(jupyter_server's extras install it), and importing it compiles a Lark grammar: about 0.85 s of CPU, half of
+the engine's load. Nothing in Fleet validates ``iri`` formats: dspy and nbformat validate without a
+``FormatChecker``. Not applied where Fleet is a guest (the ``%%fleet`` magic in a user's python3 kernel)."""
 RETRIES = 10  # a module another thread is still importing: wait for it and import again
 RETRY_S = 0.2
 
@@ -38,3 +44,9 @@ def import_module(name: str) -> ModuleType:
 def _half_imported(exc: BaseException) -> bool:
     text = str(exc)
     return "partially initialized" in text or "circular import" in text or "has no attribute" in text
+
+
+def skip_unused_imports() -> None:
+    """Make ``UNUSED_MODULES`` unimportable in this process (libraries that try them carry on without)."""
+    for name in UNUSED_MODULES:
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]

@@ -105,3 +105,19 @@ print("offline ok")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "offline ok" in result.stdout
+
+
+def test_fleet_commands_load_the_engine_without_compiling_jsonschema_s_iri_grammar() -> None:
+    """dspy imports jsonschema, which compiles a Lark grammar for the ``iri`` format (rfc3987_syntax, installed by
+    Jupyter's extras) when it can: ~0.85 s of CPU in every ``fleet serve`` (and kernel, which skips it too) for a
+    check nothing runs."""
+    code = """
+import sys
+from click.testing import CliRunner
+from fleet_api.cli import main
+CliRunner().invoke(main, ["db", "--help"])  # the group runs, then a subcommand
+import fleet_kernel.engine.turn
+print(sys.modules.get("rfc3987_syntax"))
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.strip() == "None", result.stdout

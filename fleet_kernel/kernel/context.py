@@ -49,11 +49,6 @@ HOLD_MAX_S = 5.0
 """dspy's import (~1 s of CPU) waits while a cell's turn is being started (``start_turn``), at most this long:
 sharing the GIL with it, the turn's claim and its first event took several times as long."""
 OPEN_WAIT_S = 30.0
-UNUSED_MODULES = ("rfc3987_syntax",)
-"""Never imported by the kernel process. jsonschema (which dspy and nbformat import) checks the ``iri``
-format with rfc3987_syntax when it is installed (jupyter_server's extras install it), and importing it
-compiles a Lark grammar: about 0.85 s of CPU, half of the engine's load. Nothing in a kernel validates
-``iri`` formats: dspy and nbformat validate without a ``FormatChecker``."""
 
 
 class KernelContext:
@@ -265,12 +260,6 @@ class KernelContext:
         if mode == "text" or (self.chosen_output() is None and self.console_seen and not self.widgets_seen):
             return "text"
         return "widgets" if self.widgets_seen else "plain"
-
-
-def skip_unused_imports() -> None:
-    """Make ``UNUSED_MODULES`` unimportable in this process (libraries that try them carry on without)."""
-    for name in UNUSED_MODULES:
-        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
 
 
 async def load_off_loop(module: str) -> None:

@@ -23,7 +23,8 @@ from fleet_kernel import __version__
 from fleet_kernel.cancel import CancelToken
 from fleet_kernel.errors import FleetError
 from fleet_kernel.kernel import commands, spec
-from fleet_kernel.kernel.context import KernelContext, load_off_loop, route_output_to_log, skip_unused_imports
+from fleet_kernel.kernel.context import KernelContext, load_off_loop, route_output_to_log
+from fleet_kernel.lazy import skip_unused_imports
 
 if TYPE_CHECKING:
     from jupyter_client.session import Session
