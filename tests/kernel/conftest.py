@@ -160,7 +160,8 @@ def lab(
     lab_server: tuple[str, str, Path], scripted_lm: ScriptedLM, request: pytest.FixtureRequest
 ) -> Iterator[tuple[str, Path]]:
     """A folder of this test's own in the shared JupyterLab: yields the URL of its ``t.ipynb`` (with the token) and
-    the folder. The kernels the test's notebook started are shut down after it."""
+    the folder. The kernels the test's notebook started are shut down after it; ``scripted_lm`` (the LM the
+    server's kernels use) is reset for the test."""
     base, token, root = lab_server
     folder = root / request.node.name.split("[")[0]
     folder.mkdir()
