@@ -19,8 +19,9 @@ UNUSED_MODULES = ("rfc3987_syntax",)
 """Never imported by Fleet's own processes (the kernel, ``fleet serve`` and the other ``fleet`` commands).
 jsonschema (which dspy and nbformat import) checks the ``iri`` format with rfc3987_syntax when it is installed
 (jupyter_server's extras install it), and importing it compiles a Lark grammar: the engine's import (dspy
-included) took 1.95 s of CPU with it and 0.84 s without. Nothing in Fleet validates ``iri`` formats: dspy and nbformat validate without a
-``FormatChecker``. Not applied where Fleet is a guest (the ``%%fleet`` magic in a user's python3 kernel)."""
+included) took 1.95 s of CPU with it and 0.84 s without. Nothing in Fleet validates ``iri`` formats: dspy and
+nbformat validate without a ``FormatChecker``. Not applied where Fleet is a guest (the ``%%fleet`` magic in a
+user's python3 kernel)."""
 RETRIES = 10  # a module another thread is still importing: wait for it and import again
 RETRY_S = 0.2
 
