@@ -148,15 +148,19 @@ def private_slots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
     running by an earlier test would take a slot in this test's folder. A fresh pool serves this test, and
     another fresh one the tests after it.
     """
+    import shutil
     import tempfile
 
     from fleet_kernel.sandbox import pool
 
-    path = tmp_path / "tmp"
-    path.mkdir()
+    # In the real temp dir, not under pytest's owner-only folder: root's sandboxes run as another uid, which
+    # must reach the support folders made here (the sandbox probe's too).
+    path = Path(tempfile.mkdtemp(prefix="fleet-test-slots-"))
+    path.chmod(0o711)
     pool.POOL.close()
     pool.POOL = pool.Pool()
     monkeypatch.setattr(tempfile, "tempdir", str(path))
     yield path
     pool.POOL.close()
     pool.POOL = pool.Pool()
+    shutil.rmtree(path, ignore_errors=True)

@@ -235,13 +235,14 @@ async def test_a_recorded_real_model_is_measured_offline(tmp_path: Path) -> None
 
 @pytest.mark.slow
 async def test_runs_beyond_the_sandbox_cap_wait_for_a_slot(
-    fleet_env: dict[str, str], store: Store, scripted_lm: ScriptedLM, tmp_path: Path
+    fleet_env: dict[str, str], store: Store, scripted_lm: ScriptedLM, tmp_path: Path, private_slots: Path
 ) -> None:
+    # private_slots: the cap counts every sandbox of this user on the machine, the other workers' tests' too
     from fleet_kernel.config import load_settings
 
     config = tmp_path / "fleet.toml"
     config.write_text("[sandbox]\nmax_sandboxes = 1\n")
-    settings = load_settings({**fleet_env, "FLEET_CONFIG": str(config)})
+    settings = load_settings({**fleet_env, "FLEET_CONFIG": str(config), "FLEET_SANDBOX": "local"})
     rows = [{"id": f"t{n}", "task": f"Say ok (cap {n})", "expected": "ok"} for n in range(3)]
     for n in range(3):
         scripted_lm.add(f"(cap {n})", [{"delay": 0.5, **step("Slowly.", "SUBMIT(answer='ok')")}])
