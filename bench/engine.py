@@ -10,6 +10,8 @@ Then: per-iteration cost (slope between 1 and 20 iterations), sandbox cold start
 latency, the cost of a 1 MB input variable per execute, and the CPU table: 20-iteration turns at 1 and
 8 sessions at once, wall iterations/s and CPU time per iteration of every process of each side
 (``--cpu-only`` runs just that table; CPU time is steady on a noisy machine, wall time is not).
+Fleet streams each turn's LM replies (``[lm] stream``, for live tokens) where raw asks for whole ones;
+``--whole-replies`` runs Fleet without streaming too, which shows what the stream costs.
 Targets (issue 14): per iteration through the API <= 1.3x raw (goal 1.2x); a 1-iteration turn in a new
 session <= 1.3x raw; a 1 MB input < 0.5 ms per iteration over a small one. Issue 31: CPU per
 iteration <= 1.15x raw at 1 and 8 sessions, iterations/s at 8 >= 0.9x raw, p95 first event < 100 ms.
@@ -575,14 +577,24 @@ def main() -> None:
     parser.add_argument(
         "--lm-in-process", action="store_true", help="run the scripted LM on a thread of this process, not its own"
     )
+    parser.add_argument(
+        "--whole-replies",
+        action="store_true",
+        help="Fleet asks for whole LM replies, as raw does ([lm] stream = false): what streaming tokens costs",
+    )
     args = parser.parse_args()
     home = tempfile.mkdtemp(prefix="fleet-bench-")
     with ScriptedLM() if args.lm_in_process else LMProcess() as server:
         env = {**os.environ, "FLEET_HOME": home, **server.env(), "FLEET_LM_MODEL": MODEL}
         env.pop("FLEET_SANDBOX", None)
+        lm_section = "[lm]\nstream = false\n" if args.whole_replies else ""
+        if lm_section:
+            (Path(home) / "whole-replies.toml").write_text(lm_section)
+            env["FLEET_CONFIG"] = str(Path(home) / "whole-replies.toml")
+            print("Fleet asks for whole LM replies here ([lm] stream = false), as raw does: no live tokens")
         settings = load_settings(env)
         unpooled = Path(home) / "no-pool.toml"
-        unpooled.write_text("[sandbox]\npool_size = 0\n")
+        unpooled.write_text(lm_section + "[sandbox]\npool_size = 0\n")
         raw, api = Raw(server), Api(env, server)
         helpers = {api.process.pid} | (set() if args.lm_in_process else {server.pid})  # not raw's CPU
         if args.cpu_only:  # nothing else in this process or under it: raw's CPU is raw's alone
