@@ -4,7 +4,6 @@ cancels and de-duplicates, as it would for a turn running in a notebook kernel."
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -14,6 +13,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from live_api import LiveServer, assert_error, events_of, frames_until
+from ports import free_port
 from scripted_lm import ScriptedLM, step
 
 from fleet_kernel.kernel.sidecar import spawn_sidecar
@@ -25,12 +25,6 @@ DONE = [step("Answer.", "SUBMIT(answer='once')")]
 # A second process on the store: a fresh server and store of the test's own (on the shared one, the second
 # process was seen not to find sessions the first had just made, after other tests had used that store).
 pytestmark = pytest.mark.own_server
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

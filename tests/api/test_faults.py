@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -21,6 +20,7 @@ import httpx
 import pytest
 from disk_fill import fill_disk
 from live_api import Frame, LiveServer, events_of, frames_until
+from ports import free_port
 from scripted_lm import ScriptedLM, step
 
 from fleet_kernel.config import Settings, load_settings
@@ -30,12 +30,6 @@ from fleet_kernel.kernel.sidecar import spawn_sidecar
 SLOW = {"delay": 60, **step("Think slowly.", "SUBMIT(answer='too late')")}
 DONE = step("Answer.", "SUBMIT(answer='done')")
 TAKEOVER_S = 5.0  # how soon a dead owner's session must take a new turn (a generous bound, not a timing)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_async(client: httpx.Client, session_id: str, task: str) -> httpx.Response:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import sys
 import threading
 import time
@@ -17,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from live_api import Frame, LiveServer, assert_error, events_of
+from ports import free_port
 from scripted_lm import ScriptedLM, step
 
 from fleet_kernel.config import Settings, load_settings
@@ -186,12 +186,6 @@ def test_a_bad_tool_path_is_a_config_error(fleet_env: dict[str, str], tmp_path: 
 # ---------------------------------------------------------------------- streamable HTTP
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def http_mcp() -> Iterator[str]:
     """The demo server's streamable-HTTP app under uvicorn on 127.0.0.1, checking a bearer header."""
@@ -208,7 +202,7 @@ def http_mcp() -> Iterator[str]:
             return
         await inner(scope, receive, send)
 
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

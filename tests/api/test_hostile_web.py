@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from live_api import LiveServer, assert_error
+from ports import free_port
 
 from fleet_api.server import HEADER_TIMEOUT_S
 from fleet_kernel.config import Settings, load_settings
@@ -19,12 +20,6 @@ from fleet_kernel.kernel.sidecar import spawn_sidecar
 
 EVIL = "rebind.evil.example"
 TOKEN = "s3cret-token-for-tests-0123456789abcdef"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def sessions(client: httpx.Client) -> list[str]:

@@ -11,7 +11,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from typing import TypeVar
 import pytest
 from homes import env_for, new_home
 from kernel_harness import CHROMIUM, KERNEL, SHARED_KERNEL, Kernel, PythonKernel, SharedKernel, SharedPython
+from ports import free_port
 from scripted_lm import ScriptedLM
 
 K = TypeVar("K", Kernel, PythonKernel)
@@ -127,10 +127,7 @@ def lab_server(
         pytest.skip("jupyterlab is not installed")
     root = tmp_path_factory.mktemp("lab")
     env = {**os.environ, **env_for(new_home(root, migrated_store_file), shared_scripted_lm)}
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    token = secrets.token_hex(8)
+    port, token = free_port(), secrets.token_hex(8)
     command = [str(lab_bin), "--allow-root", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
                f"--ServerApp.token={token}", f"--ServerApp.root_dir={root}", "--LabApp.news_url=None"]  # fmt: skip
     with (root / "lab.log").open("wb") as log:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import httpx
 import pytest
 from kernel_harness import Kernel
 from live_api import LiveServer, run_turn
+from ports import free_port
 from scripted_lm import ScriptedLM, step
 
 from fleet_kernel.config import load_settings
@@ -29,17 +29,11 @@ from fleet_kernel.config import load_settings
 mlflow = pytest.importorskip("mlflow", reason="mlflow is not installed (pip install 'fleet-kernel[dev]')")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``mlflow server`` on a loopback port with a SQLite backend store; its URL."""
     root = tmp_path_factory.mktemp("mlflow")
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
                "--default-artifact-root", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
                "--workers", "1"]  # fmt: skip
