@@ -82,22 +82,20 @@ def known_context(model: str) -> int | None:
         return None
     models = _model_map()
     for name in (model, model.split("/", 1)[-1]):
-        info = models.get(name)
-        for _ in range(3):  # an alias row stands for the row it names
-            if isinstance(info, dict) and isinstance(info.get("alias_of"), str):
-                info = models.get(info["alias_of"])
-        value = (info.get("max_input_tokens") or info.get("max_tokens")) if isinstance(info, dict) else None
+        info = models.get(name) or {}
+        value = info.get("max_input_tokens") or info.get("max_tokens")
         if isinstance(value, int) and value > 0:
             return value
     return None
 
 
 @functools.cache
-def _model_map() -> dict[str, Any]:
-    """LiteLLM's static model map: the JSON it ships and loads in local mode (``LITELLM_LOCAL_MODEL_COST_MAP``,
-    set by fleet_kernel), read without importing LiteLLM. That import costs ~2.5 s of CPU on a process's first
-    turn, and a turn needs nothing else of it: dspy calls the model itself. (Not ``litellm.get_model_info``
-    either: it asks an ollama server itself, an endpoint the operator never configured.)"""
+def _model_map() -> dict[str, dict[str, Any]]:
+    """LiteLLM's static model map, each name (aliases too) to its row: the JSON it ships and loads in local mode
+    (``LITELLM_LOCAL_MODEL_COST_MAP``, set by fleet_kernel), read without importing LiteLLM. That import costs
+    ~2.5 s of CPU on a process's first turn, and a turn needs nothing else of it: dspy calls the model itself.
+    (Not ``litellm.get_model_info`` either: it asks an ollama server itself, an endpoint the operator never
+    configured.)"""
     spec = importlib.util.find_spec("litellm")
     if spec is None or spec.origin is None:
         return {}
@@ -107,12 +105,20 @@ def _model_map() -> dict[str, Any]:
         return {}
     if not isinstance(models, dict):
         return {}
-    for info in list(models.values()):  # a row may list other names it is known by
-        aliases = info.get("aliases") if isinstance(info, dict) else None
+    rows = {name: info for name, info in models.items() if isinstance(info, dict)}
+    for info in list(rows.values()):  # a row may list other names it is known by
+        aliases = info.get("aliases")
         for alias in aliases if isinstance(aliases, list) else ():
             if isinstance(alias, str):
-                models.setdefault(alias, info)
-    return models
+                rows.setdefault(alias, info)
+    for name, info in list(rows.items()):  # an alias row stands for the row it names
+        for _ in range(3):
+            target = info.get("alias_of")
+            if not isinstance(target, str):
+                break
+            info = rows.get(target, {})
+        rows[name] = info
+    return rows
 
 
 SERVER_TIMEOUT_S = 2.0
