@@ -588,7 +588,7 @@ def main() -> None:
         env = {**os.environ, "FLEET_HOME": home, **server.env(), "FLEET_LM_MODEL": MODEL}
         env.pop("FLEET_SANDBOX", None)
         lm_section = "[lm]\nstream = false\n" if args.whole_replies else ""
-        if lm_section:
+        if args.whole_replies:
             (Path(home) / "whole-replies.toml").write_text(lm_section)
             env["FLEET_CONFIG"] = str(Path(home) / "whole-replies.toml")
             print("Fleet asks for whole LM replies here ([lm] stream = false), as raw does: no live tokens")

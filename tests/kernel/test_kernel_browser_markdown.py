@@ -14,9 +14,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from kernel_harness import KERNEL
+from kernel_harness import CHROMIUM, KERNEL
 from scripted_lm import step
-from test_kernel_browser import CHROMIUM, FLAGS
+from test_kernel_browser import FLAGS
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
 PRICES = "the basic plan costs $5 and the pro plan costs $10"
