@@ -19,8 +19,8 @@ from fleet_kernel.store import Store
 
 KERNEL = "fleet-test"
 SHARED_KERNEL = "fleet-test-shared"
-CHROMIUM = "/usr/bin/chromium"  # Debian's, driven by playwright in the browser tests
 """The same kernel with a comm target that puts back its kernel-wide state (``shared_kernel.py``)."""
+CHROMIUM = "/usr/bin/chromium"  # Debian's, driven by playwright in the browser tests
 RESET_TARGET = "fleet-test.reset"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
