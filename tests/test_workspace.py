@@ -129,3 +129,28 @@ def test_the_listing_says_how_many_files_it_left_out(tmp_path: Path) -> None:
     lines = ws.manifest().splitlines()
     assert sum(line.startswith("  files/f") for line in lines) == 50
     assert any("and 950 more files" in line for line in lines), lines
+
+
+def test_a_folder_swapped_for_a_link_between_its_listing_and_its_opening_is_not_walked_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race the API's tree and the artifact scan meet when code swaps folders while they run, made
+    certain: right after ``artifacts`` is listed (``d`` a folder), ``d`` becomes a link to a host folder."""
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "key.txt").write_text("TOPSECRET")
+    ws = Workspace.for_session(tmp_path / "workspaces", "ses_1")
+    folder = ws.root / "artifacts" / "d"
+    (folder / "inner").mkdir(parents=True)
+    listed = safe_files.list_dir
+
+    def list_then_swap(fd: int, **kwargs: Any) -> list[tuple[str, os.stat_result]]:
+        found = listed(fd, **kwargs)
+        if folder.is_dir() and not folder.is_symlink():
+            folder.rename(folder.with_name("d.real"))
+            folder.symlink_to(secret)
+        return found
+
+    monkeypatch.setattr(safe_files, "list_dir", list_then_swap)
+    walked = {e.path for e in safe_files.walk(ws.root, ["artifacts"])}
+    assert "d" in walked and not any(path.startswith("d/") for path in walked), walked
