@@ -132,7 +132,7 @@ import os, time
 base = '/workspace/artifacts'
 os.makedirs(base + '/d/inner', exist_ok=True)
 open(base + '/ready', 'w').write('1')
-end = time.time() + 6
+end = time.time() + 2.5
 while time.time() < end:
     os.rename(base + '/d', base + '/d.real')
     os.symlink('/', base + '/d')
