@@ -58,7 +58,12 @@ class Client:
     def __init__(self, base_url: str, session_id: str, cwd: Path) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET")}
         env.update(PYTHONPATH=str(CLIENT_DIR), PYTHONUNBUFFERED="1", COLUMNS="200", TERM="dumb", NO_COLOR="1")
-        program = "import sys; from fleet_rlm.tui.app import run_interactive_cli; run_interactive_cli(*sys.argv[1:])"
+        # Ctrl+C raises KeyboardInterrupt in the client, as at a terminal, even when the test run itself was
+        # started in the background by a shell without job control (which passes SIGINT on ignored).
+        program = (
+            "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "from fleet_rlm.tui.app import run_interactive_cli; run_interactive_cli(*sys.argv[1:])"
+        )
         self.process = subprocess.Popen(
             [sys.executable, "-c", program, base_url, session_id],
             stdin=subprocess.PIPE,
@@ -150,23 +155,18 @@ def test_the_reference_client_holds_a_conversation(live: LiveServer, scripted_lm
 
         client.send("slow work")
         client.until(r"Python · Daytona")  # its code is shown: the turn runs
-        for _ in range(int(WAIT_S / 15)):  # Ctrl+C in line mode closes the stream
+        for _ in range(int(WAIT_S / 3)):  # Ctrl+C in line mode closes the stream
             assert client.process.poll() is None, "the client exited:\n" + "\n".join(client.seen[-80:])
             client.process.send_signal(signal.SIGINT)
             # One that lands before the client is back in its stream loop is lost: press it again, as a user would.
-            # Not sooner than 15 s: pressed again after 3 s, the stream was never seen to close in 3 of 4 full runs.
+            # A press after the stream closed lands at the prompt, which only says "Input cleared".
             try:
-                client.until(r"server cancels on disconnect", wait_s=15)
+                client.until(r"server cancels on disconnect", wait_s=3)
                 break
             except AssertionError:
                 continue
         else:
-            status = Path(f"/proc/{client.process.pid}/status").read_text()
-            signals = [line for line in status.splitlines() if line.startswith("Sig")]
-            signals += [line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("Sig")]
-            raise AssertionError(
-                f"Ctrl+C never closed the client's stream ({signals}):\n" + "\n".join(client.seen[-80:])
-            )
+            raise AssertionError("Ctrl+C never closed the client's stream:\n" + "\n".join(client.seen[-80:]))
 
         client.send(f"/attach {notes}")
         client.until(r"Attached: /workspace/files/notes\.txt")

@@ -24,6 +24,10 @@ EXAMPLES = int(os.environ.get("FLEET_FUZZ_EXAMPLES", "8"))
 
 @pytest.fixture(scope="module")
 def fuzz_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    # Hypothesis reads IPython's printer registry whenever IPython.lib.pretty is in sys.modules. LiteLLM imports
+    # it, and a server thread that loads LiteLLM mid-case left it half-made for the test's thread (seen once).
+    import IPython.lib.pretty  # noqa: F401
+
     home = tmp_path_factory.mktemp("fuzz-home")
     with ScriptedLM(default=step("Answer.", "SUBMIT(answer='ok')")) as lm:
         env = {"FLEET_HOME": str(home), **lm.env()}
