@@ -24,7 +24,7 @@ from fleet_kernel.engine import choices as turn_choices
 from fleet_kernel.engine.budget import BudgetExceeded
 from fleet_kernel.engine.choices import TurnChoices
 from fleet_kernel.engine.finish import collect_artifacts, keep_summary, terminal, with_artifact_refs
-from fleet_kernel.engine.host_tools import HostTools
+from fleet_kernel.engine.host_tools import HostTool, HostTools
 from fleet_kernel.engine.outcome import Outcome, stopped
 from fleet_kernel.engine.prepare import check_task, place_files, prepare_job, turn_attachments
 from fleet_kernel.engine.running import CANCEL_GRACE_S, RunningTurn
@@ -38,7 +38,7 @@ from fleet_kernel.events import (
     lm_not_sent,
 )
 from fleet_kernel.sandbox import contract as sandbox_contract
-from fleet_kernel.skills import catalogue_for
+from fleet_kernel.skills import Catalogue, catalogue_for
 from fleet_kernel.store import EndedTurn, Store, TurnRow, describe_write_error, is_disk_full
 from fleet_kernel.telemetry import Telemetry
 
@@ -220,15 +220,12 @@ class TurnRunner:
         check_task(task, cell_id)
         settings = self.settings.for_turn(limits)
         task = settings.redactor.text(task)  # a key in the task is kept nowhere: turn row, events, history
-        catalogue = await asyncio.to_thread(catalogue_for, self.settings)  # a bad card is left out, with a warning
-        selected = catalogue.select(skills)
         schema = turn_choices.check_output_schema(output_schema) if output_schema is not None else None
         attachments = await turn_attachments(self.store, session_id, attachment_ids)
-        host_tools = await asyncio.to_thread(self.host_tools.select, tools) if tools is not None else None
         await self.open()
-        sandbox = await self.sandbox_name()
-        # a slot under [sandbox] max_sandboxes, or SandboxBusyError (503) before anything is claimed
-        admission = await asyncio.to_thread(sandbox_contract.admit, settings, settings.workspaces_dir / session_id)
+        catalogue, selected, host_tools, sandbox, admission = await asyncio.to_thread(
+            self._before_claim, settings, session_id, skills, tools
+        )
         try:
             claim = await self.store.claim_turn(
                 session_id,
@@ -335,6 +332,31 @@ class TurnRunner:
 
     def is_running_here(self, turn_id: str) -> bool:
         return turn_id in self._running
+
+    def _before_claim(
+        self,
+        settings: Settings,
+        session_id: str,
+        skills: list[str] | tuple[str, ...],
+        tools: list[str] | tuple[str, ...] | None,
+    ) -> tuple[Catalogue, tuple[str, ...], list[HostTool] | None, str, sandbox_contract.Admission | None]:
+        """What a turn needs before its claim that reads files or asks bubblewrap, in one thread hop (each hop
+        waits for the GIL behind the turns already running): the skills catalogue (a bad card is left out, with
+        a warning) and those chosen, the host tools named, the backend, and last its slot under ``[sandbox]
+        max_sandboxes`` (``SandboxBusyError``, a 503, before anything is claimed)."""
+        from fleet_kernel.sandbox import choose  # noqa: PLC0415 - the sandbox package loads backends on first use
+
+        catalogue = catalogue_for(self.settings)
+        selected = catalogue.select(skills)
+        host_tools = self.host_tools.select(tools) if tools is not None else None
+        sandbox = choose(settings)
+        return (
+            catalogue,
+            selected,
+            host_tools,
+            sandbox,
+            sandbox_contract.admit(settings, settings.workspaces_dir / session_id),
+        )
 
     async def sandbox_name(self) -> str:
         """The backend turns use now; on a thread, as the first call asks bubblewrap (a probe process)."""
