@@ -344,12 +344,10 @@ class TurnRunner:
         waits for the GIL behind the turns already running): the skills catalogue (a bad card is left out, with
         a warning) and those chosen, the host tools named, the backend, and last its slot under ``[sandbox]
         max_sandboxes`` (``SandboxBusyError``, a 503, before anything is claimed)."""
-        from fleet_kernel.sandbox import choose  # noqa: PLC0415 - the sandbox package loads backends on first use
-
         catalogue = catalogue_for(self.settings)
         selected = catalogue.select(skills)
         host_tools = self.host_tools.select(tools) if tools is not None else None
-        sandbox = choose(settings)
+        sandbox = sandbox_contract.choose(settings)
         return (
             catalogue,
             selected,
@@ -360,9 +358,7 @@ class TurnRunner:
 
     async def sandbox_name(self) -> str:
         """The backend turns use now; on a thread, as the first call asks bubblewrap (a probe process)."""
-        from fleet_kernel.sandbox import choose  # noqa: PLC0415 - the sandbox package loads backends on first use
-
-        return await asyncio.to_thread(choose, self.settings)
+        return await asyncio.to_thread(sandbox_contract.choose, self.settings)
 
     # ------------------------------------------------------------------ the turn
 

@@ -222,7 +222,6 @@ class KernelContext:
             self._starting += 1
         try:
             session_id = await self.ensure_session()
-            await load_off_loop("fleet_kernel.sandbox")  # the runner names the sandbox
             return await (await self.open()).start(session_id, task, **start)
         finally:
             with self._turn_starting:
