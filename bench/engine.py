@@ -235,9 +235,9 @@ class InProcess:
 class Api:
     """A real ``fleet serve`` on loopback; each turn in a new session, POST streaming to the last event."""
 
-    def __init__(self, env: dict[str, str], server: Server) -> None:
+    def __init__(self, env: dict[str, str], server: Server, workers: int = 1) -> None:
         self.server, self.port = server, free_port()
-        self.process = spawn_sidecar(self.port, env=env, wait_s=60)
+        self.process = spawn_sidecar(self.port, env=env, wait_s=60, workers=workers)
         self.base = f"http://127.0.0.1:{self.port}"
 
     async def turn(self, client: httpx.AsyncClient, n: int, key: str) -> tuple[float, float]:
@@ -263,6 +263,10 @@ class Api:
                 return await coro_fn(client)
 
         return asyncio.run(go())
+
+    def warm(self, turns: int) -> None:
+        """Turns at once, so that every worker process has run one (imports, connections, its pool)."""
+        self.run(lambda c: asyncio.gather(*(self.turn(c, 1, f"warm-up {i}") for i in range(turns))))
 
     def close(self) -> None:
         self.process.terminate()
@@ -582,6 +586,9 @@ def main() -> None:
         action="store_true",
         help="Fleet asks for whole LM replies, as raw does ([lm] stream = false): what streaming tokens costs",
     )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="fleet serve --workers for the API column and the CPU table"
+    )
     args = parser.parse_args()
     home = tempfile.mkdtemp(prefix="fleet-bench-")
     with ScriptedLM() if args.lm_in_process else LMProcess() as server:
@@ -595,12 +602,12 @@ def main() -> None:
         settings = load_settings(env)
         unpooled = Path(home) / "no-pool.toml"
         unpooled.write_text(lm_section + "[sandbox]\npool_size = 0\n")
-        raw, api = Raw(server), Api(env, server)
+        raw, api = Raw(server), Api(env, server, args.workers)
         helpers = {api.process.pid} | (set() if args.lm_in_process else {server.pid})  # not raw's CPU
         if args.cpu_only:  # nothing else in this process or under it: raw's CPU is raw's alone
             try:
                 raw.turn(1)  # warm-ups: imports, connections, the sandbox probe
-                api.run(lambda c: api.turn(c, 1, "warm-up"))
+                api.warm(4 * args.workers)
                 time.sleep(2)  # the pool fills
                 cpu_table(raw, api, max(1, args.repeat // 2), frozenset(helpers))
             finally:

@@ -18,12 +18,20 @@ __all__ = ["main"]
     "any other address requires FLEET_API_TOKEN.",
 )
 @click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on.")
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Server processes on the one port, each running its own turns on the shared store: one per core "
+    "uses them all (one process runs its turns under one GIL).",
+)
 @friendly
-def serve(host: str, port: int) -> None:
+def serve(host: str, port: int, workers: int) -> None:
     """Run the HTTP API (sessions, turns, SSE) on the shared store."""
     from fleet_api.server import serve as run_server  # uvicorn and the app: only this command needs them
 
-    run_server(host=host, port=port)
+    run_server(host=host, port=port, workers=workers)
 
 
 if __name__ == "__main__":

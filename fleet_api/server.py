@@ -10,6 +10,7 @@ import asyncio
 import logging
 
 import uvicorn
+from uvicorn.supervisors import Multiprocess
 
 from fleet_api.app import create_app
 from fleet_api.auth import is_loopback
@@ -31,6 +32,45 @@ MIN_TOKEN_KINDS = 10  # different characters: "t" * 40 is long but guessable; to
 MAKE_TOKEN = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'  # noqa: S105 - a command that makes a token, not a token
 
 __all__ = ["build_server", "check_bind", "serve"]
+
+
+def _uvicorn_options(host: str, port: int) -> dict[str, object]:
+    """What one process or each of several serves with, besides the app and the protocol's bounds."""
+    return {
+        "host": host,
+        "port": port,
+        "log_level": "info",
+        "access_log": False,
+        "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_S,
+        # Longer than uvicorn's 5 s, so a client reusing an idle connection rarely races its close.
+        "timeout_keep_alive": KEEP_ALIVE_S,
+        "lifespan": "on",
+    }
+
+
+def _redact_logs(settings: Settings) -> None:
+    """Log at INFO through formatters that take out every key (the LM key, provider keys, the API token)."""
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(RedactingFormatter(LOG_FORMAT, settings.redactor))
+
+
+class WorkerConfig(uvicorn.Config):
+    """uvicorn's config for ``fleet serve --workers N``: pickled into each worker process, where ``load`` builds
+    Fleet's app from the settings that process reads, and its protocol with the bounds ``serve`` has."""
+
+    def __init__(self, host: str, port: int, workers: int) -> None:
+        # the app and the protocol are made in the worker (``load``): neither a built app nor a made class pickles
+        super().__init__("fleet_api.app:create_app", workers=workers, **_uvicorn_options(host, port))  # type: ignore[arg-type]
+
+    def load(self) -> None:
+        self.http = bounded_h11(HEADER_TIMEOUT_S, MAX_CONNECTIONS)
+        super().load()
+
+    def load_app(self) -> object:
+        settings = load_settings()
+        _redact_logs(settings)
+        return create_app(settings, bind_host=self.host)
 
 
 def check_bind(host: str, settings: Settings) -> None:
@@ -82,32 +122,28 @@ def build_server(
     check_bind(host, settings)
     config = uvicorn.Config(
         create_app(settings, bind_host=host, **app_options),
-        host=host,
-        port=port,
         http=bounded_h11(header_timeout_s, max_connections),
-        log_level="info",
-        access_log=False,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        # Longer than uvicorn's 5 s, so a client reusing an idle connection rarely races its close.
-        timeout_keep_alive=KEEP_ALIVE_S,
-        lifespan="on",
+        **_uvicorn_options(host, port),  # type: ignore[arg-type]
     )
     return uvicorn.Server(config)
 
 
-def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Run until interrupted.
+def serve(host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None:
+    """Run until interrupted; ``workers`` > 1 runs that many processes on the one socket (uvicorn's supervisor
+    restarts one that dies), each a replica of the others on the shared store.
 
     Raises:
         ConfigError: a non-loopback bind without ``FLEET_API_TOKEN``, or invalid settings.
         StoreUnavailableError: the store cannot be opened (checked before binding, to fail in one line).
     """
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     settings = load_settings()
-    for handler in logging.getLogger().handlers:  # no key in the log (the LM key, provider keys, the API token)
-        handler.setFormatter(RedactingFormatter(LOG_FORMAT, settings.redactor))
+    _redact_logs(settings)
     check_bind(host, settings)
     asyncio.run(_check_store(settings))
+    if workers > 1:
+        config = WorkerConfig(host, port, workers)
+        Multiprocess(config, sockets=[config.bind_socket()]).run()
+        return
     server = build_server(host, port, settings)
     server.run()
     if not server.started:

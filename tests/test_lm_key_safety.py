@@ -89,9 +89,11 @@ def test_the_kernel_log_has_no_key(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_api_log_has_no_key(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_api_log_has_no_key(tmp_path: Path, workers: int) -> None:
     """``fleet serve`` (its log is ``$FLEET_HOME/logs/api-PORT.log``) logs a name that carries both keys: the
-    model wrote an artifact named after them, too large to collect, and the server says so in its log."""
+    model wrote an artifact named after them, too large to collect, and the server says so in its log. With
+    ``--workers 2`` the line is a worker process's, which sets up its own logging."""
     (tmp_path / "fleet.toml").write_text("[storage]\nmax_artifact_mb = 0.001\n")  # about 1 KB
     name = f"{FLEET_KEY}-{PROVIDER_KEY}.txt"
     code = f"open('/workspace/artifacts/{name}', 'w').write('x' * 4096)\nSUBMIT(answer='written')"
@@ -101,7 +103,7 @@ def test_the_api_log_has_no_key(tmp_path: Path) -> None:
     with ScriptedLM({"*": [step("Write it.", code)]}) as lm:
         env = lm.env(FLEET_HOME=str(tmp_path / "home"), FLEET_CONFIG=str(tmp_path / "fleet.toml"),
                      FLEET_LM_API_KEY=FLEET_KEY, OPENAI_API_KEY=PROVIDER_KEY)  # fmt: skip
-        process = spawn_sidecar(port, env=env, wait_s=60)
+        process = spawn_sidecar(port, env=env, wait_s=60, workers=workers)
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
                 session = client.post("/api/sessions", json={"title": "keys"}).json()["session_id"]

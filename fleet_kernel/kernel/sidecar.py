@@ -18,13 +18,13 @@ from fleet_kernel.config import load_settings
 from fleet_kernel.errors import ConfigError
 
 
-def serve_command(host: str, port: int) -> list[str]:
+def serve_command(host: str, port: int, workers: int = 1) -> list[str]:
     """``fleet serve`` as this interpreter runs it."""
-    return [sys.executable, "-m", "fleet_api", "serve", "--host", host, "--port", str(port)]
+    return [sys.executable, "-m", "fleet_api", "serve", "--host", host, "--port", str(port), "--workers", str(workers)]
 
 
 def spawn_sidecar(
-    port: int, *, host: str = "127.0.0.1", env: dict[str, str] | None = None, wait_s: float = 20.0
+    port: int, *, host: str = "127.0.0.1", env: dict[str, str] | None = None, wait_s: float = 20.0, workers: int = 1
 ) -> subprocess.Popen[bytes]:
     """Start ``fleet serve`` as its own process (new session: it outlives its parent) and wait until it answers.
 
@@ -37,7 +37,7 @@ def spawn_sidecar(
         log_fd = safe_files.open_append(logs, f"api-{port}.log")
     with open(log_fd, "ab") as log:
         process = subprocess.Popen(  # noqa: S603 - fleet serve's fixed argv
-            serve_command(host, port),
+            serve_command(host, port, workers),
             env={**os.environ, **(env or {})},
             stdin=subprocess.DEVNULL,
             stdout=log,

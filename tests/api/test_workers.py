@@ -1,0 +1,125 @@
+"""``fleet serve --workers 2``: two processes on one port and one store, each running the turns it accepted.
+
+A worker killed with SIGKILL mid-turn loses only its own turns (they end ``interrupted``, and their watchers
+are told), the other worker's turns go on and can be cancelled from any connection, uvicorn's supervisor starts
+a replacement, and the killed turn's session takes a new turn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+
+import httpx
+import psutil
+import pytest
+from live_api import events_of
+from ports import free_port
+from scripted_lm import ScriptedLM, step
+
+from fleet_kernel.kernel.sidecar import spawn_sidecar
+from fleet_kernel.store import Store
+
+SLOW = {"delay": 60, **step("Think slowly.", "SUBMIT(answer='too late')")}
+DONE = step("Answer.", "SUBMIT(answer='done')")
+BOUND_S = 30.0  # how long the test waits for what must happen (generous: a liveness bound, not a timing)
+
+pytestmark = [pytest.mark.slow, pytest.mark.own_server]
+
+
+def two_workers(supervisor: psutil.Process, without: int = 0) -> set[int] | None:
+    """The supervisor's two worker processes (uvicorn starts them with multiprocessing's spawn), none of them
+    ``without``; None until then."""
+    pids = set()
+    for child in supervisor.children():
+        with contextlib.suppress(psutil.Error):  # a killed worker is a zombie until the supervisor reaps it
+            if "spawn_main" in " ".join(child.cmdline()):
+                pids.add(child.pid)
+    return pids if len(pids) == 2 and without not in pids else None
+
+
+def new_connection(base: str) -> httpx.Client:
+    """A client on a connection of its own: whichever worker accepts it serves its requests."""
+    return httpx.Client(base_url=base, timeout=60, headers={"Connection": "close"})
+
+
+def until(check, what: str):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + BOUND_S
+    while not (result := check()):
+        assert time.monotonic() < deadline, f"not within {BOUND_S:g} s: {what}"
+        time.sleep(0.1)
+    return result
+
+
+async def test_a_killed_worker_loses_only_its_own_turns(
+    fleet_env: dict[str, str], scripted_lm: ScriptedLM, store: Store
+) -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    process = spawn_sidecar(port, env=fleet_env, workers=2, wait_s=60)
+    try:
+        supervisor = psutil.Process(process.pid)
+        first_workers = until(lambda: two_workers(supervisor), "two workers run")
+
+        # slow turns in sessions of their own, each started on a new connection, until both workers run one
+        turns: dict[int, list[dict[str, str]]] = {}  # owner pid -> its turns
+        for i in range(12):
+            scripted_lm.add(f"slow {i}", [SLOW])
+            with new_connection(base) as c:
+                session_id = c.post("/api/sessions", json={}).json()["session_id"]
+                response = c.post(
+                    f"/api/sessions/{session_id}/turns", json={"task": f"slow {i}"}, headers={"Prefer": "respond-async"}
+                )
+            assert response.status_code == 202, response.text
+            turn = {**response.json(), "session_id": session_id}
+            owner = int((await store.get_turn(turn["turn_id"])).owner.split(":")[1])
+            assert owner in first_workers, f"turn {i} is owned by {owner}, not a worker of {first_workers}"
+            turns.setdefault(owner, []).append(turn)
+            if len(turns) == 2:
+                break
+        assert len(turns) == 2, "every turn ran in one worker"
+        doomed, survivor = turns
+
+        os.kill(doomed, signal.SIGKILL)
+        with new_connection(base) as c:
+            for turn in turns[doomed]:
+                url = f"/api/sessions/{turn['session_id']}/turns/{turn['turn_id']}"
+                until(lambda url=url: c.get(url).json()["status"] == "interrupted", "the killed worker's turn ends")
+                with c.stream("GET", f"{url}/events") as r:
+                    frames = events_of(r)
+                assert frames[-1].event == "turn.failed", [f.event for f in frames]
+                assert frames[-1].envelope["data"]["error"]["type"] == "interrupted"
+            for turn in turns[survivor]:
+                url = f"/api/sessions/{turn['session_id']}/turns/{turn['turn_id']}"
+                assert c.get(url).json()["status"] == "running", "the other worker's turn was touched"
+
+        replaced = until(lambda: two_workers(supervisor, without=doomed), "the supervisor replaces the killed worker")
+        assert survivor in replaced
+
+        # the killed turn's session takes a new turn, which completes
+        scripted_lm.add("the next turn", [DONE])
+        session_id = turns[doomed][0]["session_id"]
+        with (
+            new_connection(base) as c,
+            c.stream("POST", f"/api/sessions/{session_id}/turns", json={"task": "the next turn"}) as r,
+        ):
+            assert r.status_code == 200
+            assert events_of(r)[-1].event == "turn.completed"
+
+        # the survivor's turns are cancelled through any connection: the cancellation is durable, in the store
+        for turn in turns[survivor]:
+            with new_connection(base) as c:
+                assert c.put(f"/api/runs/{turn['run_id']}/cancellation").json()["state"] == "requested"
+            with new_connection(base) as c:
+                url = f"/api/sessions/{turn['session_id']}/turns/{turn['turn_id']}"
+                until(lambda url=url: c.get(url).json()["status"] == "cancelled", "the survivor's turn is cancelled")
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except Exception:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+    assert process.returncode == 0
