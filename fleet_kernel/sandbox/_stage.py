@@ -11,22 +11,24 @@ workspace (so ``/proc/self/mountinfo`` names no host folder), and a full workspa
 When the host is root, bubblewrap runs as a uid of its own (``UID_BASE`` + this process's pid), so the
 sandbox has no more access to the read-only bound files than any other unprivileged user, cannot be
 mistaken for a real account, and ``RLIMIT_NPROC`` bounds it.
+
+Every sandbox start runs this file in a fresh interpreter, so it imports only what it must: its command line
+is read by ``Options``, bubblewrap is started by ``Child`` and a leftover's name is matched by hand (argparse,
+subprocess, re and json would add ~25 ms of CPU to each start, more than the interpreter's own ~12 ms).
 """
 
 from __future__ import annotations
 
-import argparse
+import collections
 import ctypes
 import errno
-import json
+import itertools
 import os
-import re
 import resource
 import signal
 import stat
-import subprocess
 import sys
-from typing import NamedTuple
+from collections.abc import Callable
 
 UID_BASE = 0x7F000000  # far above real accounts and the usual subordinate-uid ranges
 MS_NOSUID, MS_NODEV, MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 1, 32, 4096, 16384, 1 << 18
@@ -39,21 +41,24 @@ Snapshot = dict[str, tuple[int, int, int]]  # relative path -> (inode, size, mti
 # a temporary a crash left behind never blocks a later copy. Such leftovers (and the ``.NAME.fleet-partial``
 # of earlier versions) are Fleet's: they are never copied into a sandbox and are removed when seen.
 TEMP_PREFIX = ".fleet-partial-"
-_LEFTOVER = re.compile(r"\.fleet-partial-[0-9a-f]{16}|\..+\.fleet-partial", re.DOTALL)
+_OLD_SUFFIX = ".fleet-partial"
+_HEX = frozenset("0123456789abcdef")
 MAX_REPORTED = 10  # unsaved files named to the host (the report stays one atomic pipe write)
 
-
-class Failure(NamedTuple):
-    """A file (or folder) the copy-back could not write to the host."""
-
-    path: str
-    errno: int
-    strerror: str
+Failure = collections.namedtuple("Failure", "path errno strerror")
+"""A file (or folder) the copy-back could not write to the host: its path, errno and strerror."""
 
 
 def is_leftover(name: str) -> bool:
-    """Whether ``name`` is a temporary file of Fleet's copy, left by a copy that was killed."""
-    return _LEFTOVER.fullmatch(name) is not None
+    """Whether ``name`` is a temporary file of Fleet's copy, left by a copy that was killed:
+    ``.fleet-partial-`` and 16 hex digits, or an earlier version's ``.NAME.fleet-partial``."""
+    if (
+        name.startswith(TEMP_PREFIX)
+        and len(name) == len(TEMP_PREFIX) + 16
+        and _HEX.issuperset(name[len(TEMP_PREFIX) :])
+    ):
+        return True
+    return name.startswith(".") and name.endswith(_OLD_SUFFIX) and len(name) > len(_OLD_SUFFIX) + 1
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -305,42 +310,117 @@ def _drop_to(uid: int) -> None:
     os.setresuid(uid, uid, uid)
 
 
+class Options:
+    """The command line ``_argv.sandbox_argv`` writes: ``--name value`` pairs (the plural ones repeat), then
+    ``--`` and bubblewrap's argv (``command``)."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.workspace: str | None = None  # the host workspace (or, with adopt_fd, sent when adopted)
+        # a socket: start the sandbox now, read the workspace from it (one line), copy it in, answer "ok"
+        # (a pre-started sandbox adopted by a session)
+        self.adopt_fd: int | None = None
+        self.mount = ""  # mount point for the tmpfs (an empty folder)
+        self.size = 0  # the tmpfs's bytes
+        self.inodes = 0  # its files and folders, the root included
+        self.saved_fd: int | None = None  # a pipe: "saved" once the workspace is copied back (never passed on)
+        self.expose: list[str] = []  # SOURCE=MOUNTPOINT: bind SOURCE read-only there (for bubblewrap to bind on)
+        self.join_fds: list[int] = []  # cgroup.procs to join after the copy-in
+        self.keep_fds: list[int] = []  # fds bubblewrap needs
+        self.rlimits: list[str] = []  # WHICH:SOFT:HARD, set on this process first (see sandbox_argv)
+        self.command: list[str] = []
+        words = iter(argv)
+        for word in words:
+            if word == "--":
+                break
+            value = next(words, None)
+            if value is None:
+                raise SystemExit(f"_stage.py: {word} needs a value")
+            self._take(word, value)
+        self.command = list(words)
+        if not (self.mount and self.size and self.inodes and self.command):
+            raise SystemExit("_stage.py: --mount, --size, --inodes and, after --, a command are required")
+        if (self.workspace is None) == (self.adopt_fd is None):
+            raise SystemExit("_stage.py: one of --workspace and --adopt-fd is required")
+
+    def _take(self, word: str, value: str) -> None:
+        match word:
+            case "--workspace":
+                self.workspace = value
+            case "--adopt-fd":
+                self.adopt_fd = int(value)
+            case "--mount":
+                self.mount = value
+            case "--size":
+                self.size = int(value)
+            case "--inodes":
+                self.inodes = int(value)
+            case "--saved-fd":
+                self.saved_fd = int(value)
+            case "--expose":
+                self.expose.append(value)
+            case "--join-fd":
+                self.join_fds.append(int(value))
+            case "--keep-fd":
+                self.keep_fds.append(int(value))
+            case "--rlimit":
+                self.rlimits.append(value)
+            case _:
+                raise SystemExit(f"_stage.py: unknown option {word}")
+
+
+class Child:
+    """bubblewrap, started by fork and exec with only stdio and ``keep`` open: what ``subprocess.Popen`` did
+    here (``pass_fds``, ``close_fds``, ``preexec_fn``), for a process that has no threads to make a fork unsafe."""
+
+    def __init__(self, command: list[str], keep: list[int], before_exec: Callable[[], None] | None) -> None:
+        self.code: int | None = None
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                for signum in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; Popen restored them too
+                    signal.signal(signum, signal.SIG_DFL)
+                if before_exec is not None:  # before the fds close, as Popen ran preexec_fn: it may write to them
+                    before_exec()
+                edges = [2, *sorted(keep), os.sysconf("SC_OPEN_MAX")]
+                for low, high in itertools.pairwise(edges):
+                    os.closerange(low + 1, high)  # all but stdio and ``keep``, which stay inheritable
+                for fd in keep:
+                    os.set_inheritable(fd, True)
+                os.execvp(command[0], command)  # noqa: S606 - the bubblewrap argv the host built
+            except BaseException as exc:  # noqa: BLE001 - the child's only way out is _exit
+                os.write(2, f"fleet: could not start the sandbox: {exc}\n".encode())
+            finally:
+                os._exit(127)
+
+    def poll(self) -> int | None:
+        """The exit status (a signal as its negative number, as Popen has it), or None while it runs."""
+        if self.code is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.code = os.waitstatus_to_exitcode(status)
+        return self.code
+
+    def wait(self) -> int:
+        if self.code is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.code = os.waitstatus_to_exitcode(status)
+        return self.code
+
+    def kill(self) -> None:
+        if self.code is None:  # never a pid that was reaped, and may be another process's now
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="_stage.py")
-    parser.add_argument("--workspace", help="the host workspace (or, with --adopt-fd, sent when adopted)")
-    parser.add_argument(
-        "--adopt-fd",
-        type=int,
-        help="a socket: start the sandbox now, read the workspace from it "
-        "(one line), copy it in, answer 'ok' (a pre-started sandbox adopted by a session)",
-    )
-    parser.add_argument("--mount", required=True, help="mount point for the tmpfs (an empty folder)")
-    parser.add_argument("--size", type=int, required=True, help="bytes")
-    parser.add_argument("--inodes", type=int, required=True, help="files and folders, the root included")
-    parser.add_argument(
-        "--expose",
-        action="append",
-        default=[],
-        metavar="SOURCE=MOUNTPOINT",
-        help="bind SOURCE read-only at MOUNTPOINT (for bubblewrap to bind on)",
-    )
-    parser.add_argument("--join-fd", type=int, action="append", default=[], help="cgroup.procs to join after copy-in")
-    parser.add_argument("--keep-fd", type=int, action="append", default=[], help="fds bubblewrap needs")
-    parser.add_argument(
-        "--saved-fd",
-        type=int,
-        help="a pipe: write 'saved' to it once the workspace is copied back (never passed to bubblewrap)",
-    )
-    parser.add_argument(
-        "--rlimit", action="append", default=[], help="WHICH:SOFT:HARD, set on this process first (see sandbox_argv)"
-    )
-    parser.add_argument("command", nargs=argparse.REMAINDER)
-    opts = parser.parse_args(argv)
-    for spec in opts.rlimit:  # before anything else: what the stage and everything it starts run under
+    opts = Options(argv)
+    for spec in opts.rlimits:  # before anything else: what the stage and everything it starts run under
         which, soft, hard = (int(part) for part in spec.split(":"))
         resource.setrlimit(which, (soft, hard))
-    command = opts.command[1:] if opts.command[:1] == ["--"] else opts.command
-    child: list[subprocess.Popen[bytes]] = []
+    command = opts.command
+    child: list[Child] = []
     stopping: list[bool] = []
 
     def stop(_signum: int, _frame: object) -> None:
@@ -364,22 +444,15 @@ def main(argv: list[str]) -> int:
         source, _, target = spec.partition("=")
         _mount(source, target, None, MS_BIND | MS_REC)
         _mount("none", target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    if opts.adopt_fd is not None:
-        return _adopted(opts, command, sandbox_uid, child, stopping)
     if opts.workspace is None:
-        parser.error("--workspace or --adopt-fd is required")
+        return _adopted(opts, command, sandbox_uid, child, stopping)
     snapshot = copy_in(opts.workspace, opts.mount, sandbox_uid)
-    for fd in opts.join_fd:  # after the copy, so the cgroup's memory limit counts only what the code writes
+    for fd in opts.join_fds:  # after the copy, so the cgroup's memory limit counts only what the code writes
         os.write(fd, b"0")
         os.close(fd)
     code = 128 + signal.SIGTERM
     if not stopping:
-        process = subprocess.Popen(  # noqa: S603 - the bubblewrap argv the host built
-            command,
-            pass_fds=opts.keep_fd,
-            close_fds=True,
-            preexec_fn=None if sandbox_uid is None else lambda: _drop_to(sandbox_uid),
-        )
+        process = Child(command, opts.keep_fds, None if sandbox_uid is None else lambda: _drop_to(sandbox_uid))
         child.append(process)
         if stopping:
             process.kill()
@@ -408,10 +481,10 @@ def _read_line(fd: int) -> str | None:
 
 
 def _adopted(
-    opts: argparse.Namespace,
+    opts: Options,
     command: list[str],
     sandbox_uid: int | None,
-    child: list[subprocess.Popen[bytes]],
+    child: list[Child],
     stopping: list[bool],
 ) -> int:
     """Start bubblewrap on the empty tmpfs, then copy in the workspace the host names when it adopts us.
@@ -421,14 +494,15 @@ def _adopted(
     """
 
     def enter() -> None:
-        for fd in opts.join_fd:
+        for fd in opts.join_fds:
             os.write(fd, b"0")
         if sandbox_uid is not None:
             _drop_to(sandbox_uid)
 
-    process = subprocess.Popen(command, pass_fds=opts.keep_fd, close_fds=True, preexec_fn=enter)  # noqa: S603 - the bubblewrap argv the host built
+    assert opts.adopt_fd is not None  # noqa: S101 - Options requires it without --workspace
+    process = Child(command, opts.keep_fds, enter)
     child.append(process)
-    for fd in opts.join_fd:
+    for fd in opts.join_fds:
         os.close(fd)
     _let_go_of_the_channel()
     workspace = None if stopping else _read_line(opts.adopt_fd)
@@ -478,6 +552,8 @@ def saved_line(failures: list[Failure]) -> bytes:
     (the count and the first few paths, shortened, so it stays one atomic pipe write)."""
     if not failures:
         return b"saved\n"
+    import json  # noqa: PLC0415 - only when something was lost: a sandbox start does not pay its import
+
     files = [[f.path[:200], f.errno, f.strerror[:100]] for f in failures[:MAX_REPORTED]]
     return b"unsaved " + json.dumps({"count": len(failures), "files": files}).encode() + b"\n"
 
