@@ -5,14 +5,18 @@
 Cold start (new interpreter to its first result), per-execute latency, an execute with one host tool
 call, a 1 MB variable injected and round-tripped, and how long printed output takes to reach the host
 while the code still runs (dspy.LocalInterpreter returns output only when the code ends), and how soon an
-interrupt stops running code (the tests only bound it loosely, so the figure lives here).
+interrupt stops running code (the tests only bound it loosely, so the figure lives here). Then the CPU a
+start costs (what every new session's sandbox, or the pool's refill after it, costs the machine), beside
+dspy.LocalInterpreter's worker start.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
+import time
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -46,6 +50,42 @@ def bench_local(runs: int) -> dict[str, Any] | str:
         factory = open_sandbox(settings, Path(tmp) / "workspace")
         try:
             return measure(factory, runs)
+        finally:
+            factory.close()
+
+
+def boot_cpu(make: Any, runs: int) -> float:
+    """CPU milliseconds (user + system) of the processes that one start, first execution and stop leaves
+    behind: what ended and was waited for (``RUSAGE_CHILDREN``), read after the stops' reaping."""
+
+    def children() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
+    def once() -> None:
+        interpreter = make()
+        interpreter.execute("x = 0")
+        interpreter.shutdown()
+
+    once()  # warm-up: imports, the sandbox probe
+    time.sleep(1)
+    before = children()
+    for _ in range(runs):
+        once()
+    time.sleep(1)  # a stopped sandbox is reaped on a thread, off the turn's path
+    return (children() - before) * 1000 / runs
+
+
+def boot_cpu_local(runs: int) -> float | str:
+    with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
+        (Path(tmp) / "no-pool.toml").write_text("[sandbox]\npool_size = 0\n")
+        env = {"FLEET_HOME": tmp, "FLEET_SANDBOX": "local", "FLEET_CONFIG": str(Path(tmp) / "no-pool.toml")}
+        settings = load_settings(env)
+        if not (local := status(settings)).ok:
+            return local.detail
+        factory = open_sandbox(settings, Path(tmp) / "workspace")
+        try:
+            return boot_cpu(factory, runs)
         finally:
             factory.close()
 
@@ -85,6 +125,14 @@ def main() -> None:
         print(f"{name:<38}" + "".join(cells))
     print("\nstream latency: print() inside running code to the host's observer; targets: local cold start < 100 ms")
     print("interrupt: interrupt() to execute() giving up on code sleeping for 30 s (tests allow up to 30 s)")
+
+    print(f"\nCPU of one start, first execution and stop (user + system of its processes, mean of {args.runs})\n")
+    fleet, raw = boot_cpu_local(args.runs), boot_cpu(dspy.LocalInterpreter, args.runs)
+    print(f"{'dspy.LocalInterpreter (no isolation)':<38} | {raw:>8.1f} ms")
+    if isinstance(fleet, str):
+        print(f"{'Fleet local (bubblewrap)':<38} | {fleet}")
+    else:
+        print(f"{'Fleet local (bubblewrap)':<38} | {fleet:>8.1f} ms  ({fleet / raw:.2f}x)")
 
 
 if __name__ == "__main__":
