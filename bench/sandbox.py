@@ -16,8 +16,8 @@ import argparse
 import os
 import resource
 import sys
-import time
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
