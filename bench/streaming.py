@@ -15,6 +15,11 @@ visible token" is when a watcher has it on screen:
 
 Also "execute -> first visible token": from the kernel's ``execute_request`` to that message, which
 includes the turn's start (sandbox, prompt) and the provider's own time to its first token.
+
+Then what reading a reply as a stream costs: CPU of the calling thread per LM call (``time.thread_time``, so
+the scripted LM's own threads are not counted), a whole reply against the same reply streamed into a sink
+that keeps nothing. The difference is dspy's own stream reader (lm15's HTTP, SSE and chunk parsing and its
+assembler), before Fleet does anything with a token.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ from live_api import LiveServer, iter_frames  # noqa: E402
 from scripted_lm import ScriptedLM, step  # noqa: E402
 
 from fleet_kernel.config import load_settings  # noqa: E402
+from fleet_kernel.engine.metered import MeteredLM  # noqa: E402
+from fleet_kernel.engine.streaming import CallStream, streaming  # noqa: E402
 from fleet_kernel.kernel.install import install  # noqa: E402
 
 HEADER = "[[ ## reasoning ## ]]\n"
@@ -145,10 +152,49 @@ def run(samples: int, pace: float) -> list[tuple[str, list[float]]]:
     return rows
 
 
+class NoSink:
+    """A stream's sink that keeps nothing."""
+
+    def text(self, text: str) -> None:
+        pass
+
+    def thinking(self, text: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def read_cost(calls: int) -> tuple[float, float, int]:
+    """(whole, streamed) CPU ms of this thread per call, alternating in rounds, and the chunks of one reply."""
+    with ScriptedLM(sub=lambda _prompt: HEADER + REASONING) as lm:  # a plain call's reply: as long as a step's
+        # a model name dspy's price table knows (see bench/engine.py): an unknown one is priced by a table scan
+        model = MeteredLM("openai/gpt-4o-mini", api_base=lm.base_url, api_key="sk-bench", cache=False)
+        messages = [{"role": "user", "content": "Count the zebras."}]
+        call = CallStream(open=NoSink, check=lambda _tokens: None, stopped=lambda _usage: None)
+        model.forward(messages=messages)  # warm-up: imports, the connection
+        with streaming(call):
+            model.forward(messages=messages)
+        chunks = lm.streamed[-1]
+        whole, streamed = [], []
+        for _ in range(10):
+            began = time.thread_time()
+            for _ in range(calls // 10):
+                model.forward(messages=messages)
+            whole.append((time.thread_time() - began) * 1000 / (calls // 10))
+            began = time.thread_time()
+            with streaming(call):
+                for _ in range(calls // 10):
+                    model.forward(messages=messages)
+            streamed.append((time.thread_time() - began) * 1000 / (calls // 10))
+    return statistics.median(whole), statistics.median(streamed), chunks
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=3)
     parser.add_argument("--pace", type=float, default=0.05, help="seconds between the provider's chunks")
+    parser.add_argument("--calls", type=int, default=200, help="LM calls each way for the read cost")
     args = parser.parse_args()
     threading.current_thread().name = "bench"
     rows = asyncio.run(asyncio.to_thread(run, args.samples, args.pace))
@@ -161,6 +207,14 @@ def main() -> None:
     for label, values in rows:
         median, most = summary(values).split()
         print(f"| {label:<48} | {median:>6} | {most:>7} |")
+    whole, streamed, chunks = read_cost(args.calls)
+    rounds = f"median of 10 rounds of {args.calls // 10}"
+    print(f"\nCPU of the calling thread per LM call ({chunks} chunks a reply, {rounds})\n")
+    print(f"| {'reply':<48} |     ms |")
+    print(f"|{'-' * 50}|-------:|")
+    print(f"| {'whole':<48} | {whole:>6.2f} |")
+    print(f"| {'streamed (dspy reads it; the sink keeps nothing)':<48} | {streamed:>6.2f} |")
+    print(f"| {'difference: per chunk (us)':<48} | {(streamed - whole) * 1000 / chunks:>6.1f} |")
 
 
 if __name__ == "__main__":
