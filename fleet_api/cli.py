@@ -23,8 +23,8 @@ __all__ = ["main"]
     default=1,
     show_default=True,
     type=click.IntRange(1, 64),
-    help="Server processes on the one port, each running its own turns on the shared store: one per core "
-    "uses them all (one process runs its turns under one GIL).",
+    help="Server processes on the one port, each a replica that runs the turns it accepts on the shared store: "
+    "for a machine with more cores than one process uses (its turns share one GIL).",
 )
 @friendly
 def serve(host: str, port: int, workers: int) -> None:

@@ -10,6 +10,7 @@ import asyncio
 import logging
 
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors import Multiprocess
 
 from fleet_api.app import create_app
@@ -142,9 +143,12 @@ def serve(host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None:
     asyncio.run(_check_store(settings))
     if workers > 1:
         config = WorkerConfig(host, port, workers)
-        Multiprocess(config, sockets=[config.bind_socket()]).run()
-        return
-    server = build_server(host, port, settings)
-    server.run()
-    if not server.started:
+        supervisor = Multiprocess(config, sockets=[config.bind_socket()])
+        supervisor.run()  # until a signal, or until a worker fails its start-up (each would: the app is broken)
+        started = all(worker.exitcode != STARTUP_FAILURE for worker in supervisor.processes)
+    else:
+        server = build_server(host, port, settings)
+        server.run()
+        started = server.started
+    if not started:
         raise ConfigError(f"the API could not start on {host}:{port}; see the log above")

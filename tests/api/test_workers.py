@@ -10,7 +10,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import psutil
@@ -123,3 +126,20 @@ async def test_a_killed_worker_loses_only_its_own_turns(
             os.killpg(process.pid, signal.SIGKILL)
             raise
     assert process.returncode == 0
+
+
+def test_workers_that_cannot_start_stop_the_server_with_the_reason(fleet_env: dict[str, str], tmp_path: Path) -> None:
+    """Each worker builds its own app: one that cannot (a host tool that does not import) stops them all, and
+    the command fails as one process would, naming the cause."""
+    (tmp_path / "fleet.toml").write_text('[[tools]]\npath = "no_such_module_here:search"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "fleet_api", "serve", "--port", str(free_port()), "--workers", "2"],
+        env={**os.environ, **fleet_env, "FLEET_CONFIG": str(tmp_path / "fleet.toml")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "tools[0].path: cannot import 'no_such_module_here:search'" in result.stderr
+    assert result.stderr.rstrip().endswith("see the log above"), result.stderr[-500:]
