@@ -360,3 +360,33 @@ async def test_turns_leave_nothing_behind_in_dspy_s_process_wide_records(make_ru
     for task in ("first", "second"):
         assert (await collect(runner, session.session_id, task))[-1].type == "turn.completed"
     assert (len(dspy.settings.trace), len(GLOBAL_HISTORY)) == (trace, history)
+
+
+async def test_turns_started_at_once_all_say_so_before_any_starts_up(
+    runner: TurnRunner, store: Store, scripted_lm: ScriptedLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst of requests: each turn's heavy start-up (history, workspace, dspy, sandbox) waits for the
+    others' ``turn.started``, so none of them waits for its first event behind the others' start-ups. One start
+    is made slow (its catalogue and sandbox choice take 1.5 s, longer than the quick turn's start-up once dspy
+    is loaded): the quick turn's next event comes after it."""
+    from fleet_kernel.engine import runner as runner_module
+
+    monkeypatch.setattr(runner_module, "ANNOUNCE_WAIT_S", 60.0)  # the order is tested, not the cap on the wait
+    quick, slow = (await store.create_session()).session_id, (await store.create_session()).session_id
+    scripted_lm.add("warm-up", [step("Answer.", "SUBMIT(answer='warm')")])
+    await runner.run(quick, "warm-up")  # dspy and the sandbox loaded: a start-up takes tens of milliseconds
+    before_claim = TurnRunner._before_claim
+
+    def slow_before_claim(self: TurnRunner, settings: Any, session_id: str, *rest: Any) -> Any:
+        if session_id == slow:
+            time.sleep(1.5)
+        return before_claim(self, settings, session_id, *rest)
+
+    monkeypatch.setattr(TurnRunner, "_before_claim", slow_before_claim)
+    for task in ("quick", "slow"):
+        scripted_lm.add(task, [step("Answer.", f"SUBMIT(answer='{task}')")])
+    handles = await asyncio.gather(runner.start(quick, "quick"), runner.start(slow, "slow"))
+    quick_events, slow_events = [[e async for e in handle.events()] for handle in handles]
+    assert quick_events[-1].type == slow_events[-1].type == "turn.completed"
+    assert slow_events[0].type == "turn.started"
+    assert quick_events[1].ts >= slow_events[0].ts, (quick_events[1].type, quick_events[1].ts, slow_events[0].ts)

@@ -101,6 +101,9 @@ class TurnRunner:
         self._supervisor: asyncio.Task[None] | None = None
         self._running: dict[str, RunningTurn] = {}
         self._started = asyncio.Lock()
+        self._unannounced = 0  # turns being started whose ``turn.started`` is not committed yet
+        self._all_announced = asyncio.Event()  # set while that is none
+        self._all_announced.set()
         self.host_tools = HostTools(settings)  # [[tools]] and [[mcp.servers]] of fleet.toml
 
     # ------------------------------------------------------------------ lifecycle
@@ -217,83 +220,91 @@ class TurnRunner:
             NotFoundError: unknown session.
             ConflictError: a turn is already running in the session.
         """
-        check_task(task, cell_id)
-        settings = self.settings.for_turn(limits)
-        task = settings.redactor.text(task)  # a key in the task is kept nowhere: turn row, events, history
-        schema = turn_choices.check_output_schema(output_schema) if output_schema is not None else None
-        attachments = await turn_attachments(self.store, session_id, attachment_ids)
-        await self.open()
-        catalogue, selected, host_tools, sandbox, admission = await asyncio.to_thread(
-            self._before_claim, settings, session_id, skills, tools
-        )
+        self._unannounced += 1
+        self._all_announced.clear()
+        count_ends_here = True  # unless the turn goes to its drive, which ends it once turn.started is committed
         try:
-            claim = await self.store.claim_turn(
-                session_id,
-                task,
-                idempotency_key=idempotency_key,
-                model=settings.lm_model,
-                sandbox=sandbox,
-                cell_id=cell_id,
-                supersedes_turn_id=supersedes_turn_id,
+            check_task(task, cell_id)
+            settings = self.settings.for_turn(limits)
+            task = settings.redactor.text(task)  # a key in the task is kept nowhere: turn row, events, history
+            schema = turn_choices.check_output_schema(output_schema) if output_schema is not None else None
+            attachments = await turn_attachments(self.store, session_id, attachment_ids)
+            await self.open()
+            catalogue, selected, host_tools, sandbox, admission = await asyncio.to_thread(
+                self._before_claim, settings, session_id, skills, tools
             )
-        except BaseException:
-            _release(admission)
-            raise
-        if claim.interrupted is not None:  # the session's turn whose owner is gone, ended by this claim
-            self._end_interrupted([claim.interrupted])
-        turn, created = claim
-        handle = TurnHandle(self, turn, created)
-        if claim.session is None:  # not created: the turn of this idempotency key, claimed before
-            _release(admission)
+            try:
+                claim = await self.store.claim_turn(
+                    session_id,
+                    task,
+                    idempotency_key=idempotency_key,
+                    model=settings.lm_model,
+                    sandbox=sandbox,
+                    cell_id=cell_id,
+                    supersedes_turn_id=supersedes_turn_id,
+                )
+            except BaseException:
+                _release(admission)
+                raise
+            if claim.interrupted is not None:  # the session's turn whose owner is gone, ended by this claim
+                self._end_interrupted([claim.interrupted])
+            turn, created = claim
+            handle = TurnHandle(self, turn, created)
+            if claim.session is None:  # not created: the turn of this idempotency key, claimed before
+                _release(admission)
+                return handle
+            settings = session_settings(settings, claim.session)  # its own models
+            emitter = TurnEmitter(self._writer, session_id=session_id, turn_id=turn.turn_id, redactor=settings.redactor)
+            choices = TurnChoices(skills=selected, output_schema=schema)
+            setup_error = None
+            try:
+                choices.files = await place_files(self.store, self.settings.workspaces_dir, turn, attachments)
+            except Exception as exc:  # noqa: BLE001 - the turn is claimed: it fails, with a reason, instead
+                log.exception("turn %s: placing its files failed", turn.turn_id)
+                setup_error = {"type": "attachment_error", "message": f"the turn's files could not be placed: {exc}"}
+            effective = settings.limits
+            emitter.emit(
+                TurnStarted(
+                    task=task,
+                    run_id=turn.run_id,
+                    model=settings.lm_model,
+                    sandbox=sandbox,
+                    limits={
+                        "max_iters": effective.max_iters,
+                        "max_llm_calls": effective.max_llm_calls,
+                        "timeout_s": effective.turn_timeout_s,
+                        "exec_timeout_s": effective.exec_timeout_s,
+                        "max_turn_tokens": effective.max_turn_tokens,
+                        "max_turn_cost_usd": effective.max_turn_cost_usd,
+                        "max_tokens": settings.policy.lm.max_tokens,
+                        "sub_max_tokens": settings.policy.lm.sub_cap,
+                        "max_errors": effective.max_errors,
+                    },
+                    cell_id=turn.cell_id,
+                    supersedes_turn_id=turn.supersedes_turn_id,
+                    skills=list(selected),
+                    attachments=[f.event() for f in choices.files],
+                ),
+            )
+            running = RunningTurn(
+                turn,
+                emitter,
+                settings,
+                catalogue,
+                choices,
+                setup_error=setup_error,
+                inputs=list(inputs or []),
+                notebook=notebook,
+                admission=admission,
+                host_tools=host_tools,
+            )
+            self._running[turn.turn_id] = running
+            running.task = asyncio.get_running_loop().create_task(self._drive(running), name=f"fleet-{turn.turn_id}")
+            count_ends_here = False
             return handle
-        settings = session_settings(settings, claim.session)  # its own models
-        emitter = TurnEmitter(self._writer, session_id=session_id, turn_id=turn.turn_id, redactor=settings.redactor)
-        choices = TurnChoices(skills=selected, output_schema=schema)
-        setup_error = None
-        try:
-            choices.files = await place_files(self.store, self.settings.workspaces_dir, turn, attachments)
-        except Exception as exc:  # noqa: BLE001 - the turn is claimed: it fails, with a reason, instead
-            log.exception("turn %s: placing its files failed", turn.turn_id)
-            setup_error = {"type": "attachment_error", "message": f"the turn's files could not be placed: {exc}"}
-        effective = settings.limits
-        emitter.emit(
-            TurnStarted(
-                task=task,
-                run_id=turn.run_id,
-                model=settings.lm_model,
-                sandbox=sandbox,
-                limits={
-                    "max_iters": effective.max_iters,
-                    "max_llm_calls": effective.max_llm_calls,
-                    "timeout_s": effective.turn_timeout_s,
-                    "exec_timeout_s": effective.exec_timeout_s,
-                    "max_turn_tokens": effective.max_turn_tokens,
-                    "max_turn_cost_usd": effective.max_turn_cost_usd,
-                    "max_tokens": settings.policy.lm.max_tokens,
-                    "sub_max_tokens": settings.policy.lm.sub_cap,
-                    "max_errors": effective.max_errors,
-                },
-                cell_id=turn.cell_id,
-                supersedes_turn_id=turn.supersedes_turn_id,
-                skills=list(selected),
-                attachments=[f.event() for f in choices.files],
-            ),
-        )
-        running = RunningTurn(
-            turn,
-            emitter,
-            settings,
-            catalogue,
-            choices,
-            setup_error=setup_error,
-            inputs=list(inputs or []),
-            notebook=notebook,
-            admission=admission,
-            host_tools=host_tools,
-        )
-        self._running[turn.turn_id] = running
-        running.task = asyncio.get_running_loop().create_task(self._drive(running), name=f"fleet-{turn.turn_id}")
-        return handle
+        finally:
+            if count_ends_here:
+                self._announce_done()
 
     async def run(
         self,
@@ -401,12 +412,26 @@ class TurnRunner:
         return {"type": type(exc).__name__, "message": str(exc)[:2000]}
 
     async def _announced(self, turn_id: str) -> None:
-        """Let ``turn.started`` reach the store and its watchers before the turn's heavy start-up
-        (history, workspace, dspy, sandbox) competes with the event writer for this process."""
-        try:
-            await asyncio.wait_for(self._writer.wait_committed(turn_id, 1), ANNOUNCE_WAIT_S)
-        except TimeoutError:
-            pass  # a slow store must not hold the turn back
+        """Let ``turn.started`` reach the store and its watchers before the turn's heavy start-up (history,
+        workspace, dspy, sandbox) competes with the event writer for this process; and that of the turns being
+        started beside it (a burst of requests), so that none of them waits for its first event behind the
+        others' start-ups. At most ``ANNOUNCE_WAIT_S`` in all: a slow store, or a stream of new turns, must not
+        hold the turn back."""
+
+        async def announced() -> None:
+            try:
+                await self._writer.wait_committed(turn_id, 1)
+            finally:
+                self._announce_done()
+            await self._all_announced.wait()
+
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(announced(), ANNOUNCE_WAIT_S)
+
+    def _announce_done(self) -> None:
+        self._unannounced -= 1
+        if not self._unannounced:
+            self._all_announced.set()
 
     def _cancelled(self, running: RunningTurn) -> asyncio.Future[None]:
         """A future set when the turn is cancelled (at once if it is already)."""

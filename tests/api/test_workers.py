@@ -66,24 +66,30 @@ async def test_a_killed_worker_loses_only_its_own_turns(
         supervisor = psutil.Process(process.pid)
         first_workers = until(lambda: two_workers(supervisor), "two workers run")
 
-        # slow turns in sessions of their own, each started on a new connection, until both workers run one
-        turns: dict[int, list[dict[str, str]]] = {}  # owner pid -> its turns
-        for i in range(12):
-            scripted_lm.add(f"slow {i}", [SLOW])
+        async def slow_turn(task: str) -> tuple[int, dict[str, str]]:
+            """A slow turn in a session of its own, started on a new connection: (its worker's pid, the turn)."""
+            scripted_lm.add(task, [SLOW])
             with new_connection(base) as c:
                 session_id = c.post("/api/sessions", json={}).json()["session_id"]
                 response = c.post(
-                    f"/api/sessions/{session_id}/turns", json={"task": f"slow {i}"}, headers={"Prefer": "respond-async"}
+                    f"/api/sessions/{session_id}/turns", json={"task": task}, headers={"Prefer": "respond-async"}
                 )
             assert response.status_code == 202, response.text
             turn = {**response.json(), "session_id": session_id}
             owner = int((await store.get_turn(turn["turn_id"])).owner.split(":")[1])
-            assert owner in first_workers, f"turn {i} is owned by {owner}, not a worker of {first_workers}"
-            turns.setdefault(owner, []).append(turn)
-            if len(turns) == 2:
-                break
-        assert len(turns) == 2, "every turn ran in one worker"
-        doomed, survivor = turns
+            assert owner in first_workers, f"{task} is owned by {owner}, not a worker of {first_workers}"
+            return owner, turn
+
+        # which worker accepts a connection is the kernel's choice (often the same one while both are idle):
+        # the second turn is started while the first one's worker is stopped, so the other accepts it
+        doomed, first = await slow_turn("slow 1")
+        os.kill(doomed, signal.SIGSTOP)
+        try:
+            survivor, second = await slow_turn("slow 2")
+        finally:
+            os.kill(doomed, signal.SIGCONT)
+        assert survivor != doomed
+        turns = {doomed: [first], survivor: [second]}
 
         os.kill(doomed, signal.SIGKILL)
         with new_connection(base) as c:
