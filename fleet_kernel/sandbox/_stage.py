@@ -419,7 +419,6 @@ def main(argv: list[str]) -> int:
     for spec in opts.rlimits:  # before anything else: what the stage and everything it starts run under
         which, soft, hard = (int(part) for part in spec.split(":"))
         resource.setrlimit(which, (soft, hard))
-    command = opts.command
     child: list[Child] = []
     stopping: list[bool] = []
 
@@ -445,14 +444,14 @@ def main(argv: list[str]) -> int:
         _mount(source, target, None, MS_BIND | MS_REC)
         _mount("none", target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     if opts.workspace is None:
-        return _adopted(opts, command, sandbox_uid, child, stopping)
+        return _adopted(opts, sandbox_uid, child, stopping)
     snapshot = copy_in(opts.workspace, opts.mount, sandbox_uid)
     for fd in opts.join_fds:  # after the copy, so the cgroup's memory limit counts only what the code writes
         os.write(fd, b"0")
         os.close(fd)
     code = 128 + signal.SIGTERM
     if not stopping:
-        process = Child(command, opts.keep_fds, None if sandbox_uid is None else lambda: _drop_to(sandbox_uid))
+        process = Child(opts.command, opts.keep_fds, None if sandbox_uid is None else lambda: _drop_to(sandbox_uid))
         child.append(process)
         if stopping:
             process.kill()
@@ -482,7 +481,6 @@ def _read_line(fd: int) -> str | None:
 
 def _adopted(
     opts: Options,
-    command: list[str],
     sandbox_uid: int | None,
     child: list[Child],
     stopping: list[bool],
@@ -500,7 +498,7 @@ def _adopted(
             _drop_to(sandbox_uid)
 
     assert opts.adopt_fd is not None  # noqa: S101 - Options requires it without --workspace
-    process = Child(command, opts.keep_fds, enter)
+    process = Child(opts.command, opts.keep_fds, enter)
     child.append(process)
     for fd in opts.join_fds:
         os.close(fd)
