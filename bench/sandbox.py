@@ -42,14 +42,20 @@ COLUMNS = [
 ]
 
 
-def bench_local(runs: int) -> dict[str, Any] | str:
+def on_local(probe: Any, runs: int, config: str = "") -> Any:
+    """``probe(factory, runs)`` on the local backend in a throwaway home (``config``: its fleet.toml), or why
+    that backend cannot run here."""
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
-        settings = load_settings({"FLEET_HOME": tmp, "FLEET_SANDBOX": "local"})
+        env = {"FLEET_HOME": tmp, "FLEET_SANDBOX": "local"}
+        if config:
+            (Path(tmp) / "fleet.toml").write_text(config)
+            env["FLEET_CONFIG"] = str(Path(tmp) / "fleet.toml")
+        settings = load_settings(env)
         if not (local := status(settings)).ok:
             return local.detail
         factory = open_sandbox(settings, Path(tmp) / "workspace")
         try:
-            return measure(factory, runs)
+            return probe(factory, runs)
         finally:
             factory.close()
 
@@ -76,27 +82,13 @@ def boot_cpu(make: Any, runs: int) -> float:
     return (children() - before) * 1000 / runs
 
 
-def boot_cpu_local(runs: int) -> float | str:
-    with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
-        (Path(tmp) / "no-pool.toml").write_text("[sandbox]\npool_size = 0\n")
-        env = {"FLEET_HOME": tmp, "FLEET_SANDBOX": "local", "FLEET_CONFIG": str(Path(tmp) / "no-pool.toml")}
-        settings = load_settings(env)
-        if not (local := status(settings)).ok:
-            return local.detail
-        factory = open_sandbox(settings, Path(tmp) / "workspace")
-        try:
-            return boot_cpu(factory, runs)
-        finally:
-            factory.close()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30)
     args = parser.parse_args()
 
     rows: list[tuple[str, dict[str, Any] | str]] = []
-    rows.append(("Fleet local (bubblewrap)", bench_local(args.runs)))
+    rows.append(("Fleet local (bubblewrap)", on_local(measure, args.runs)))
     try:
         rows.append(("Fleet pyodide", bench_pyodide(args.runs)))
     except Exception as exc:  # noqa: BLE001 - a missing backend is a row, not a crash
@@ -127,7 +119,8 @@ def main() -> None:
     print("interrupt: interrupt() to execute() giving up on code sleeping for 30 s (tests allow up to 30 s)")
 
     print(f"\nCPU of one start, first execution and stop (user + system of its processes, mean of {args.runs})\n")
-    fleet, raw = boot_cpu_local(args.runs), boot_cpu(dspy.LocalInterpreter, args.runs)
+    fleet = on_local(boot_cpu, args.runs, "[sandbox]\npool_size = 0\n")  # each start a boot, none pooled
+    raw = boot_cpu(dspy.LocalInterpreter, args.runs)
     print(f"{'dspy.LocalInterpreter (no isolation)':<38} | {raw:>8.1f} ms")
     if isinstance(fleet, str):
         print(f"{'Fleet local (bubblewrap)':<38} | {fleet}")
