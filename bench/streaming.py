@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import sys
@@ -175,19 +176,17 @@ def read_cost(calls: int) -> tuple[float, float, int]:
         model.forward(messages=messages)  # warm-up: imports, the connection
         with streaming(call):
             model.forward(messages=messages)
-        chunks = lm.streamed[-1]
-        whole, streamed = [], []
-        for _ in range(10):
+
+        def per_call(streamed: bool) -> float:
             began = time.thread_time()
-            for _ in range(calls // 10):
-                model.forward(messages=messages)
-            whole.append((time.thread_time() - began) * 1000 / (calls // 10))
-            began = time.thread_time()
-            with streaming(call):
+            with streaming(call) if streamed else contextlib.nullcontext():
                 for _ in range(calls // 10):
                     model.forward(messages=messages)
-            streamed.append((time.thread_time() - began) * 1000 / (calls // 10))
-    return statistics.median(whole), statistics.median(streamed), chunks
+            return (time.thread_time() - began) * 1000 / (calls // 10)
+
+        rounds = [(per_call(False), per_call(True)) for _ in range(10)]
+        chunks = lm.streamed[0]  # noted by the server's thread after its last write: read once others followed
+    return statistics.median(w for w, _ in rounds), statistics.median(s for _, s in rounds), chunks
 
 
 def main() -> None:
