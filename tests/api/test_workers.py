@@ -65,6 +65,8 @@ async def test_a_killed_worker_loses_only_its_own_turns(
     try:
         supervisor = psutil.Process(process.pid)
         first_workers = until(lambda: two_workers(supervisor), "two workers run")
+        log = Path(fleet_env["FLEET_HOME"]) / "logs" / f"api-{port}.log"
+        until(lambda: log.read_text().count("Application startup complete.") == 2, "both workers serve")
 
         async def slow_turn(task: str) -> tuple[int, dict[str, str]]:
             """A slow turn in a session of its own, started on a new connection: (its worker's pid, the turn)."""
@@ -81,7 +83,8 @@ async def test_a_killed_worker_loses_only_its_own_turns(
             return owner, turn
 
         # which worker accepts a connection is the kernel's choice (often the same one while both are idle):
-        # the second turn is started while the first one's worker is stopped, so the other accepts it
+        # the second turn is started while the first one's worker is stopped, so the other accepts it (both serve
+        # by now: a worker still starting would keep the first stopped past the supervisor's 5 s health check)
         doomed, first = await slow_turn("slow 1")
         os.kill(doomed, signal.SIGSTOP)
         try:
